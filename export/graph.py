@@ -1,0 +1,306 @@
+"""Emit a decoder ONNX graph directly from weights, in one of two lowerings.
+
+Graph contract (docs/bundle.md):
+  inputs   input_ids            int64 [B, T]           T = 1 .. max_tokens_per_call
+           attention_mask       int64 [B, P + T]       all ones; its length tells the graph
+                                                        the committed length P (write position)
+           past_key_values.{i}.key / .value   [B, Hkv, S_max, D]
+  outputs  logits               float32 [B, T, V]      every position (verification needs all)
+           present.{i}.key / .value           [B, Hkv, S_max, D]
+The runtime binds past_key_values.{i}.* and present.{i}.* to the *same* buffer: the graph
+writes the T new rows at [P, P+T) in place and attends over [0, P+T). Rows past P+T are stale
+and masked, so rolling back is just a shorter attention_mask on the next call.
+
+Lowerings
+  ort       onnxruntime contrib ops: GroupQueryAttention (fused rotary, shared past/present),
+            SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization, MatMulNBits (int4).
+  standard  standard ONNX ops only (opset 24): TensorScatter writes the new rows, Attention
+            with an explicit boolean mask reads them; RMSNorm and rotary as plain arithmetic.
+            Meant for TensorRT; also runs on onnxruntime CPU, where its numerics are tested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from . import quantize
+from .arch import Arch
+
+OPSET = {"ort": 21, "standard": 24}
+MS = "com.microsoft"
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    lowering: str = "ort"  # "ort" | "standard"
+    precision: str = "fp32"  # "fp32" | "fp16" | "int4" (int4: MatMulNBits, ort lowering only)
+    max_seq_len: int = 2048  # S_max of the KV buffers and rotary tables
+    int4_block_size: int = 32
+    int4_accuracy_level: int = 4  # MatMulNBits compute type on CPU: 4 = int8 activations
+
+
+class _G:
+    """Tiny builder: nodes + initializers with unique names."""
+
+    def __init__(self, dtype):
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.dtype = dtype  # numpy float dtype of activations and weights
+        self._n = 0
+
+    def name(self, hint: str) -> str:
+        self._n += 1
+        return f"{hint}_{self._n}"
+
+    def const(self, name: str, arr: np.ndarray) -> str:
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        return name
+
+    def weight(self, name: str, arr: np.ndarray) -> str:
+        return self.const(name, arr.astype(self.dtype))
+
+    def op(self, op_type, inputs, hint=None, outputs=1, domain="", **attrs):
+        hint = hint or op_type.lower()
+        outs = [self.name(hint) for _ in range(outputs)] if isinstance(outputs, int) else outputs
+        self.nodes.append(
+            helper.make_node(op_type, list(inputs), outs, name=self.name(op_type), domain=domain, **attrs)
+        )
+        return outs[0] if len(outs) == 1 else outs
+
+    def i64(self, *vals) -> str:
+        return self.const(self.name("c"), np.array(vals, dtype=np.int64))
+
+
+def build_graph(arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions) -> onnx.ModelProto:
+    """w: HF state dict as fp32 NumPy arrays. Returns an in-memory ModelProto."""
+    if opts.precision == "int4" and opts.lowering != "ort":
+        raise ValueError("int4 (MatMulNBits) exists only in the 'ort' lowering")
+    dtype = np.float16 if opts.precision == "fp16" else np.float32
+    g = _G(dtype)
+    em = _Emitter(g, arch, w, opts)
+    em.build()
+    onnx_dtype = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
+    kv_shape = ["batch", arch.kv_heads, "max_seq_len", arch.head_dim]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total_sequence_length"]),
+    ]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence_length", arch.vocab])]
+    for i in range(arch.layers):
+        for kv in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kv}", onnx_dtype, kv_shape))
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kv}", onnx_dtype, kv_shape))
+    graph = helper.make_graph(g.nodes, "specrt_decoder", inputs, outputs, initializer=g.inits)
+    opsets = [helper.make_opsetid("", OPSET[opts.lowering])]
+    if opts.lowering == "ort":
+        opsets.append(helper.make_opsetid(MS, 1))
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="specrt")
+    model.ir_version = 10
+    return model
+
+
+class _Emitter:
+    def __init__(self, g: _G, arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions):
+        self.g, self.a, self.w, self.o = g, arch, w, opts
+        self.ort = opts.lowering == "ort"
+
+    # ---- shared pieces -------------------------------------------------------------------
+    def norm_weight(self, key: str) -> np.ndarray:
+        return self.w[key] + self.a.family.norm_offset
+
+    def linear(self, x: str, key: str, bias_key: str | None = None, weight: np.ndarray | None = None) -> str:
+        """x [B, T, in] @ W.T (+ b). W is HF layout [out, in]."""
+        g = self.g
+        W = self.w[key] if weight is None else weight
+        b = self.w.get(bias_key) if bias_key else None
+        hint = key.replace("model.", "").replace(".weight", "").replace(".", "_")
+        if self.o.precision == "int4":
+            packed, scales = quantize.quantize_rtn_sym(W, self.o.int4_block_size)
+            ins = [x, g.const(hint + "_q4", packed), g.const(hint + "_scales", scales.astype(np.float32))]
+            if b is not None:
+                ins += ["", "", g.const(hint + "_bias", b.astype(np.float32))]
+            return g.op(
+                "MatMulNBits", ins, hint, domain=MS, K=W.shape[1], N=W.shape[0], bits=4,
+                block_size=self.o.int4_block_size, accuracy_level=self.o.int4_accuracy_level,
+            )
+        y = g.op("MatMul", [x, g.weight(hint + "_wT", W.T)], hint)
+        if b is not None:
+            y = g.op("Add", [y, g.weight(hint + "_b", b)], hint + "_bias")
+        return y
+
+    def rms(self, x: str, key: str, skip: str | None = None):
+        """RMSNorm over the last axis; with `skip`, normalizes x + skip and also returns the sum."""
+        g, eps = self.g, self.a.eps
+        gamma = g.weight(key.replace(".", "_"), self.norm_weight(key))
+        if self.ort:
+            if skip is None:
+                return g.op("SimplifiedLayerNormalization", [x, gamma], "norm", axis=-1, epsilon=eps)
+            out, _, _, total = g.op(
+                "SkipSimplifiedLayerNormalization", [x, skip, gamma], "skipnorm",
+                outputs=4, domain=MS, epsilon=eps,
+            )
+            return out, total
+        total = g.op("Add", [x, skip], "resid") if skip is not None else x
+        out = self._rms_plain(total, gamma)
+        return (out, total) if skip is not None else out
+
+    def _rms_plain(self, x: str, gamma: str) -> str:
+        g = self.g
+        xf = g.op("Cast", [x], "norm_f32", to=TensorProto.FLOAT) if g.dtype == np.float16 else x
+        ms = g.op("ReduceMean", [g.op("Mul", [xf, xf]), g.i64(-1)], keepdims=1)
+        eps = g.const(g.name("eps"), np.array(self.a.eps, dtype=np.float32))
+        inv = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [ms, eps])])])
+        y = g.op("Mul", [xf, inv])
+        if g.dtype == np.float16:
+            y = g.op("Cast", [y], to=TensorProto.FLOAT16)
+        return g.op("Mul", [y, gamma], "norm")
+
+    def head_norm(self, x: str, key: str, heads: int) -> str:
+        """Per-head RMSNorm on [B, T, heads*D] (Qwen3 / Gemma 3 q_norm, k_norm)."""
+        g, D = self.g, self.a.head_dim
+        x4 = g.op("Reshape", [x, g.i64(0, 0, heads, D)])
+        y = self.rms(x4, key)
+        return g.op("Reshape", [y, g.i64(0, 0, heads * D)])
+
+    def mlp(self, x: str, p: str) -> str:
+        g = self.g
+        gate = self.linear(x, p + "mlp.gate_proj.weight")
+        up = self.linear(x, p + "mlp.up_proj.weight")
+        if self.a.family.activation == "silu":
+            act = g.op("Mul", [gate, g.op("Sigmoid", [gate])], "silu")
+        else:
+            act = g.op("Gelu", [gate], "gelu", approximate="tanh")
+        return self.linear(g.op("Mul", [act, up], "gated"), p + "mlp.down_proj.weight")
+
+    # ---- graph ---------------------------------------------------------------------------
+    def build(self):
+        g, a = self.g, self.a
+        self.prepare_positions()
+        emb = g.weight("embed_tokens", self.w["model.embed_tokens.weight"])
+        h = g.op("Gather", [emb, "input_ids"], "embed")  # [B, T, H]
+        if a.family.embed_scale:
+            scale = np.array(np.sqrt(a.hidden), dtype=g.dtype)
+            h = g.op("Mul", [h, g.const("embed_scale", scale)])
+        resid = h
+        x = self.rms(h, "model.layers.0.input_layernorm.weight")
+        fam = a.family
+        for i in range(a.layers):
+            p = f"model.layers.{i}."
+            att = self.attention(x, i, p)
+            if fam.attn_out_norm:
+                att = self.rms(att, p + fam.attn_out_norm + ".weight")
+            x, resid = self.rms(att, p + fam.mlp_norm + ".weight", skip=resid)
+            m = self.mlp(x, p)
+            if fam.mlp_out_norm:
+                m = self.rms(m, p + fam.mlp_out_norm + ".weight")
+            nxt = f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < a.layers else "model.norm.weight"
+            x, resid = self.rms(m, nxt, skip=resid)
+        self.lm_head(x)
+
+    def lm_head(self, x: str):
+        g = self.g
+        head = self.w.get("lm_head.weight")
+        if head is None or self.a.tie_embeddings:
+            head = self.w["model.embed_tokens.weight"]
+        if self.o.precision == "int4":
+            logits = self.linear(x, "lm_head.weight", weight=head)
+        elif self.a.tie_embeddings:
+            # Share the embedding initializer: Gemm(transB=1) on [B*T, H] avoids a transposed copy.
+            x2 = g.op("Reshape", [x, g.i64(-1, self.a.hidden)])
+            y2 = g.op("Gemm", [x2, "embed_tokens"], "lm_head", transB=1)
+            shape = g.op("Shape", ["input_ids"])
+            out_shape = g.op("Concat", [shape, g.i64(self.a.vocab)], axis=0)
+            logits = g.op("Reshape", [y2, out_shape])
+        else:
+            logits = self.linear(x, "lm_head.weight", weight=head)
+        if g.dtype != np.float32 or self.o.precision == "int4":
+            g.op("Cast", [logits], outputs=["logits"], to=TensorProto.FLOAT)
+        else:
+            g.op("Identity", [logits], outputs=["logits"])
+
+    def prepare_positions(self):
+        """Scalars derived once from input shapes: P (committed length) and T."""
+        g = self.g
+        total = g.op("Gather", [g.op("Shape", ["attention_mask"]), g.i64(1)], "total")  # [1]
+        if self.ort:
+            # GQA wants seqlens_k = total - 1 per batch row (int32) and total as int32 scalar.
+            mask_sum = g.op("ReduceSum", ["attention_mask", g.i64(1)], keepdims=0)
+            self.seqlens_k = g.op("Cast", [g.op("Sub", [mask_sum, g.i64(1)])], "seqlens_k", to=TensorProto.INT32)
+            self.total_len = g.op("Cast", [g.op("Squeeze", [total])], "total_len", to=TensorProto.INT32)
+            self.rope_caches = {}
+            for kind, (cos, sin) in self.a.rope.items():
+                half = self.a.head_dim // 2  # GQA takes the half tables (rotate_half layout)
+                self.rope_caches[kind] = (
+                    g.weight(f"cos_cache_{kind}", cos[:, :half]),
+                    g.weight(f"sin_cache_{kind}", sin[:, :half]),
+                )
+            return
+        T = g.op("Gather", [g.op("Shape", ["input_ids"]), g.i64(1)], "T")  # [1]
+        P = g.op("Sub", [total, T], "P")  # [1] write index
+        batch = g.op("Gather", [g.op("Shape", ["input_ids"]), g.i64(0)], "B")
+        self.write_idx = g.op("Expand", [P, batch], "write_idx")  # [B]
+        zero = g.const("zero_i64", np.array(0, dtype=np.int64))
+        one = g.const("one_i64", np.array(1, dtype=np.int64))
+        Ts, Ps = g.op("Squeeze", [T]), g.op("Squeeze", [P])
+        qpos = g.op("Add", [g.op("Range", [zero, Ts, one]), Ps], "qpos")  # [T] absolute positions
+        self.rope_tables = {}
+        for kind, (cos, sin) in self.a.rope.items():
+            c = g.op("Gather", [g.weight(f"cos_{kind}", cos), qpos], "cos")  # [T, D]
+            s = g.op("Gather", [g.weight(f"sin_{kind}", sin), qpos], "sin")
+            self.rope_tables[kind] = (c, s)
+        smax = g.op("Squeeze", [g.op("Gather", [g.op("Shape", ["past_key_values.0.key"]), g.i64(2)])])
+        kpos = g.op("Unsqueeze", [g.op("Range", [zero, smax, one]), g.i64(0)], "kpos")  # [1, S]
+        q2 = g.op("Unsqueeze", [qpos, g.i64(1)], "qpos2")  # [T, 1]
+        causal = g.op("LessOrEqual", [kpos, q2], "causal")  # [T, S]
+        self.masks = {0: causal}
+        for win in set(self.a.windows) - {0}:
+            lo = g.op("Sub", [q2, g.i64(win)])
+            self.masks[win] = g.op("And", [causal, g.op("Greater", [kpos, lo])], "window")
+
+    def attention(self, x: str, i: int, p: str) -> str:
+        g, a, fam = self.g, self.a, self.a.family
+        bias = (lambda n: p + f"self_attn.{n}.bias") if fam.qkv_bias else (lambda n: None)
+        q = self.linear(x, p + "self_attn.q_proj.weight", bias("q_proj"))
+        k = self.linear(x, p + "self_attn.k_proj.weight", bias("k_proj"))
+        v = self.linear(x, p + "self_attn.v_proj.weight", bias("v_proj"))
+        if fam.qk_norm:
+            q = self.head_norm(q, p + "self_attn.q_norm.weight", a.heads)
+            k = self.head_norm(k, p + "self_attn.k_norm.weight", a.kv_heads)
+        past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+        pres_k, pres_v = f"present.{i}.key", f"present.{i}.value"
+        kind = a.rope_kind[i]
+        if self.ort:
+            cos, sin = self.rope_caches[kind]
+            out = g.op(
+                "GroupQueryAttention",
+                [q, k, v, past_k, past_v, self.seqlens_k, self.total_len, cos, sin],
+                f"attn{i}", outputs=[g.name(f"attn{i}"), pres_k, pres_v], domain=MS,
+                num_heads=a.heads, kv_num_heads=a.kv_heads, scale=a.attn_scale,
+                do_rotary=1, rotary_interleaved=0, local_window_size=a.windows[i] or -1,
+            )[0]
+        else:
+            cos, sin = self.rope_tables[kind]
+            q4 = self._heads_first(q, a.heads)
+            k4 = self._heads_first(k, a.kv_heads)
+            v4 = self._heads_first(v, a.kv_heads)
+            q4, k4 = self._rope(q4, cos, sin), self._rope(k4, cos, sin)
+            g.op("TensorScatter", [past_k, k4, self.write_idx], outputs=[pres_k], axis=2)
+            g.op("TensorScatter", [past_v, v4, self.write_idx], outputs=[pres_v], axis=2)
+            o4 = g.op("Attention", [q4, pres_k, pres_v, self.masks[a.windows[i]]], f"attn{i}", scale=a.attn_scale)
+            out = g.op("Reshape", [g.op("Transpose", [o4], perm=[0, 2, 1, 3]), g.i64(0, 0, a.heads * a.head_dim)])
+        return self.linear(out, p + "self_attn.o_proj.weight")
+
+    def _heads_first(self, x: str, heads: int) -> str:
+        g = self.g  # [B, T, H*D] -> [B, H, T, D]
+        return g.op("Transpose", [g.op("Reshape", [x, g.i64(0, 0, heads, self.a.head_dim)])], perm=[0, 2, 1, 3])
+
+    def _rope(self, x: str, cos: str, sin: str) -> str:
+        """HF rotate_half rotary on [B, H, T, D] with cos/sin [T, D]."""
+        g, half = self.g, self.a.head_dim // 2
+        x1, x2 = g.op("Split", [x, g.i64(half, half)], "half", outputs=2, axis=-1)
+        rot = g.op("Concat", [g.op("Neg", [x2]), x1], axis=-1)
+        return g.op("Add", [g.op("Mul", [x, cos]), g.op("Mul", [rot, sin])], "rope")

@@ -1,0 +1,101 @@
+"""onnxruntime backend: one InferenceSession + IOBinding over buffers allocated once.
+
+Buffers (allocated in __init__, never reallocated):
+  KV       one OrtValue per layer and K/V, [1, Hkv, S_max, D], on the EP's device, bound as both
+           past_key_values.{i}.* input and present.{i}.* output (in-place update).
+  ids      int64 [1, max_T] host; rows [0, T) bound as input_ids [1, T].
+  mask     int64 [1, S_max] host, all ones; its first P+T entries bound as attention_mask.
+  logits   float32 [max_T * V] host; bound as logits [1, T, V]; `run` returns a view of it.
+Rebinding ids/mask/logits per call only points onnxruntime at a prefix of these buffers.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from ..manifest import ModelEntry
+
+_NP = {"float32": np.float32, "float16": np.float16}
+
+
+def session_options(threads: int | None = None, spin: bool = False) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads or os.cpu_count() or 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # Draft and target sessions alternate on the same cores: a pool that spins after its run
+    # steals cycles from the other session's run. Off by default; see docs/design.md.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    so.log_severity_level = 3
+    return so
+
+
+def pick_providers(device: str) -> tuple[list[str], str]:
+    """'cpu' | 'cuda' -> (providers, ort device_type for buffers). Falls back to CPU with a warning."""
+    if device == "cuda":
+        if "CUDAExecutionProvider" in ort.get_available_providers():
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"], "cuda"
+        warnings.warn("CUDA execution provider not available (install specrt[gpu]); using CPU", stacklevel=3)
+    return ["CPUExecutionProvider"], "cpu"
+
+
+class OrtBackend:
+    def __init__(
+        self,
+        graph: str | Path,
+        entry: ModelEntry,
+        *,
+        device: str = "cpu",
+        threads: int | None = None,
+        spin: bool = False,
+        max_tokens_per_call: int | None = None,
+    ):
+        providers, self.device_type = pick_providers(device)
+        self.session = ort.InferenceSession(str(graph), session_options(threads, spin), providers=providers)
+        self.entry = entry
+        kv = entry.kv
+        self.vocab = entry.vocab_size
+        self.max_seq_len = kv.max_seq_len
+        self.max_t = max_tokens_per_call or entry.max_tokens_per_call
+        dtype = _NP[kv.dtype]
+        shape = [1, kv.kv_heads, kv.max_seq_len, kv.head_dim]
+        io_names = entry.io
+        self.io = self.session.io_binding()
+        self._kv: list = []  # keeps OrtValues (and their host arrays) alive
+        for i in range(kv.layers):
+            for past, present in ((io_names.past_key, io_names.present_key), (io_names.past_value, io_names.present_value)):
+                if self.device_type == "cpu":
+                    host = np.zeros(shape, dtype=dtype)
+                    val = ort.OrtValue.ortvalue_from_numpy(host)
+                    self._kv.append((host, val))
+                else:
+                    val = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, self.device_type, 0)
+                    self._kv.append((None, val))
+                self.io.bind_ortvalue_input(past.format(i=i), val)
+                self.io.bind_ortvalue_output(present.format(i=i), val)
+        self._ids = np.zeros((1, self.max_t), dtype=np.int64)
+        self._mask = np.ones((1, kv.max_seq_len), dtype=np.int64)
+        self._logits = np.empty(self.max_t * self.vocab, dtype=np.float32)
+        self._names = (io_names.input_ids, io_names.attention_mask, io_names.logits)
+
+    def run(self, tokens: np.ndarray, past_len: int) -> np.ndarray:
+        """tokens int64 [T] (T <= max_t) at positions [past_len, past_len + T) -> logits [T, V]."""
+        T = len(tokens)
+        self._ids[0, :T] = tokens
+        ids, mask, logits = self._names
+        io = self.io
+        io.bind_input(ids, "cpu", 0, np.int64, [1, T], self._ids.ctypes.data)
+        io.bind_input(mask, "cpu", 0, np.int64, [1, past_len + T], self._mask.ctypes.data)
+        io.bind_output(logits, "cpu", 0, np.float32, [1, T, self.vocab], self._logits.ctypes.data)
+        self.session.run_with_iobinding(io)
+        return self._logits[: T * self.vocab].reshape(T, self.vocab)
+
+    def kv_host(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Host views of one layer's K and V buffers (CPU only; for tests and debugging)."""
+        return self._kv[2 * layer][0], self._kv[2 * layer + 1][0]

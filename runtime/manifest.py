@@ -1,0 +1,166 @@
+"""`specrt.json`: the bundle manifest, as typed dataclasses (schema: docs/bundle.md).
+
+Written by the exporter, read by the runtime and by anything else (C++ services) that loads the
+graphs itself. Plain JSON; every field has a default so older writers stay readable.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+MANIFEST = "specrt.json"
+
+
+class BundleError(Exception):
+    """A bundle is missing, incomplete, corrupt or from an unsupported schema."""
+
+
+@dataclass
+class IONames:
+    input_ids: str = "input_ids"  # int64 [B, T]
+    attention_mask: str = "attention_mask"  # int64 [B, P+T], all ones; length = P + T
+    logits: str = "logits"  # float32 [B, T, V]
+    past_key: str = "past_key_values.{i}.key"  # [B, Hkv, S_max, D], bound to the same buffer
+    past_value: str = "past_key_values.{i}.value"  #   as the matching present output
+    present_key: str = "present.{i}.key"
+    present_value: str = "present.{i}.value"
+
+
+@dataclass
+class KVLayout:
+    layers: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    dtype: str = "float32"  # numpy dtype name of the KV buffers
+    max_seq_len: int = 0  # S_max: buffer length, also the rotary table length
+
+    def bytes_per_token(self) -> int:
+        itemsize = 2 if self.dtype == "float16" else 4
+        return 2 * self.layers * self.kv_heads * self.head_dim * itemsize
+
+
+@dataclass
+class TRTPlan:
+    file: str = ""  # relative to the bundle
+    gpu: str = ""  # device name + compute capability the plan was built on
+    trt_version: str = ""
+    profile: dict = field(default_factory=dict)  # input name -> [min, opt, max] shapes
+
+
+@dataclass
+class ModelEntry:
+    graph: str = ""  # ONNX file, relative to the bundle
+    data: str | None = None  # external weights file next to the graph
+    lowering: str = "ort"  # "ort" (contrib ops) | "standard" (plain ONNX, TensorRT-ready)
+    precision: str = "fp32"  # "fp32" | "fp16" | "int4"
+    family: str = ""  # specrt architecture family
+    model_type: str = ""  # HF config.model_type
+    vocab_size: int = 0
+    max_tokens_per_call: int = 17  # widest multi-token (verification) call exercised at export
+    io: IONames = field(default_factory=IONames)
+    kv: KVLayout = field(default_factory=KVLayout)
+    source: dict = field(default_factory=dict)  # {kind, ref, sha256}
+    recipe: str = ""  # how the weights were made: "export", "self-int4", ...
+    parity: dict = field(default_factory=dict)  # numbers measured at export (docs/bundle.md)
+    trt_plans: list[TRTPlan] = field(default_factory=list)
+
+
+@dataclass
+class TokenizerInfo:
+    file: str = "tokenizer.json"
+    config: str = "tokenizer_config.json"
+    chat_template: str | None = None  # Jinja template; None: not a chat model
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)  # generation stops on any of these
+    pad_token_id: int | None = None
+    add_bos: bool = False  # prepend BOS when encoding raw text
+
+
+@dataclass
+class Manifest:
+    schema_version: int = SCHEMA_VERSION
+    name: str = ""
+    exporter_version: str = ""
+    created: str = ""
+    target: ModelEntry = field(default_factory=ModelEntry)
+    draft: ModelEntry | None = None
+    tokenizer: TokenizerInfo = field(default_factory=TokenizerInfo)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    def save(self, folder: Path) -> Path:
+        path = Path(folder) / MANIFEST
+        path.write_text(self.to_json() + "\n")
+        return path
+
+
+def _build(cls, data):
+    """Dataclass from a dict, recursing into nested dataclass fields; unknown keys ignored."""
+    if data is None:
+        return None
+    kwargs = {}
+    hints = {f.name: f for f in fields(cls)}
+    for key, val in data.items():
+        f = hints.get(key)
+        if f is None:
+            continue
+        sub = _NESTED.get((cls, key))
+        if sub is not None and isinstance(val, list):
+            val = [_build(sub, v) for v in val]
+        elif sub is not None:
+            val = _build(sub, val)
+        kwargs[key] = val
+    return cls(**kwargs)
+
+
+_NESTED = {
+    (ModelEntry, "io"): IONames,
+    (ModelEntry, "kv"): KVLayout,
+    (ModelEntry, "trt_plans"): TRTPlan,
+    (Manifest, "target"): ModelEntry,
+    (Manifest, "draft"): ModelEntry,
+    (Manifest, "tokenizer"): TokenizerInfo,
+}
+
+
+def manifest_from_dict(data: dict) -> Manifest:
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise BundleError(
+            f"unsupported bundle schema_version {version!r}; this specrt reads version "
+            f"{SCHEMA_VERSION} (re-export the bundle with this version of specrt)"
+        )
+    return _build(Manifest, data)
+
+
+def load_manifest(folder: str | Path) -> Manifest:
+    """Read and check `<folder>/specrt.json`: files it names must exist."""
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not folder.is_dir():
+        raise BundleError(f"no bundle at {folder}: folder does not exist (run `make export` or `specrt export`)")
+    if not path.is_file():
+        raise BundleError(f"{folder} is not a specrt bundle: {MANIFEST} is missing")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BundleError(f"{path} is corrupt: {e}") from None
+    if not isinstance(data, dict):
+        raise BundleError(f"{path} is corrupt: expected a JSON object")
+    try:
+        man = manifest_from_dict(data)
+    except TypeError as e:
+        raise BundleError(f"{path} is corrupt: {e}") from None
+    for role, entry in (("target", man.target), ("draft", man.draft)):
+        if entry is None:
+            continue
+        for rel in filter(None, [entry.graph, entry.data]):
+            if not (folder / rel).is_file():
+                raise BundleError(f"bundle {folder} is incomplete: {role} file {rel} is missing")
+    if not (folder / man.tokenizer.file).is_file():
+        raise BundleError(f"bundle {folder} is incomplete: {man.tokenizer.file} is missing")
+    return man
