@@ -41,6 +41,9 @@ class GraphOptions:
     max_seq_len: int = 2048  # S_max of the KV buffers and rotary tables
     int4_block_size: int = 32
     int4_accuracy_level: int = 4  # MatMulNBits compute type on CPU: 4 = int8 activations
+    fuse_qkv: bool = True  # one [H, (Hq+2Hkv)D] projection instead of three
+    fuse_gate_up: bool = True  # one [H, 2I] projection instead of two
+    tied_head: str = "gemm"  # tied LM head: "gemm" (shares the embedding) | "matmul" (own E^T copy)
 
 
 class _G:
@@ -112,15 +115,16 @@ class _Emitter:
     def norm_weight(self, key: str) -> np.ndarray:
         return self.w[key] + self.a.family.norm_offset
 
-    def linear(self, x: str, key: str, bias_key: str | None = None, weight: np.ndarray | None = None) -> str:
-        """x [B, T, in] @ W.T (+ b). W is HF layout [out, in]."""
-        g = self.g
-        W = self.w[key] if weight is None else weight
+    def linear(self, x: str, key: str, bias_key: str | None = None) -> str:
+        """x [B, T, in] @ W.T (+ b) for the checkpoint weight `key` (HF layout [out, in])."""
         b = self.w.get(bias_key) if bias_key else None
-        hint = key.replace("model.", "").replace(".weight", "").replace(".", "_")
+        return self.project(x, key.replace("model.", "").replace(".weight", "").replace(".", "_"), self.w[key], b)
+
+    def project(self, x: str, hint: str, W: np.ndarray, b: np.ndarray | None = None) -> str:
+        g = self.g
         if self.o.precision == "int4":
             packed, scales = quantize.quantize_rtn_sym(W, self.o.int4_block_size)
-            ins = [x, g.const(hint + "_q4", packed), g.const(hint + "_scales", scales.astype(np.float32))]
+            ins = [x, g.const(hint + "_q4", packed), g.const(hint + "_scales", scales)]
             if b is not None:
                 ins += ["", "", g.const(hint + "_bias", b.astype(np.float32))]
             return g.op(
@@ -166,10 +170,26 @@ class _Emitter:
         y = self.rms(x4, key)
         return g.op("Reshape", [y, g.i64(0, 0, heads * D)])
 
+    def fused(self, x: str, keys: list[str], bias_keys: list[str | None], hint: str, split: bool = True):
+        """Several projections of the same input as one MatMul ([out1+out2+..., in] weights);
+        split back on the last axis unless `split` is False."""
+        W = np.concatenate([self.w[k] for k in keys], axis=0)
+        sizes = [self.w[k].shape[0] for k in keys]
+        b = None
+        if any(bias_keys):
+            b = np.concatenate([self.w[bk] if bk else np.zeros(n, np.float32) for bk, n in zip(bias_keys, sizes)])
+        y = self.project(x, keys[0].replace("model.", "").rsplit(".", 2)[0].replace(".", "_") + "_" + hint, W, b)
+        if not split:
+            return y
+        return self.g.op("Split", [y, self.g.i64(*sizes)], hint, outputs=len(keys), axis=-1)
+
     def mlp(self, x: str, p: str) -> str:
         g = self.g
-        gate = self.linear(x, p + "mlp.gate_proj.weight")
-        up = self.linear(x, p + "mlp.up_proj.weight")
+        if self.o.fuse_gate_up:
+            gate, up = self.fused(x, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], [None, None], "gate_up")
+        else:
+            gate = self.linear(x, p + "mlp.gate_proj.weight")
+            up = self.linear(x, p + "mlp.up_proj.weight")
         if self.a.family.activation == "silu":
             act = g.op("Mul", [gate, g.op("Sigmoid", [gate])], "silu")
         else:
@@ -207,8 +227,8 @@ class _Emitter:
         if head is None or self.a.tie_embeddings:
             head = self.w["model.embed_tokens.weight"]
         if self.o.precision == "int4":
-            logits = self.linear(x, "lm_head.weight", weight=head)
-        elif self.a.tie_embeddings:
+            logits = self.project(x, "lm_head", head)
+        elif self.a.tie_embeddings and self.o.tied_head == "gemm":
             # Share the embedding initializer: Gemm(transB=1) on [B*T, H] avoids a transposed copy.
             x2 = g.op("Reshape", [x, g.i64(-1, self.a.hidden)])
             y2 = g.op("Gemm", [x2, "embed_tokens"], "lm_head", transB=1)
@@ -216,7 +236,7 @@ class _Emitter:
             out_shape = g.op("Concat", [shape, g.i64(self.a.vocab)], axis=0)
             logits = g.op("Reshape", [y2, out_shape])
         else:
-            logits = self.linear(x, "lm_head.weight", weight=head)
+            logits = self.project(x, "lm_head", head)
         if g.dtype != np.float32 or self.o.precision == "int4":
             g.op("Cast", [logits], outputs=["logits"], to=TensorProto.FLOAT)
         else:
@@ -264,9 +284,16 @@ class _Emitter:
     def attention(self, x: str, i: int, p: str) -> str:
         g, a, fam = self.g, self.a, self.a.family
         bias = (lambda n: p + f"self_attn.{n}.bias") if fam.qkv_bias else (lambda n: None)
-        q = self.linear(x, p + "self_attn.q_proj.weight", bias("q_proj"))
-        k = self.linear(x, p + "self_attn.k_proj.weight", bias("k_proj"))
-        v = self.linear(x, p + "self_attn.v_proj.weight", bias("v_proj"))
+        names = ("q_proj", "k_proj", "v_proj")
+        keys = [p + f"self_attn.{n}.weight" for n in names]
+        biases = [bias(n) for n in names]
+        if self.o.fuse_qkv and self.ort and not fam.qk_norm:
+            # GQA takes packed QKV directly (key/value inputs left empty).
+            q, k, v = self.fused(x, keys, biases, "qkv", split=False), "", ""
+        elif self.o.fuse_qkv:
+            q, k, v = self.fused(x, keys, biases, "qkv")
+        else:
+            q, k, v = (self.linear(x, kk, bk) for kk, bk in zip(keys, biases))
         if fam.qk_norm:
             q = self.head_norm(q, p + "self_attn.q_norm.weight", a.heads)
             k = self.head_norm(k, p + "self_attn.k_norm.weight", a.kv_heads)

@@ -76,7 +76,6 @@ class TokenizerInfo:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)  # generation stops on any of these
     pad_token_id: int | None = None
-    add_bos: bool = False  # prepend BOS when encoding raw text
 
 
 @dataclass

