@@ -65,7 +65,8 @@ def export_bundle(
                          "pass --draft none or a separate draft model with --lowering standard")
     max_t = max_draft_tokens + 1
     out = Path(out)
-    step = Progress(6 if draft != "none" else 4, echo)
+    n_steps = 4 + (draft != "none") + (draft not in ("self-int4", "none"))
+    step = Progress(n_steps, echo)
 
     step(f"loading target {target}")
     t_src = resolve_source(target)

@@ -30,6 +30,8 @@ class Decoder:
         call to this decoder.
         """
         tokens = np.asarray(tokens, dtype=np.int64)
+        if not 0 < len(tokens) <= self.max_t:
+            raise ValueError(f"{self.name}: a call takes 1..{self.max_t} tokens, got {len(tokens)}")
         pos = self.kv.reserve(len(tokens))
         logits = self.backend.run(tokens, pos)
         self.kv.advance(len(tokens))

@@ -1,0 +1,53 @@
+# Everything installs itself into .venv (runtime + export + dev + bench extras).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SPECRT := $(VENV)/bin/specrt
+BUNDLE ?= engines/default
+PROMPT ?= Explain KV caches in two sentences.
+
+.PHONY: setup export run generate test test-unit runtime-only lint bench clean
+
+$(VENV)/.stamp: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[export,dev,bench]'
+	touch $@
+
+setup: $(VENV)/.stamp
+
+# Default pair -> engines/default (configs/default.toml). Skipped when the bundle exists.
+$(BUNDLE)/specrt.json: $(VENV)/.stamp configs/default.toml
+	$(SPECRT) export --config configs/default.toml --out $(BUNDLE)
+
+export: $(BUNDLE)/specrt.json
+
+run: export
+	$(SPECRT) generate --engines $(BUNDLE) "$(PROMPT)"
+
+# Unit + end-to-end tests (tiny models and the real default bundle), then the runtime from a
+# virtual environment holding only the runtime's own dependencies (no torch).
+test: export
+	$(PY) -m pytest -q tests
+	$(MAKE) runtime-only
+
+test-unit: $(VENV)/.stamp
+	$(PY) -m pytest -q tests -m "not slow"
+
+runtime-only: export
+	$(PYTHON) -m venv .venv-runtime
+	.venv-runtime/bin/python -m pip install -q --upgrade pip
+	.venv-runtime/bin/python -m pip install -q .
+	.venv-runtime/bin/python -c "import importlib.util as u, sys; bad=[m for m in ('torch','transformers','optimum') if u.find_spec(m)]; sys.exit('runtime venv has %s' % bad if bad else 0)"
+	.venv-runtime/bin/specrt generate --engines $(BUNDLE) --max-new-tokens 16 --json "Say hello." > .venv-runtime/out.json
+	.venv-runtime/bin/python -c "import json; d=json.load(open('.venv-runtime/out.json')); assert d['stats']['new_tokens'] > 0, d; print('runtime-only venv OK:', repr(d['text'][:60]))"
+
+lint: $(VENV)/.stamp
+	$(VENV)/bin/ruff check .
+
+bench: export
+	$(SPECRT) bench --engines $(BUNDLE)
+
+clean:
+	rm -rf $(VENV) .venv-runtime .cache build *.egg-info

@@ -1,0 +1,40 @@
+"""Draft with a small model that has its own persistent KV cache."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..decoder import Decoder
+from ..sampling import SamplingConfig, probs, sample
+
+
+class ModelDrafter:
+    name = "model"
+
+    def __init__(self, decoder: Decoder):
+        self.dec = decoder
+
+    def begin(self, prompt) -> None:
+        self.dec.reset()
+        if len(prompt) > 1:
+            self.dec.prefill(prompt[:-1])  # the last prompt token is fed by the first propose
+
+    def propose(self, seq, k: int, cfg: SamplingConfig, rng: np.random.Generator):
+        # Rows [dec.length, len(seq)) are committed but not yet in the draft cache: 1 token
+        # normally, 2 after a round where every proposal was accepted (draft catch-up).
+        logits = self.dec.forward(seq[self.dec.length :])[-1]
+        toks = np.empty(k, dtype=np.int64)
+        q = None if cfg.greedy else np.empty((k, self.dec.vocab))
+        for j in range(k):
+            if cfg.greedy:
+                toks[j] = int(logits.argmax())
+            else:
+                q[j] = probs(logits, cfg)
+                toks[j] = sample(q[j], rng.random())
+            if j + 1 < k:
+                logits = self.dec.forward(toks[j : j + 1])[0]
+        return toks, q
+
+    def commit(self, seq_len: int) -> None:
+        # Cache rows hold seq[:n] + proposals[:k-1]; the valid prefix is the committed part.
+        self.dec.rewind(min(self.dec.length, seq_len - 1))

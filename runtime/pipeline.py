@@ -1,0 +1,146 @@
+"""`specrt.load(bundle)` -> Pipeline: immutable model parts (sessions, buffers, tokenizer) loaded
+once; each `generate` / `stream` call is a request with its own sampling settings and stats."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .backends.ort import OrtBackend
+from .decoder import Decoder
+from .drafters import ModelDrafter, NgramDrafter
+from .kv import ContextOverflow
+from .manifest import BundleError, load_manifest
+from .sampling import SamplingConfig
+from .speculate import Speculator, Stats
+from .tokenizer import Tokenizer
+
+DRAFTS = ("model", "none", "ngram")
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    stats: Stats
+
+    def as_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, "stats": self.stats.as_dict()}
+
+
+class Pipeline:
+    def __init__(self, folder: str | Path, *, draft: str = "model", device: str = "cpu",
+                 threads: int | None = None, k: int = 4):
+        self.folder = Path(folder)
+        self.manifest = load_manifest(self.folder)
+        man = self.manifest
+        if draft not in DRAFTS:
+            raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
+        self.tokenizer = Tokenizer(self.folder, man.tokenizer)
+        self.target = self._decoder(man.target, device, threads, "target")
+        self.draft_decoder = None
+        if man.draft is not None and draft == "model":
+            self.draft_decoder = self._decoder(man.draft, device, threads, "draft")
+        if draft == "model" and man.draft is None:
+            raise BundleError(f"bundle {self.folder} has no draft model; use draft='none' or 'ngram'")
+        self.default_draft = draft
+        self.default_k = k
+        self.max_seq_len = man.target.kv.max_seq_len
+        self.max_k = man.target.max_tokens_per_call - 1
+        self.last: Result | None = None
+
+    def _decoder(self, entry, device, threads, name) -> Decoder:
+        try:
+            backend = OrtBackend(self.folder / entry.graph, entry, device=device, threads=threads)
+        except Exception as e:  # onnxruntime raises its own exception types on a bad graph
+            if isinstance(e, (BundleError, ValueError)):
+                raise
+            raise BundleError(f"cannot load {name} graph {self.folder / entry.graph}: {str(e)[:300]}") from None
+        return Decoder(backend, name)
+
+    def drafter(self, draft: str):
+        if draft == "none":
+            return None
+        if draft == "ngram":
+            return NgramDrafter(max_proposal=self.max_k)
+        if draft == "model":
+            if self.draft_decoder is None:
+                raise BundleError(f"bundle {self.folder} has no draft model (or it was not loaded); "
+                                  "use draft='none' or 'ngram'")
+            return ModelDrafter(self.draft_decoder)
+        raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
+
+    def check_request(self, n_prompt: int, max_new_tokens: int, k: int):
+        if n_prompt == 0:
+            raise ValueError("empty prompt")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not 0 <= k <= self.max_k:
+            raise ValueError(f"k must be between 0 and {self.max_k} (the bundle's max_tokens_per_call - 1), got {k}")
+        if n_prompt + max_new_tokens > self.max_seq_len:
+            raise ContextOverflow(
+                f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) exceeds the bundle's "
+                f"context of {self.max_seq_len} tokens; shorten the prompt, lower max_new_tokens to at most "
+                f"{max(0, self.max_seq_len - n_prompt)}, or re-export with a larger --max-seq-len"
+            )
+
+    def stream_ids(self, prompt_ids: list[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
+                   top_k: int = 0, top_p: float = 1.0, seed: int | None = 0, k: int | None = None,
+                   draft: str | None = None, stats: Stats | None = None) -> Iterator[list[int]]:
+        """Token-level generation: yields committed chunks of new token ids."""
+        cfg = SamplingConfig(temperature, top_k, top_p)
+        k = self.default_k if k is None else k
+        self.check_request(len(prompt_ids), max_new_tokens, k)
+        spec = Speculator(self.target, self.drafter(draft or self.default_draft))
+        yield from spec.run(list(prompt_ids), cfg, k=k, max_new_tokens=max_new_tokens,
+                            eos_ids=self.tokenizer.eos_ids, seed=seed, stats=stats)
+
+    def stream(self, prompt: str, *, chat: bool = True, stop: list[str] | None = None, **kw) -> Iterator[str]:
+        """Yields text pieces as tokens are committed; the full Result is in `self.last` after.
+        With stop strings, text that could be the start of one is held back until resolved."""
+        ids = self.tokenizer.encode(prompt, chat=chat)
+        stats = Stats()
+        out: list[int] = []
+        dec = self.tokenizer.stream()
+        stops = [s for s in (stop or []) if s]
+        hold = max((len(s) for s in stops), default=1) - 1
+        full, emitted = "", 0
+        gen = self.stream_ids(ids, stats=stats, **kw)
+        try:
+            for chunk in gen:
+                out.extend(chunk)
+                full += dec.push(chunk)
+                cut = _find_stop(full, stops, max(0, emitted - hold))
+                if cut is not None:
+                    full = full[:cut]
+                    stats.stop_reason = "stop"
+                    break
+                safe = len(full) - hold
+                if safe > emitted:
+                    yield full[emitted:safe]
+                    emitted = safe
+            else:
+                full += dec.flush()
+        finally:
+            gen.close()
+            if len(full) > emitted:
+                tail, emitted = full[emitted:], len(full)
+                self.last = Result(full, out, stats)
+                yield tail
+            self.last = Result(full, out, stats)
+
+    def generate(self, prompt: str, **kw) -> Result:
+        for _ in self.stream(prompt, **kw):
+            pass
+        return self.last
+
+
+def _find_stop(text: str, stops: list[str], start: int) -> int | None:
+    """Earliest index >= start where any stop string begins in text."""
+    hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def load(folder: str | Path = "engines/default", **kw) -> Pipeline:
+    return Pipeline(folder, **kw)

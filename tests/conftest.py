@@ -1,0 +1,127 @@
+"""Fixtures: tiny random-weight models made by code (one per supported family), their bundles,
+and the real default bundle built by `make export`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_BUNDLE = Path(os.environ.get("SPECRT_TEST_BUNDLE", ROOT / "engines" / "default"))
+VOCAB = 128
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant {% endif %}"
+)
+
+
+def tiny_config(family: str, seed_std: float = 0.3):
+    """A 2-layer config of each family; larger init std gives decisive (non-tied) greedy logits."""
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                  initializer_range=seed_std, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family == "llama":
+        return tf.LlamaConfig(**common, tie_word_embeddings=True)
+    if family == "mistral":
+        return tf.MistralConfig(**common, sliding_window=None)
+    if family == "qwen2":
+        return tf.Qwen2Config(**common)
+    if family == "qwen3":
+        return tf.Qwen3Config(**common)
+    if family == "gemma3":
+        return tf.Gemma3TextConfig(**common, sliding_window=8, query_pre_attn_scalar=16,
+                                   layer_types=["sliding_attention", "full_attention"])
+    raise ValueError(family)
+
+
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3"]
+
+
+def tiny_model(family: str, seed: int = 0):
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    cfg = tiny_config(family)
+    model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    return model.eval()
+
+
+def tiny_tokenizer(shift: int = 0):
+    """Word-level tokenizer over VOCAB tokens; `shift` renames words (a different vocabulary)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for i in range(3, VOCAB):
+        vocab[f"w{i + shift}"] = i
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def save_tiny(folder: Path, family: str = "llama", seed: int = 0, shift: int = 0) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    tiny_model(family, seed).save_pretrained(folder)
+    tiny_tokenizer(shift).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """HF folders: target, a random-weights draft (same vocab), and a draft with another vocab."""
+    base = tmp_path_factory.mktemp("tiny")
+    return {
+        "target": save_tiny(base / "target", seed=0),
+        "bad_draft": save_tiny(base / "bad_draft", seed=1),
+        "other_vocab": save_tiny(base / "other_vocab", seed=2, shift=1000),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_bundles(tiny_dirs, tmp_path_factory):
+    """Bundles over the tiny target: good draft (the same model), bad draft, self-int4, none."""
+    from specrt.export import export_bundle
+
+    base = tmp_path_factory.mktemp("bundles")
+    t = str(tiny_dirs["target"])
+    kw = dict(max_seq_len=256, max_draft_tokens=8, echo=None)
+    drafts = {"good": t, "bad": str(tiny_dirs["bad_draft"]), "int4": "self-int4", "none": "none"}
+    for name, draft in drafts.items():
+        export_bundle(t, base / name, draft=draft, **kw)
+    return {name: base / name for name in drafts}
+
+
+@pytest.fixture(scope="session")
+def default_bundle():
+    if not (DEFAULT_BUNDLE / "specrt.json").is_file():
+        pytest.fail(f"the default bundle {DEFAULT_BUNDLE} is missing: run `make export` first "
+                    "(`make test` does it)")
+    return DEFAULT_BUNDLE
+
+
+def assert_same_greedy(got: list[int], want: list[int], margins=None, tie: float = 1e-4):
+    """Token-for-token equality; a difference is only tolerated at a near-tie (reference top-2
+    logit margin below `tie` at the first differing position) and the test says so."""
+    n = min(len(got), len(want))
+    for i in range(n):
+        if got[i] != want[i]:
+            assert margins is not None and margins[i] < tie, (
+                f"greedy outputs differ at token {i}: {got[i]} vs {want[i]} "
+                f"(margin {None if margins is None else margins[i]}); not a near-tie"
+            )
+            return i
+    assert len(got) == len(want), f"lengths differ: {len(got)} vs {len(want)}"
+    return None
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)

@@ -1,0 +1,137 @@
+"""export_bundle end to end on tiny HF folders, and every bad-input path."""
+
+import json
+import shutil
+
+import pytest
+
+from specrt.export import ParityError, SourceError, VocabularyMismatch, export_bundle
+from specrt.export import api as export_api
+from specrt.runtime.manifest import BundleError, load_manifest, manifest_from_dict
+
+KW = dict(max_seq_len=128, max_draft_tokens=8, greedy_steps=8, echo=None)
+
+
+def test_bundle_layout_and_manifest_roundtrip(tiny_bundles):
+    folder = tiny_bundles["int4"]
+    man = load_manifest(folder)
+    assert man.target.lowering == "ort" and man.target.precision == "fp32"
+    assert man.draft.precision == "int4" and man.draft.recipe == "self-int4"
+    assert man.target.max_tokens_per_call == 9
+    assert man.target.parity["passed"] and man.target.parity["greedy_match"] == man.target.parity["greedy_steps"]
+    assert 0 <= man.draft.parity["greedy_agreement_with_target"] <= 1
+    assert man.tokenizer.eos_token_ids == [2] and man.tokenizer.chat_template
+    raw = json.loads((folder / "specrt.json").read_text())
+    assert manifest_from_dict(raw) == man
+    assert not list(folder.parent.glob(".*tmp-*")), "staging folders left behind"
+
+
+def test_standard_lowering_bundle(tiny_dirs, tmp_path):
+    man = export_bundle(str(tiny_dirs["target"]), tmp_path / "std", draft=str(tiny_dirs["bad_draft"]),
+                        lowering="standard", **KW)
+    assert man.target.lowering == man.draft.lowering == "standard"
+    assert man.target.parity["passed"]
+
+
+def test_standard_lowering_refuses_self_int4(tiny_dirs, tmp_path):
+    with pytest.raises(ValueError, match="ort"):
+        export_bundle(str(tiny_dirs["target"]), tmp_path / "x", draft="self-int4", lowering="standard", **KW)
+
+
+def test_missing_source(tmp_path):
+    with pytest.raises(SourceError, match="not found"):
+        export_bundle(str(tmp_path / "nope"), tmp_path / "b", **KW)
+
+
+def test_folder_without_config(tmp_path):
+    (tmp_path / "m").mkdir()
+    with pytest.raises(SourceError, match="config.json"):
+        export_bundle(str(tmp_path / "m"), tmp_path / "b", **KW)
+
+
+def test_corrupt_gguf(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00garbage" * 10)
+    with pytest.raises(SourceError, match="cannot read model"):
+        export_bundle(str(bad), tmp_path / "b", **KW)
+
+
+def test_corrupt_config(tiny_dirs, tmp_path):
+    src = shutil.copytree(tiny_dirs["target"], tmp_path / "m")
+    (src / "config.json").write_text("{ not json")
+    with pytest.raises(SourceError):
+        export_bundle(str(src), tmp_path / "b", **KW)
+
+
+def test_unknown_architecture(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=128)).save_pretrained(tmp_path / "g")
+    from conftest import tiny_tokenizer
+
+    tiny_tokenizer().save_pretrained(tmp_path / "g")
+    with pytest.raises(ValueError, match="gpt2.*supported model types"):
+        export_bundle(str(tmp_path / "g"), tmp_path / "b", **KW)
+
+
+def test_hub_id_unreachable(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SourceError, match="hub"):
+        export_bundle("someorg/somemodel", tmp_path / "b", **KW)
+
+
+def test_vocabulary_mismatch_is_refused(tiny_dirs, tmp_path):
+    with pytest.raises(VocabularyMismatch, match="vocabularies differ.*only in draft"):
+        export_bundle(str(tiny_dirs["target"]), tmp_path / "b", draft=str(tiny_dirs["other_vocab"]), **KW)
+    assert not (tmp_path / "b").exists()
+
+
+def test_interrupted_export_keeps_previous_bundle(tiny_dirs, tmp_path, monkeypatch):
+    out = tmp_path / "b"
+    export_bundle(str(tiny_dirs["target"]), out, draft="none", **KW)
+    before = (out / "specrt.json").read_text()
+    calls = {"n": 0}
+    real = export_api.check_decoder
+
+    def interrupt(*a, **k):
+        calls["n"] += 1
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export_api, "check_decoder", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        export_bundle(str(tiny_dirs["target"]), out, draft="self-int4", **KW)
+    assert calls["n"] == 1
+    assert (out / "specrt.json").read_text() == before  # previous bundle intact and loadable
+    load_manifest(out)
+    assert not list(tmp_path.glob(".b.tmp-*"))
+    monkeypatch.setattr(export_api, "check_decoder", real)
+
+
+def test_interrupted_first_export_leaves_nothing_loadable(tiny_dirs, tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export_api, "_save_tokenizer", boom)
+    with pytest.raises(KeyboardInterrupt):
+        export_bundle(str(tiny_dirs["target"]), tmp_path / "b", draft="none", **KW)
+    with pytest.raises(BundleError, match="does not exist"):
+        load_manifest(tmp_path / "b")
+
+
+def test_parity_failure_refuses_bundle(tiny_dirs, tmp_path, monkeypatch):
+    import numpy as np
+
+    from specrt.export import graph as graph_mod
+
+    real = graph_mod.build_graph
+
+    def broken(arch, w, opts):
+        w = dict(w)
+        w["model.norm.weight"] = w["model.norm.weight"] * np.float32(1.5)
+        return real(arch, w, opts)
+
+    monkeypatch.setattr(export_api, "build_graph", broken)
+    with pytest.raises(ParityError, match="parity"):
+        export_bundle(str(tiny_dirs["target"]), tmp_path / "b", draft="none", **KW)
+    assert not (tmp_path / "b").exists()
+
