@@ -177,7 +177,7 @@ class _Emitter:
         sizes = [self.w[k].shape[0] for k in keys]
         b = None
         if any(bias_keys):
-            b = np.concatenate([self.w[bk] if bk else np.zeros(n, np.float32) for bk, n in zip(bias_keys, sizes)])
+            b = np.concatenate([self.w[bk] if bk else np.zeros(n, np.float32) for bk, n in zip(bias_keys, sizes, strict=True)])
         y = self.project(x, keys[0].replace("model.", "").rsplit(".", 2)[0].replace(".", "_") + "_" + hint, W, b)
         if not split:
             return y
@@ -293,7 +293,7 @@ class _Emitter:
         elif self.o.fuse_qkv:
             q, k, v = self.fused(x, keys, biases, "qkv")
         else:
-            q, k, v = (self.linear(x, kk, bk) for kk, bk in zip(keys, biases))
+            q, k, v = (self.linear(x, kk, bk) for kk, bk in zip(keys, biases, strict=True))
         if fam.qk_norm:
             q = self.head_norm(q, p + "self_attn.q_norm.weight", a.heads)
             k = self.head_norm(k, p + "self_attn.k_norm.weight", a.kv_heads)

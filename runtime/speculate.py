@@ -63,7 +63,7 @@ class Stats:
         self.acceptance_rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
         after_first = max(0, self.new_tokens - 1)
         self.mean_accepted_per_round = after_first / self.rounds if self.rounds else 0.0
-        self.per_position_acceptance = [ok / t if t else 0.0 for ok, t in zip(self._pos_ok, self._pos_tried)]
+        self.per_position_acceptance = [ok / t if t else 0.0 for ok, t in zip(self._pos_ok, self._pos_tried, strict=True)]
         self.tpot_ms = self.decode_ms / after_first if after_first else 0.0
         self.tokens_per_s = 1000.0 * after_first / self.decode_ms if self.decode_ms > 0 else 0.0
         self.other_ms = max(0.0, self.decode_ms - self.draft_ms - self.verify_ms)

@@ -1,0 +1,151 @@
+"""End to end on tiny exported models: speculation is lossless."""
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+import specrt
+from specrt.runtime.backends.ort import OrtBackend
+from specrt.runtime.decoder import Decoder
+from specrt.runtime.manifest import load_manifest
+from specrt.runtime.sampling import SamplingConfig, probs
+
+PROMPTS = [[1, 5, 9, 33, 7], [1, 100, 4, 4, 4, 90, 12, 60], [1, 3]]
+
+
+@pytest.fixture(scope="module")
+def pipes(tiny_bundles):
+    out = {name: specrt.load(path, draft="model" if name != "none" else "none") for name, path in tiny_bundles.items()}
+    return out
+
+
+def target_only(pipe, prompt, n):
+    return [t for c in pipe.stream_ids(prompt, max_new_tokens=n, draft="none", k=0) for t in c]
+
+
+@pytest.mark.parametrize("bundle", ["good", "bad", "int4"])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_greedy_speculative_equals_target_only(pipes, bundle, k):
+    pipe = pipes[bundle]
+    for prompt in PROMPTS:
+        want = target_only(pipe, prompt, 40)
+        got = [t for c in pipe.stream_ids(prompt, max_new_tokens=40, k=k) for t in c]
+        assert got == want, (bundle, k, prompt)
+
+
+def test_good_draft_accepts_everything_bad_draft_does_not(pipes):
+    from specrt.runtime.speculate import Stats
+
+    s_good, s_bad = Stats(), Stats()
+    list(pipes["good"].stream_ids(PROMPTS[0], max_new_tokens=40, k=4, stats=s_good))
+    list(pipes["bad"].stream_ids(PROMPTS[0], max_new_tokens=40, k=4, stats=s_bad))
+    assert s_good.acceptance_rate == 1.0 and s_good.mean_accepted_per_round > 4
+    assert s_bad.acceptance_rate < 0.5
+    assert s_good.new_tokens == s_bad.new_tokens == 40
+    assert len(s_good.per_position_acceptance) == 4
+
+
+@pytest.mark.parametrize("draft", ["ngram"])
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_greedy_ngram_equals_target_only(pipes, draft, k):
+    pipe = pipes["none"]
+    prompt = [1, 5, 9, 33, 7, 5, 9, 33, 7, 5, 9]  # repetitive: n-gram proposals get made
+    want = target_only(pipe, prompt, 40)
+    got = [t for c in pipe.stream_ids(prompt, max_new_tokens=40, k=k, draft=draft) for t in c]
+    assert got == want
+
+
+def test_max_new_tokens_and_eos_inside_accepted_run(pipes):
+    pipe = pipes["good"]
+    full = target_only(pipe, PROMPTS[1], 30)
+    for n in (1, 2, 7, 13):
+        got = [t for c in pipe.stream_ids(PROMPTS[1], max_new_tokens=n, k=8) for t in c]
+        assert got == full[:n]
+    # make a token in the middle of the run an EOS: output stops right before it
+    eos_at = 9
+    pipe.tokenizer.eos_ids = {full[eos_at]}
+    try:
+        got = [t for c in pipe.stream_ids(PROMPTS[1], max_new_tokens=30, k=8) for t in c]
+    finally:
+        pipe.tokenizer.eos_ids = set(pipe.manifest.tokenizer.eos_token_ids)
+    assert got == full[: full.index(full[eos_at])]
+
+
+def test_k_larger_than_room_left(pipes):
+    pipe = pipes["good"]
+    cap = pipe.max_seq_len
+    prompt = list(np.random.default_rng(0).integers(3, 128, size=cap - 6))
+    want = target_only(pipe, prompt, 6)
+    got = [t for c in pipe.stream_ids(prompt, max_new_tokens=6, k=8) for t in c]
+    assert got == want and len(got) == 6
+
+
+def _second_token_dist(pipe, prompt, cfg):
+    """Exact target distribution of the 2nd new token: sum_x p(x) p(. | x), via the target graph."""
+    dec = pipe.target
+    dec.reset()
+    p1 = probs(dec.prefill(prompt), cfg)
+    base = dec.length
+    total = np.zeros_like(p1)
+    for x in np.flatnonzero(p1 > 0):
+        dec.rewind(base)
+        total += p1[x] * probs(dec.forward([x])[0], cfg)
+    dec.reset()
+    return total
+
+
+@pytest.mark.parametrize("draft,cfg", [
+    ("model", SamplingConfig(1.0)),
+    ("model", SamplingConfig(0.8, top_p=0.9)),
+    ("model", SamplingConfig(1.2, top_k=10)),
+    ("ngram", SamplingConfig(1.0)),
+])
+def test_sampling_distribution_matches_target(pipes, draft, cfg, monkeypatch):
+    pipe = pipes["bad"] if draft == "model" else pipes["none"]
+    monkeypatch.setattr(pipe.tokenizer, "eos_ids", set())  # EOS is just another token here
+    prompt = [1, 5, 9, 33, 7, 5, 9]
+    want = _second_token_dist(pipe, prompt, cfg)
+    n = 3000
+    counts = np.zeros_like(want)
+    for seed in range(n):
+        toks = [t for c in pipe.stream_ids(prompt, max_new_tokens=2, k=4, draft=draft, seed=seed,
+                                           temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p) for t in c]
+        counts[toks[1]] += 1
+    assert counts[want == 0].sum() == 0
+    exp = want * n
+    big = exp >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    e = np.append(exp[big], exp[~big].sum())
+    keep = e > 0
+    pval = sps.chisquare(obs[keep], e[keep] * obs[keep].sum() / e[keep].sum()).pvalue
+    assert pval > 1e-3, pval
+
+
+def test_seed_reproduces_sampling(pipes):
+    pipe = pipes["bad"]
+    a = [t for c in pipe.stream_ids(PROMPTS[0], max_new_tokens=20, temperature=1.0, seed=5) for t in c]
+    b = [t for c in pipe.stream_ids(PROMPTS[0], max_new_tokens=20, temperature=1.0, seed=5) for t in c]
+    c = [t for c in pipe.stream_ids(PROMPTS[0], max_new_tokens=20, temperature=1.0, seed=6) for t in c]
+    assert a == b and a != c
+
+
+def test_kv_rewind_random_accept_patterns(tiny_bundles):
+    """Random verify/accept/rewind rounds; afterwards the cache gives the logits of a fresh run."""
+    folder = tiny_bundles["none"]
+    man = load_manifest(folder)
+    dec = Decoder(OrtBackend(folder / man.target.graph, man.target))
+    fresh = Decoder(OrtBackend(folder / man.target.graph, man.target))
+    rng = np.random.default_rng(0)
+    seq = [int(t) for t in rng.integers(3, 128, size=6)]
+    dec.prefill(seq[:-1])
+    for _ in range(30):
+        k = int(rng.integers(0, dec.max_t))
+        proposal = [int(t) for t in rng.integers(3, 128, size=k)]
+        rows = dec.forward([seq[-1]] + proposal).copy()  # verification-shaped call
+        accepted = int(rng.integers(0, k + 1))
+        fresh.reset()
+        ref = fresh.prefill(seq + proposal[:accepted])
+        np.testing.assert_allclose(rows[accepted], ref, atol=1e-4)
+        seq += proposal[:accepted] + [int(rng.integers(3, 128))]
+        dec.rewind(len(seq) - 1)
+    assert dec.length == len(seq) - 1

@@ -1,0 +1,113 @@
+"""CLI errors: clear message, non-zero exit, no traceback. Uses the tiny bundles."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args, input=None):
+    r = subprocess.run([sys.executable, "-m", "specrt.cli", *args], capture_output=True, text=True, input=input, timeout=300)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+def test_generate_json(tiny_bundles):
+    r = run("generate", "--engines", str(tiny_bundles["good"]), "--json", "--max-new-tokens", "8", "--raw", "w5 w6 w7")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert set(d) == {"text", "token_ids", "stats"}
+    assert d["stats"]["new_tokens"] == len(d["token_ids"]) <= 8
+    for key in ("prefill_ms", "ttft_ms", "decode_ms", "tpot_ms", "tokens_per_s", "rounds", "draft_tokens",
+                "accepted_tokens", "acceptance_rate", "mean_accepted_per_round", "per_position_acceptance",
+                "draft_ms", "verify_ms", "other_ms"):
+        assert key in d["stats"]
+
+
+def test_generate_stream_and_stdin(tiny_bundles):
+    r = run("generate", "--engines", str(tiny_bundles["int4"]), "--max-new-tokens", "6", "-", input="w9 w10")
+    assert r.returncode == 0 and "tok/s" in r.stderr and "acceptance" in r.stderr
+
+
+def test_missing_bundle(tmp_path):
+    r = run("generate", "--engines", str(tmp_path / "nope"), "hi")
+    assert r.returncode == 2 and "no bundle at" in r.stderr
+
+
+def test_corrupt_manifest(tiny_bundles, tmp_path):
+    b = shutil.copytree(tiny_bundles["none"], tmp_path / "b")
+    (b / "specrt.json").write_text("{oops")
+    r = run("generate", "--engines", str(b), "hi")
+    assert r.returncode == 2 and "corrupt" in r.stderr
+
+
+def test_unsupported_schema(tiny_bundles, tmp_path):
+    b = shutil.copytree(tiny_bundles["none"], tmp_path / "b")
+    d = json.loads((b / "specrt.json").read_text())
+    d["schema_version"] = 99
+    (b / "specrt.json").write_text(json.dumps(d))
+    r = run("generate", "--engines", str(b), "hi")
+    assert r.returncode == 2 and "schema_version 99" in r.stderr
+
+
+def test_missing_graph_file(tiny_bundles, tmp_path):
+    b = shutil.copytree(tiny_bundles["none"], tmp_path / "b")
+    (b / "target" / "model.onnx.data").unlink()
+    r = run("generate", "--engines", str(b), "hi")
+    assert r.returncode == 2 and "incomplete" in r.stderr
+
+
+def test_corrupt_graph_file(tiny_bundles, tmp_path):
+    b = shutil.copytree(tiny_bundles["none"], tmp_path / "b")
+    (b / "target" / "model.onnx").write_bytes(b"not a model")
+    r = run("generate", "--engines", str(b), "--draft", "none", "hi")
+    assert r.returncode == 2 and "cannot load target graph" in r.stderr
+
+
+def test_prompt_too_long(tiny_bundles):
+    prompt = " ".join(["w5"] * 300)
+    r = run("generate", "--engines", str(tiny_bundles["none"]), "--draft", "none", "--raw", prompt)
+    assert r.returncode == 2 and "exceeds the bundle's context of 256 tokens" in r.stderr
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--temperature", "-0.5"], "temperature"),
+    (["--top-p", "0"], "top_p"),
+    (["--top-k", "-1"], "top_k"),
+    (["--k", "99"], "k must be between 0 and 8"),
+    (["--max-new-tokens", "0"], "max_new_tokens"),
+])
+def test_invalid_settings(tiny_bundles, args, msg):
+    r = run("generate", "--engines", str(tiny_bundles["good"]), *args, "w5")
+    assert r.returncode == 2 and msg in r.stderr, r.stderr
+
+
+def test_no_draft_in_bundle(tiny_bundles):
+    r = run("generate", "--engines", str(tiny_bundles["none"]), "--draft", "model", "w5")
+    assert r.returncode == 2 and "no draft model" in r.stderr
+
+
+def test_inspect(tiny_bundles):
+    r = run("inspect", str(tiny_bundles["int4"]))
+    assert r.returncode == 0
+    assert "precision=int4" in r.stdout and "KiB/token" in r.stdout and "parity" in r.stdout
+
+
+def test_export_bad_source(tmp_path):
+    r = run("export", "--target", str(tmp_path / "missing"), "--out", str(tmp_path / "b"))
+    assert r.returncode == 2 and "not found" in r.stderr
+
+
+def test_non_finite_logits_is_reported(tiny_bundles, monkeypatch):
+    import numpy as np
+
+    import specrt
+    from specrt.runtime import NonFiniteLogits
+
+    pipe = specrt.load(tiny_bundles["good"])
+    real = pipe.target.backend.run
+    monkeypatch.setattr(pipe.target.backend, "run", lambda t, p: real(t, p) * np.float32("nan"))
+    with pytest.raises(NonFiniteLogits, match="non-finite"):
+        pipe.generate("w5", max_new_tokens=4, chat=False)
