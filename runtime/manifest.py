@@ -59,6 +59,8 @@ class ModelEntry:
     family: str = ""  # specrt architecture family
     model_type: str = ""  # HF config.model_type
     vocab_size: int = 0
+    hidden_size: int = 0  # model width (for runtimes that want it, e.g. a genai_config.json)
+    num_heads: int = 0  # query heads
     max_tokens_per_call: int = 17  # widest multi-token (verification) call exercised at export
     io: IONames = field(default_factory=IONames)
     kv: KVLayout = field(default_factory=KVLayout)

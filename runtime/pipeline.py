@@ -31,13 +31,16 @@ class Result:
 
 class Pipeline:
     def __init__(self, folder: str | Path, *, draft: str = "model", device: str = "cpu",
-                 threads: int | None = None, k: int = 4):
+                 threads: int | None = None, k: int = 4, global_pool: bool = False):
+        """global_pool: one onnxruntime thread pool for the whole process (faster; but every other
+        onnxruntime session in the process must then disable per-session threads)."""
         self.folder = Path(folder)
         self.manifest = load_manifest(self.folder)
         man = self.manifest
         if draft not in DRAFTS:
             raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
         self.tokenizer = Tokenizer(self.folder, man.tokenizer)
+        self.global_pool = global_pool
         self.target = self._decoder(man.target, device, threads, "target")
         self.draft_decoder = None
         if man.draft is not None and draft == "model":
@@ -52,7 +55,8 @@ class Pipeline:
 
     def _decoder(self, entry, device, threads, name) -> Decoder:
         try:
-            backend = OrtBackend(self.folder / entry.graph, entry, device=device, threads=threads)
+            backend = OrtBackend(self.folder / entry.graph, entry, device=device, threads=threads,
+                                 global_pool=self.global_pool)
         except Exception as e:  # onnxruntime raises its own exception types on a bad graph
             if isinstance(e, (BundleError, ValueError)):
                 raise
@@ -87,14 +91,16 @@ class Pipeline:
 
     def stream_ids(self, prompt_ids: list[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
                    top_k: int = 0, top_p: float = 1.0, seed: int | None = 0, k: int | None = None,
-                   draft: str | None = None, stats: Stats | None = None) -> Iterator[list[int]]:
-        """Token-level generation: yields committed chunks of new token ids."""
+                   draft: str | None = None, stats: Stats | None = None,
+                   ignore_eos: bool = False) -> Iterator[list[int]]:
+        """Token-level generation: yields committed chunks of new token ids.
+        ignore_eos: run to max_new_tokens (benchmarks)."""
         cfg = SamplingConfig(temperature, top_k, top_p)
         k = self.default_k if k is None else k
         self.check_request(len(prompt_ids), max_new_tokens, k)
         spec = Speculator(self.target, self.drafter(draft or self.default_draft))
         yield from spec.run(list(prompt_ids), cfg, k=k, max_new_tokens=max_new_tokens,
-                            eos_ids=self.tokenizer.eos_ids, seed=seed, stats=stats)
+                            eos_ids=set() if ignore_eos else self.tokenizer.eos_ids, seed=seed, stats=stats)
 
     def stream(self, prompt: str, *, chat: bool = True, stop: list[str] | None = None, **kw) -> Iterator[str]:
         """Yields text pieces as tokens are committed; the full Result is in `self.last` after.

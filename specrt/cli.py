@@ -155,7 +155,7 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
         prompt = sys.stdin.read()
     engines = engines or _engines_default()
     try:
-        pipe = load(engines, draft=draft, device=device, threads=threads, k=k)
+        pipe = load(engines, draft=draft, device=device, threads=threads, k=k, global_pool=True)
         kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                   seed=seed, k=k if draft != "none" else 0, chat=chat, stop=list(stop))
         if as_json:
@@ -185,6 +185,56 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
     click.echo(summary + f", stop: {s.stop_reason}]", err=True)
     if show_stats:
         click.echo(json.dumps(s.as_dict(), indent=2), err=True)
+
+
+@main.command()
+@click.option("--engines", default=None, help="bundle folder (default engines/default or $SPECRT_ENGINES)")
+@click.option("--workload", "workloads", multiple=True, type=click.Path(), help="JSONL prompts (default configs/workloads/*.jsonl)")
+@click.option("--k", "ks", default="1,2,4,8", show_default=True, help="comma-separated draft lengths")
+@click.option("--draft", "drafts", default="model", show_default=True, help="comma-separated drafters: model,ngram")
+@click.option("--temperature", "temps", default="0", show_default=True, help="comma-separated temperatures")
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--repeats", type=int, default=1, show_default=True)
+@click.option("--limit", type=int, default=None, help="prompts per workload")
+@click.option("--peer", type=click.Choice(["ort-genai"]), default=None, help="also run onnxruntime-genai on the same graphs")
+@click.option("--rss", is_flag=True, help="measure peak RSS per arm in fresh processes (long generation)")
+@click.option("--out", type=click.Path(), default="bench", show_default=True)
+@click.option("--markdown", "md", type=click.Path(), default=None, help="update the generated section of this file")
+def bench(engines, workloads, ks, drafts, temps, top_p, max_new_tokens, repeats, limit, peer, rss, out, md):
+    """Target-only vs speculative (vs onnxruntime-genai), interleaved in one run."""
+    from specrt.runtime import USER_ERRORS
+    from specrt.runtime.bench import report
+    from specrt.runtime.bench.runner import BenchConfig, run_bench
+
+    wl = [Path(w) for w in workloads] or sorted(Path("configs/workloads").glob("*.jsonl"))
+    if not wl:
+        _fail("no workloads: pass --workload FILE (JSONL with a 'prompt' field per line)")
+    cfg = BenchConfig(
+        bundle=Path(engines or _engines_default()), workloads=wl,
+        ks=[int(x) for x in ks.split(",") if x], drafts=[d for d in drafts.split(",") if d],
+        temperatures=[float(t) for t in temps.split(",") if t], top_p=top_p, max_new_tokens=max_new_tokens,
+        repeats=repeats, limit=limit, peer=peer, rss=rss, out=Path(out),
+    )
+
+    def progress(i, n, what):
+        click.echo(f"\r[{i + 1}/{n}] {what:<60}", nl=False, err=True)
+
+    try:
+        results = run_bench(cfg, progress)
+    except (RuntimeError, *USER_ERRORS) as e:
+        _fail(str(e))
+    click.echo("", err=True)
+    click.echo(report.table(results))
+    path = report.write_json(results, cfg.out)
+    try:
+        png = report.plot(results, cfg.out)
+        click.echo(f"wrote {path} and {png}")
+    except ImportError:
+        click.echo(f"wrote {path} (no plot: matplotlib not installed; pip install 'specrt[bench]')")
+    if md:
+        report.update_markdown(results, Path(md))
+        click.echo(f"updated {md}")
 
 
 if __name__ == "__main__":

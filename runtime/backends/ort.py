@@ -26,11 +26,11 @@ _NP = {"float32": np.float32, "float16": np.float16}
 _GLOBAL_POOL: int | None = None
 
 
-def _use_global_pool(threads: int) -> bool:
-    """One process-wide intra-op pool shared by every session (draft and target alternate on the
-    same cores; per-session pools that spin would steal cycles from each other). The pool is
-    created with the onnxruntime environment, i.e. before the first session; later requests for
-    another size fall back to per-session pools."""
+def use_global_pool(threads: int) -> bool:
+    """Ask for one process-wide intra-op pool shared by all sessions. Must happen before the
+    first session of the process exists, and from then on *every* onnxruntime session in the
+    process must opt out of per-session threads, so only whoever owns the process (the CLI)
+    should ask. Returns whether the global pool of that size is in effect."""
     global _GLOBAL_POOL
     if _GLOBAL_POOL is None:
         try:
@@ -38,24 +38,28 @@ def _use_global_pool(threads: int) -> bool:
 
             _pybind_state.set_global_thread_pool_sizes(threads, 1)
             _GLOBAL_POOL = threads
-        except Exception:  # environment already created (a session exists): per-session pools
+        except Exception:  # environment already created: per-session pools
             _GLOBAL_POOL = -1
     return _GLOBAL_POOL == threads
 
 
-def session_options(threads: int | None = None, spin: bool = True) -> ort.SessionOptions:
+def session_options(threads: int | None = None, spin: bool = True, global_pool: bool = False) -> ort.SessionOptions:
+    """Draft and target sessions alternate on the same cores. Spinning workers pick up the next
+    kernel without a futex wake-up (fp32 target on 2 cores: 64 -> 30 ms/token), but a pool that
+    keeps spinning after its run steals the cores from the other session's run, so each run ends
+    its spinning (`session.force_spinning_stop`). A global pool (one for all sessions) measured
+    another ~5% faster; see docs/benchmarks.md."""
     threads = threads or os.cpu_count() or 1
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 3
-    if _use_global_pool(threads):
+    if global_pool and use_global_pool(threads):
         so.use_per_session_threads = False
     else:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
-    # Spinning workers pick up the next kernel without a futex wake-up: measured 29.5 vs
-    # 64 ms/token for the fp32 target on 2 cores (docs/benchmarks.md).
+        so.add_session_config_entry("session.force_spinning_stop", "1")
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     return so
 
@@ -78,10 +82,12 @@ class OrtBackend:
         device: str = "cpu",
         threads: int | None = None,
         spin: bool = True,
+        global_pool: bool = False,
         max_tokens_per_call: int | None = None,
     ):
         providers, self.device_type = pick_providers(device)
-        self.session = ort.InferenceSession(str(graph), session_options(threads, spin), providers=providers)
+        so = session_options(threads, spin, global_pool)
+        self.session = ort.InferenceSession(str(graph), so, providers=providers)
         self.entry = entry
         kv = entry.kv
         self.vocab = entry.vocab_size

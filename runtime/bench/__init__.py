@@ -1,0 +1,1 @@
+"""`specrt bench`: target-only vs speculative (vs onnxruntime-genai), interleaved in one run."""

@@ -1,0 +1,249 @@
+"""The benchmark run: cost-model probes, then interleaved arms over workload prompts."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..pipeline import Pipeline
+from ..speculate import Stats
+from . import peer
+from .stats import interleave, median_spread, paired_ratio, predicted_speedup
+
+
+@dataclass
+class BenchConfig:
+    bundle: Path
+    workloads: list[Path]
+    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    drafts: list[str] = field(default_factory=lambda: ["model"])  # "model" | "ngram"
+    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    repeats: int = 1
+    limit: int | None = None  # prompts per workload
+    peer: str | None = None  # "ort-genai"
+    rss: bool = False  # peak RSS per arm in fresh processes (+ a long generation)
+    global_pool: bool = True  # one onnxruntime pool for the process (the bench owns it)
+    out: Path = Path("bench")
+
+
+def load_workload(path: Path) -> list[dict]:
+    items = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            d = json.loads(line)
+            items.append({"id": d.get("id", str(len(items))), "prompt": d["prompt"], "workload": Path(path).stem})
+    return items
+
+
+def probe_costs(pipe: Pipeline, ks: list[int], context: int = 200, reps: int = 15) -> dict:
+    """Median ms of a target call of T tokens and a draft call of 1 token at a mid context."""
+    def timed(dec, T):
+        context_ids = np.arange(context) % (dec.vocab - 10) + 5
+        dec.reset()
+        dec.prefill(context_ids)
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            dec.forward(context_ids[:T])
+            ts.append(time.perf_counter() - t0)
+            dec.rewind(context)
+        dec.reset()
+        return 1000 * float(np.median(ts))
+
+    out = {"target_ms": {1: timed(pipe.target, 1)}}
+    for k in ks:
+        out["target_ms"][k + 1] = timed(pipe.target, k + 1)
+    if pipe.draft_decoder is not None:
+        out["draft_ms"] = {1: timed(pipe.draft_decoder, 1)}
+        out["c"] = out["draft_ms"][1] / out["target_ms"][1]
+    out["v"] = {k + 1: out["target_ms"][k + 1] / out["target_ms"][1] for k in ks}
+    return out
+
+
+def run_bench(cfg: BenchConfig, progress=None) -> dict:
+    items = [it for w in cfg.workloads for it in load_workload(w)[: cfg.limit]]
+    pipe = Pipeline(cfg.bundle, draft="model" if _has_draft(cfg.bundle) else "none", global_pool=cfg.global_pool)
+    for it in items:
+        it["ids"] = pipe.tokenizer.encode(it["prompt"])
+    arms = ["target"] + [f"{d}-k{k}" for d in cfg.drafts for k in cfg.ks]
+    costs = probe_costs(pipe, cfg.ks)
+
+    genai = {}
+    if cfg.peer == "ort-genai":
+        if not peer.available():
+            raise RuntimeError("--peer ort-genai needs onnxruntime-genai (pip install 'specrt[bench]')")
+        man = pipe.manifest
+        for name, kk in [("genai-target", None)] + [(f"genai-k{k}", k) for k in cfg.ks]:
+            folder = peer.write_config(cfg.bundle, man, cfg.out / "genai" / name, hidden=man.target.hidden_size,
+                                       heads=man.target.num_heads, max_draft_tokens=kk)
+            genai[name] = peer.GenaiRunner(folder)
+        arms += list(genai)
+
+    # warm-up: one short run per arm
+    for arm in arms:
+        _run_arm(pipe, genai, arm, items[0], 0.0, cfg, max_new=16)
+
+    runs = []
+    for temp in cfg.temperatures:
+        plan = interleave(arms, items, cfg.repeats)
+        for n, (rep, it, arm) in enumerate(plan):
+            if progress:
+                progress(n, len(plan), f"T={temp} {it['id']} {arm}")
+            rec = _run_arm(pipe, genai, arm, it, temp, cfg, seed=rep)
+            rec.update(temperature=temp, repeat=rep, prompt_id=it["id"], workload=it["workload"], arm=arm)
+            runs.append(rec)
+    results = {
+        "machine": _machine(),
+        "command": " ".join(["specrt"] + sys.argv[1:]) if sys.argv and "specrt" in sys.argv[0] else "",
+        "config": {"bundle": str(cfg.bundle), "workloads": [str(w) for w in cfg.workloads], "ks": cfg.ks,
+                   "drafts": cfg.drafts, "temperatures": cfg.temperatures, "top_p": cfg.top_p,
+                   "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "peer": cfg.peer},
+        "costs": costs,
+        "runs": runs,
+    }
+    results["summary"] = summarize(runs, costs)
+    if cfg.peer:
+        results["peer_agreement"] = _peer_agreement(runs)
+    if cfg.rss:
+        results["rss"] = measure_rss(cfg.bundle, items[0]["prompt"], max(cfg.ks))
+    return results
+
+
+def _has_draft(bundle: Path) -> bool:
+    from ..manifest import load_manifest
+
+    return load_manifest(bundle).draft is not None
+
+
+def _run_arm(pipe, genai, arm, it, temp, cfg, seed=0, max_new=None) -> dict:
+    max_new = max_new or cfg.max_new_tokens
+    if arm in genai:
+        r = genai[arm].generate(it["ids"], max_new, temperature=temp, top_p=cfg.top_p, seed=seed)
+        toks = r["token_ids"]
+        if toks and toks[-1] in pipe.tokenizer.eos_ids:
+            toks = toks[:-1]
+        return {"token_ids": toks, "new_tokens": len(toks), "tpot_ms": r["tpot_ms"], "ttft_ms": r["ttft_ms"],
+                "decode_ms": r["decode_ms"], **({"speculative_stats": r["speculative_stats"]} if "speculative_stats" in r else {})}
+    if arm == "target":
+        draft, k = "none", 0
+    else:
+        draft, k = arm.split("-k")[0], int(arm.split("-k")[1])
+    stats = Stats()
+    toks = [t for c in pipe.stream_ids(it["ids"], max_new_tokens=max_new, temperature=temp, top_p=cfg.top_p,
+                                       seed=seed, k=k, draft=draft, stats=stats) for t in c]
+    d = stats.as_dict()
+    d["token_ids"] = toks
+    return d
+
+
+def summarize(runs: list[dict], costs: dict) -> list[dict]:
+    """One row per (temperature, workload, arm): medians, speedup vs target in the same run."""
+    rows = []
+    keys = sorted({(r["temperature"], r["workload"], r["arm"]) for r in runs}, key=str)
+    by = {}
+    for r in runs:
+        by.setdefault((r["temperature"], r["workload"], r["arm"]), []).append(r)
+    for temp, wl, arm in keys:
+        rs = by[(temp, wl, arm)]
+        base = {(r["prompt_id"], r["repeat"]): r for r in by.get((temp, wl, "target"), [])}
+        pairs = [(base[(r["prompt_id"], r["repeat"])]["tpot_ms"], r["tpot_ms"]) for r in rs
+                 if (r["prompt_id"], r["repeat"]) in base and r["tpot_ms"] == r["tpot_ms"]]
+        row = {"temperature": temp, "workload": wl, "arm": arm,
+               "tpot_ms": median_spread(r["tpot_ms"] for r in rs),
+               "ttft_ms": median_spread(r["ttft_ms"] for r in rs),
+               "tokens_per_s": median_spread(1000 / r["tpot_ms"] for r in rs if r["tpot_ms"] > 0),
+               "new_tokens": int(np.sum([r["new_tokens"] for r in rs]))}
+        if pairs:
+            b, o = zip(*pairs, strict=True)
+            row["speedup_vs_target"] = paired_ratio(list(b), list(o))
+        if "acceptance_rate" in rs[0] and arm != "target":
+            acc = sum(r["accepted_tokens"] for r in rs) / max(1, sum(r["draft_tokens"] for r in rs))
+            row["acceptance_rate"] = acc
+            row["mean_accepted_per_round"] = float(np.mean([r["mean_accepted_per_round"] for r in rs]))
+            width = max(len(r["per_position_acceptance"]) for r in rs)
+            row["per_position_acceptance"] = [
+                float(np.mean([r["per_position_acceptance"][j] for r in rs if len(r["per_position_acceptance"]) > j] or [0]))
+                for j in range(width)]
+            tot = sum(r["decode_ms"] for r in rs) or 1
+            row["time_split"] = {"draft": sum(r["draft_ms"] for r in rs) / tot, "verify": sum(r["verify_ms"] for r in rs) / tot,
+                                 "other": sum(r["other_ms"] for r in rs) / tot}
+            if arm.startswith("model-k") and "c" in costs:
+                k = int(arm.split("-k")[1])
+                pred = predicted_speedup(acc, k, costs["c"], costs["v"][k + 1])
+                row["predicted_speedup"] = pred
+                if "speedup_vs_target" in row:
+                    row["efficiency"] = row["speedup_vs_target"] / pred
+        rows.append(row)
+    return rows
+
+
+def _peer_agreement(runs: list[dict]) -> dict:
+    """Greedy runs: does genai's output equal ours token for token (same prompt, same arm kind)?"""
+    ours = {(r["prompt_id"], r["repeat"]): r["token_ids"] for r in runs if r["arm"] == "target" and r["temperature"] == 0}
+    out = {}
+    for r in runs:
+        if r["arm"].startswith("genai") and r["temperature"] == 0 and (r["prompt_id"], r["repeat"]) in ours:
+            ref = ours[(r["prompt_id"], r["repeat"])]
+            same = r["token_ids"] == ref
+            first = next((i for i, (a, b) in enumerate(zip(r["token_ids"], ref, strict=False)) if a != b), None)
+            out.setdefault(r["arm"], []).append({"prompt_id": r["prompt_id"], "identical": same, "first_diff": first})
+    return out
+
+
+RSS_CODE = r"""
+import json, sys, resource, specrt
+bundle, draft, k, n, prompt = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+def rss_mb():
+    with open('/proc/self/statm') as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+pipe = specrt.load(bundle, draft=draft)
+ids = pipe.tokenizer.encode(prompt)
+n = min(n, pipe.max_seq_len - len(ids))
+samples, done = [], 0
+for chunk in pipe.stream_ids(ids, max_new_tokens=n, k=k if draft != 'none' else 0, draft=draft, ignore_eos=True):
+    done += len(chunk)
+    if not samples or done - samples[-1][0] >= n // 10:
+        samples.append((done, rss_mb()))
+samples.append((done, rss_mb()))
+print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "samples": samples}))
+"""
+
+
+def measure_rss(bundle: Path, prompt: str, k: int, n_long: int = 2000) -> dict:
+    """Fresh processes: peak RSS (kB->MB) of target-only and speculative over a long generation,
+    with RSS sampled along the way (flatness)."""
+    out = {}
+    for draft in ("none", "model"):
+        r = subprocess.run([sys.executable, "-c", RSS_CODE, str(bundle), draft, str(k), str(n_long), prompt],
+                           capture_output=True, text=True, timeout=3600)
+        if r.returncode != 0:
+            out[draft] = {"error": r.stderr[-500:]}
+            continue
+        d = json.loads(r.stdout.strip().splitlines()[-1])
+        mb = [m for _, m in d["samples"][1:]] or [0]
+        d["flatness"] = (max(mb) - min(mb)) / max(mb) if max(mb) else 0.0
+        out[draft] = d
+    return out
+
+
+def _machine() -> dict:
+    import os
+
+    import onnxruntime as ort
+
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "onnxruntime": ort.__version__,
+            "platform": platform.platform(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

@@ -1,0 +1,44 @@
+"""Pure statistics of the benchmark: medians with spread, interleaving, the cost model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def median_spread(xs) -> dict:
+    """{median, p25, p75, n} of a sample (empty -> NaNs)."""
+    a = np.asarray(list(xs), dtype=float)
+    if a.size == 0:
+        return {"median": float("nan"), "p25": float("nan"), "p75": float("nan"), "n": 0}
+    p25, med, p75 = np.percentile(a, [25, 50, 75])
+    return {"median": float(med), "p25": float(p25), "p75": float(p75), "n": int(a.size)}
+
+
+def interleave(arms: list[str], items: list, repeats: int) -> list[tuple[int, object, str]]:
+    """(repeat, item, arm) in A B C A B C … order per item, the arm order rotating every repeat so
+    no arm always runs first (drift and warm caches cancel)."""
+    plan = []
+    for r in range(repeats):
+        for i, item in enumerate(items):
+            shift = (r + i) % len(arms)
+            for arm in arms[shift:] + arms[:shift]:
+                plan.append((r, item, arm))
+    return plan
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """E[tokens per round] with i.i.d. acceptance alpha and k proposals (bonus included)."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def predicted_speedup(alpha: float, k: int, c: float, v: float) -> float:
+    """E / (k·c + v): c = draft step / target step, v = verify call of k+1 tokens / target step."""
+    return expected_tokens(alpha, k) / (k * c + v)
+
+
+def paired_ratio(base: list[float], other: list[float]) -> float:
+    """Median of per-pair ratios base_i / other_i (pairs measured back to back)."""
+    r = [b / o for b, o in zip(base, other, strict=True) if o > 0]
+    return float(np.median(r)) if r else float("nan")

@@ -1,0 +1,71 @@
+"""Bench statistics (pure) and a tiny-model smoke run of `specrt bench` (no timing thresholds)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specrt.runtime.bench.stats import (
+    expected_tokens,
+    interleave,
+    median_spread,
+    paired_ratio,
+    predicted_speedup,
+)
+
+
+def test_median_spread():
+    d = median_spread([5, 1, 3, 2, 4])
+    assert d == {"median": 3.0, "p25": 2.0, "p75": 4.0, "n": 5}
+    assert median_spread([])["n"] == 0
+
+
+def test_interleave_rotates_arm_order():
+    plan = interleave(["A", "B", "C"], ["p0", "p1"], repeats=2)
+    assert len(plan) == 12
+    firsts = [plan[i][2] for i in range(0, 12, 3)]
+    assert firsts == ["A", "B", "B", "C"]  # every block is a rotation; no arm always first
+    for i in range(0, 12, 3):
+        assert sorted(a for _, _, a in plan[i : i + 3]) == ["A", "B", "C"]
+
+
+def test_cost_model():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 1) == pytest.approx(1.5)
+    # alpha .73, k 4: E = (1 - .73^5) / .27 = 2.936; free draft, verify 1.28 steps -> 2.294
+    assert predicted_speedup(0.73, 4, 0.0, 1.28) == pytest.approx(2.294, abs=1e-3)
+    assert predicted_speedup(0.73, 4, 0.2, 1.28) == pytest.approx(1.4115, abs=1e-3)  # + 4 x 0.2 draft
+    assert paired_ratio([10, 20, 30], [5, 10, 10]) == 2.0
+
+
+def test_bench_smoke(tiny_bundles, tmp_path):
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("\n".join(json.dumps({"id": f"p{i}", "prompt": f"w{5 + i} w{9 + i} w{5 + i}"}) for i in range(2)))
+    out = tmp_path / "bench"
+    md = tmp_path / "bench.md"
+    md.write_text("# Benchmarks\n\nhand-written notes stay\n")
+    r = subprocess.run([sys.executable, "-m", "specrt.cli", "bench", "--engines", str(tiny_bundles["bad"]),
+                        "--workload", str(wl), "--k", "1,3", "--draft", "model,ngram", "--temperature", "0,1",
+                        "--max-new-tokens", "12", "--out", str(out), "--markdown", str(md)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    assert (out / "speedup.png").stat().st_size > 1000
+    arms = {row["arm"] for row in res["summary"]}
+    assert arms == {"target", "model-k1", "model-k3", "ngram-k1", "ngram-k3"}
+    assert len(res["runs"]) == 2 * 2 * 5  # temperatures x prompts x arms
+    row = next(r for r in res["summary"] if r["arm"] == "model-k3" and r["temperature"] == 0)
+    for key in ("tpot_ms", "ttft_ms", "tokens_per_s", "speedup_vs_target", "acceptance_rate",
+                "mean_accepted_per_round", "per_position_acceptance", "time_split", "predicted_speedup", "efficiency"):
+        assert key in row, key
+    assert set(res["costs"]) >= {"target_ms", "draft_ms", "c", "v"}
+    # greedy arms produce identical tokens (the bench checks losslessness as a side effect)
+    greedy = {}
+    for run in res["runs"]:
+        if run["temperature"] == 0:
+            greedy.setdefault(run["prompt_id"], set()).add(tuple(run["token_ids"]))
+    assert all(len(v) == 1 for v in greedy.values())
+    text = md.read_text()
+    assert "hand-written notes stay" in text and "specrt-bench:begin" in text
