@@ -11,14 +11,16 @@ BEGIN, END = "<!-- specrt-bench:begin -->", "<!-- specrt-bench:end -->"
 def table(results: dict) -> str:
     hdr = f"{'T':>4} {'workload':<12} {'arm':<14} {'ms/tok':>8} {'p25-p75':>13} {'TTFT':>7} {'speedup':>8} {'accept':>7} {'tok/rnd':>7} {'pred':>6} {'eff':>5}"
     lines = [hdr, "-" * len(hdr)]
+    def f(r, key, fmt):
+        return (fmt % r[key]) if key in r else "-"
+
     for r in results["summary"]:
         t = r["tpot_ms"]
-        f = lambda key, fmt: (fmt % r[key]) if key in r else "-"  # noqa: E731
         lines.append(
             f"{r['temperature']:>4} {r['workload']:<12} {r['arm']:<14} {t['median']:>8.1f} "
-            f"{t['p25']:>6.1f}-{t['p75']:<6.1f} {r['ttft_ms']['median']:>7.0f} {f('speedup_vs_target', '%.2fx'):>8} "
-            f"{f('acceptance_rate', '%.2f'):>7} {f('mean_accepted_per_round', '%.2f'):>7} "
-            f"{f('predicted_speedup', '%.2f'):>6} {f('efficiency', '%.2f'):>5}")
+            f"{t['p25']:>6.1f}-{t['p75']:<6.1f} {r['ttft_ms']['median']:>7.0f} {f(r, 'speedup_vs_target', '%.2fx'):>8} "
+            f"{f(r, 'acceptance_rate', '%.2f'):>7} {f(r, 'mean_accepted_per_round', '%.2f'):>7} "
+            f"{f(r, 'predicted_speedup', '%.2f'):>6} {f(r, 'efficiency', '%.2f'):>5}")
     c = results["costs"]
     lines.append(f"costs: target T=1 {c['target_ms'][1]:.1f} ms; "
                  + ", ".join(f"T={t} {v:.1f}" for t, v in c["target_ms"].items() if t != 1)
