@@ -7,16 +7,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .adaptive import AdaptivePolicy, Calibration, Costs, measure_costs
 from .backends.ort import OrtBackend
 from .decoder import Decoder
-from .drafters import ModelDrafter, NgramDrafter
+from .drafters import AutoDrafter, ModelDrafter, NgramDrafter
 from .kv import ContextOverflow
 from .manifest import BundleError, load_manifest
 from .sampling import SamplingConfig
 from .speculate import Speculator, Stats
 from .tokenizer import Tokenizer
 
-DRAFTS = ("model", "none", "ngram")
+DRAFTS = ("model", "none", "ngram", "auto")
 
 
 @dataclass
@@ -31,7 +32,7 @@ class Result:
 
 class Pipeline:
     def __init__(self, folder: str | Path, *, draft: str = "model", device: str = "cpu",
-                 threads: int | None = None, k: int = 4, global_pool: bool = False):
+                 threads: int | None = None, k: int = 4, global_pool: bool = False, adaptive: bool = False):
         """global_pool: one onnxruntime thread pool for the whole process (faster; but every other
         onnxruntime session in the process must then disable per-session threads)."""
         self.folder = Path(folder)
@@ -43,12 +44,15 @@ class Pipeline:
         self.global_pool = global_pool
         self.target = self._decoder(man.target, device, threads, "target")
         self.draft_decoder = None
-        if man.draft is not None and draft == "model":
+        if man.draft is not None and draft in ("model", "auto"):
             self.draft_decoder = self._decoder(man.draft, device, threads, "draft")
-        if draft == "model" and man.draft is None:
+        if draft in ("model", "auto") and man.draft is None:
             raise BundleError(f"bundle {self.folder} has no draft model; use draft='none' or 'ngram'")
         self.default_draft = draft
         self.default_k = k
+        self.default_adaptive = adaptive
+        self._costs: Costs | None = None
+        self.calibration = Calibration()  # P(accept | draft confidence), learned across requests
         self.max_seq_len = man.target.kv.max_seq_len
         self.max_k = man.target.max_tokens_per_call - 1
         self.last: Result | None = None
@@ -68,12 +72,25 @@ class Pipeline:
             return None
         if draft == "ngram":
             return NgramDrafter(max_proposal=self.max_k)
-        if draft == "model":
+        if draft in ("model", "auto"):
             if self.draft_decoder is None:
                 raise BundleError(f"bundle {self.folder} has no draft model (or it was not loaded); "
                                   "use draft='none' or 'ngram'")
-            return ModelDrafter(self.draft_decoder)
+            model = ModelDrafter(self.draft_decoder)
+            return model if draft == "model" else AutoDrafter(model, NgramDrafter(max_proposal=self.max_k))
         raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
+
+    def costs(self) -> Costs:
+        """Call costs on this machine, measured once (first adaptive request)."""
+        if self._costs is None:
+            self._costs = measure_costs(self.target, self.draft_decoder, self.max_k + 1)
+        return self._costs
+
+    def policy(self, draft: str) -> AdaptivePolicy:
+        costs = self.costs()
+        if draft == "ngram":  # a lookup costs next to nothing next to a model step
+            costs = Costs(costs.target_ms, draft_ms=0.01 * costs.target_ms[1])
+        return AdaptivePolicy(costs, self.max_k, calibration=self.calibration)
 
     def check_request(self, n_prompt: int, max_new_tokens: int, k: int):
         if n_prompt == 0:
@@ -92,13 +109,16 @@ class Pipeline:
     def stream_ids(self, prompt_ids: list[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
                    top_k: int = 0, top_p: float = 1.0, seed: int | None = 0, k: int | None = None,
                    draft: str | None = None, stats: Stats | None = None,
-                   ignore_eos: bool = False) -> Iterator[list[int]]:
+                   ignore_eos: bool = False, adaptive: bool | None = None) -> Iterator[list[int]]:
         """Token-level generation: yields committed chunks of new token ids.
         ignore_eos: run to max_new_tokens (benchmarks)."""
         cfg = SamplingConfig(temperature, top_k, top_p)
         k = self.default_k if k is None else k
         self.check_request(len(prompt_ids), max_new_tokens, k)
-        spec = Speculator(self.target, self.drafter(draft or self.default_draft))
+        draft = draft or self.default_draft
+        adaptive = self.default_adaptive if adaptive is None else adaptive
+        policy = self.policy(draft) if adaptive and draft != "none" else None
+        spec = Speculator(self.target, self.drafter(draft), policy)
         yield from spec.run(list(prompt_ids), cfg, k=k, max_new_tokens=max_new_tokens,
                             eos_ids=set() if ignore_eos else self.tokenizer.eos_ids, seed=seed, stats=stats)
 

@@ -80,9 +80,10 @@ def _check_finite(logits: np.ndarray, what: str):
 class Speculator:
     """Owns nothing but references: the target decoder and an optional drafter."""
 
-    def __init__(self, target: Decoder, drafter=None):
+    def __init__(self, target: Decoder, drafter=None, policy=None):
         self.target = target
         self.drafter = drafter
+        self.policy = policy  # AdaptivePolicy or None (fixed k)
 
     def prefill(self, prompt: list[int], cfg: SamplingConfig, rng) -> int:
         self.target.reset()
@@ -98,7 +99,7 @@ class Speculator:
         t0 = time.perf_counter()
         draft, q = np.empty(0, dtype=np.int64), None
         if k > 0 and self.drafter is not None:
-            draft, q = self.drafter.propose(seq, k, cfg, rng)
+            draft, q = self.drafter.propose(seq, k, cfg, rng, self.policy)
         t1 = time.perf_counter()
         logits = self.target.forward(np.concatenate(([seq[-1]], draft)))  # [k'+1, V], one call
         t2 = time.perf_counter()
@@ -113,6 +114,8 @@ class Speculator:
         self.target.rewind(n_after - 1)
         if self.drafter is not None:
             self.drafter.commit(n_after)
+        if self.policy is not None and k > 0:
+            self.policy.update(len(draft), n_ok, getattr(self.drafter, "confs", []))
         stats.draft_ms += 1000 * (t1 - t0)
         stats.verify_ms += 1000 * (t2 - t1)
         stats.record_round(len(draft), n_ok, getattr(self.drafter, "name", None))
@@ -147,7 +150,8 @@ class Speculator:
             stats.new_tokens = 1
             yield [first]
             while produced < max_new_tokens:
-                kk = min(k, max_new_tokens - produced - 1)
+                kk = self.policy.choose_k() if self.policy is not None and self.drafter is not None else k
+                kk = min(kk, max_new_tokens - produced - 1)
                 new = self.round(seq, kk, cfg, rng, stats)
                 for i, t in enumerate(new):
                     if t in eos_ids:

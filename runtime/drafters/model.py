@@ -19,21 +19,35 @@ class ModelDrafter:
         if len(prompt) > 1:
             self.dec.prefill(prompt[:-1])  # the last prompt token is fed by the first propose
 
-    def propose(self, seq, k: int, cfg: SamplingConfig, rng: np.random.Generator):
+    def propose(self, seq, k: int, cfg: SamplingConfig, rng: np.random.Generator, policy=None):
+        """policy (optional): `continue_after(j, confs)` may end drafting early; the
+        confidences (draft probability of each proposed token) are left in `self.confs`."""
         # Rows [dec.length, len(seq)) are committed but not yet in the draft cache: 1 token
         # normally, 2 after a round where every proposal was accepted (draft catch-up).
-        logits = self.dec.forward(seq[self.dec.length :])[-1]
+        feed = seq[self.dec.length :]
+        for s in range(0, len(feed), self.dec.max_t):  # long catch-up (after n-gram rounds in auto)
+            logits = self.dec.forward(feed[s : s + self.dec.max_t])[-1]
         toks = np.empty(k, dtype=np.int64)
         q = None if cfg.greedy else np.empty((k, self.dec.vocab))
+        self.confs = confs = []
+        want_conf = policy is not None and policy.early_stop
+        n = k
         for j in range(k):
             if cfg.greedy:
                 toks[j] = int(logits.argmax())
+                if want_conf:
+                    e = np.exp(logits - logits[toks[j]])
+                    confs.append(float(1.0 / e.sum()))
             else:
                 q[j] = probs(logits, cfg)
                 toks[j] = sample(q[j], rng.random())
+                confs.append(float(q[j, toks[j]]))
+            if want_conf and not policy.continue_after(j, confs):
+                n = j + 1
+                break
             if j + 1 < k:
                 logits = self.dec.forward(toks[j : j + 1])[0]
-        return toks, q
+        return toks[:n], (None if q is None else q[:n])
 
     def commit(self, seq_len: int) -> None:
         # Cache rows hold seq[:n] + proposals[:k-1]; the valid prefix is the committed part.

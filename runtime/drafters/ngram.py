@@ -34,7 +34,7 @@ class NgramDrafter:
                 return arr[start : start + k].copy()
         return arr[:0].copy()
 
-    def propose(self, seq, k: int, cfg=None, rng=None):
+    def propose(self, seq, k: int, cfg=None, rng=None, policy=None):
         return self.lookup(seq, k), None
 
     def commit(self, seq_len: int) -> None:

@@ -1,0 +1,160 @@
+"""Choosing how much to draft: adaptive k and confidence early stop (pure bookkeeping).
+
+Costs are in units of one target step: c = draft step / target step, v(T) = target call of T
+tokens / target step (measured per machine by `measure_costs`). Acceptance is tracked per draft
+position j as P(accept j | j reached), decayed so the estimate follows the text being written.
+
+  expected tokens of a round with k proposals   E(k) = 1 + sum_{j<k} prod_{i<=j} a_i
+  rate of a round                                R(k) = E(k) / (k*c + v(k+1))
+k = argmax R(k); k = 0 (a plain target step, rate 1/v(1) = 1) when no k beats it, with a probe
+round every `probe_every` plain rounds so a workload that becomes predictable is noticed.
+
+Confidence early stop: after drafting token j (draft confidence s_j = the draft's probability
+of it), drafting goes on only if the next token's expected gain, P(reach j+1) * a_{j+1} with
+P(reach j+1) = prod_{i<=j} P(accept | s_i), pays for its cost (c + v(j+3) - v(j+2)) at the
+current rate R. P(accept | s) is a per-bin calibration table learned online from verification
+outcomes, so the threshold follows the draft and the machine instead of being hard-coded.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Costs:
+    target_ms: dict[int, float]  # T -> ms of one target call of T tokens
+    draft_ms: float  # one draft step (T = 1)
+
+    @property
+    def c(self) -> float:
+        return self.draft_ms / self.target_ms[1]
+
+    def v(self, T: int) -> float:
+        if T in self.target_ms:
+            return self.target_ms[T] / self.target_ms[1]
+        known = sorted(self.target_ms)
+        return float(np.interp(T, known, [self.target_ms[t] for t in known])) / self.target_ms[1]
+
+
+def measure_costs(target, draft, max_t: int, context: int = 128, reps: int = 5) -> Costs:
+    """Median call times at a mid context, on this machine, now. target/draft: runtime Decoders."""
+    def timed(dec, T):
+        ids = np.arange(context + T) % (dec.vocab - 10) + 5
+        dec.reset()
+        dec.prefill(ids[:context])
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            dec.forward(ids[context : context + T])
+            ts.append(time.perf_counter() - t0)
+            dec.rewind(context)
+        dec.reset()
+        return 1000 * float(np.median(ts))
+
+    widths = sorted({1, 2, 3, 5, 9, max_t} & set(range(1, max_t + 1)))
+    return Costs({T: timed(target, T) for T in widths}, timed(draft, 1) if draft is not None else 0.0)
+
+
+@dataclass
+class AcceptanceModel:
+    max_k: int
+    prior: float = 0.6  # prior P(accept) per position
+    weight: float = 2.0  # prior pseudo-counts
+    decay: float = 0.97  # per round
+    ok: np.ndarray = field(init=False)
+    tried: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        self.ok = np.zeros(self.max_k)
+        self.tried = np.zeros(self.max_k)
+
+    def rates(self) -> np.ndarray:
+        return (self.ok + self.prior * self.weight) / (self.tried + self.weight)
+
+    def update(self, proposed: int, accepted: int):
+        self.ok *= self.decay
+        self.tried *= self.decay
+        reached = min(proposed, accepted + 1)
+        self.tried[:reached] += 1
+        self.ok[:accepted] += 1
+
+    def expected_tokens(self, k: int) -> float:
+        return 1.0 + float(np.cumprod(self.rates()[:k]).sum())
+
+
+class Calibration:
+    """P(accept | draft confidence) in `bins` equal-width bins with a Beta(1, 1) prior."""
+
+    def __init__(self, bins: int = 10):
+        self.bins = bins
+        self.ok = np.ones(bins)
+        self.n = np.full(bins, 2.0)
+
+    def _bin(self, s: float) -> int:
+        return min(int(s * self.bins), self.bins - 1)
+
+    def p(self, s: float) -> float:
+        b = self._bin(s)
+        return self.ok[b] / self.n[b]
+
+    def update(self, confs: list[float], accepted: int):
+        for j, s in enumerate(confs[: accepted + 1]):  # positions that were reached
+            b = self._bin(s)
+            self.n[b] += 1
+            self.ok[b] += j < accepted
+
+    def table(self) -> list[float]:
+        return [float(x) for x in self.ok / self.n]
+
+
+class AdaptivePolicy:
+    """Per request: picks k each round and decides when drafting should stop early."""
+
+    def __init__(self, costs: Costs, max_k: int, probe_every: int = 8, early_stop: bool = True,
+                 acceptance: AcceptanceModel | None = None, calibration: Calibration | None = None):
+        self.costs = costs
+        self.max_k = max_k
+        self.acc = acceptance or AcceptanceModel(max_k)
+        self.cal = calibration or Calibration()
+        self.probe_every = probe_every
+        self.early_stop = early_stop
+        self._plain_rounds = 0
+        self.rate = 1.0  # predicted tokens per target-step time of the chosen k
+
+    def rate_of(self, k: int) -> float:
+        if k == 0:
+            return 1.0 / self.costs.v(1)
+        return self.acc.expected_tokens(k) / (k * self.costs.c + self.costs.v(k + 1))
+
+    def choose_k(self) -> int:
+        rates = [self.rate_of(k) for k in range(self.max_k + 1)]
+        k = int(np.argmax(rates))
+        if k == 0:
+            self._plain_rounds += 1
+            if self._plain_rounds >= self.probe_every:  # re-probe: the text may have become predictable
+                self._plain_rounds = 0
+                k = min(2, self.max_k)
+        else:
+            self._plain_rounds = 0
+        self.rate = rates[k]
+        return k
+
+    def continue_after(self, j: int, confs: list[float]) -> bool:
+        """Token j (0-based) was just drafted with confidences confs[:j+1]; draft token j+1?
+        Its expected gain, P(reach j+1) * a_{j+1}, must pay for one draft step plus one more
+        verified row at the current rate. (Token j itself is kept: its draft step is paid.)"""
+        if not self.early_stop or j + 1 >= self.max_k:
+            return j + 1 < self.max_k
+        reach = float(np.prod([self.cal.p(s) for s in confs[: j + 1]]))
+        gain = reach * float(self.acc.rates()[j + 1])
+        cost = self.costs.c + self.costs.v(j + 3) - self.costs.v(j + 2)
+        return gain >= self.rate * cost
+
+    def update(self, proposed: int, accepted: int, confs: list[float]):
+        self.acc.update(proposed, accepted)
+        if confs:
+            self.cal.update(confs, accepted)
