@@ -139,14 +139,16 @@ def inspect(path, as_json):
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--k", "k", type=int, default=4, show_default=True, help="draft tokens per round")
-@click.option("--draft", type=click.Choice(["model", "none", "ngram"]), default="model", show_default=True)
+@click.option("--draft", type=click.Choice(["model", "none", "ngram", "auto"]), default="model", show_default=True,
+              help="model: the bundle's draft; ngram: prompt lookup; auto: n-gram when it matches, else the model")
+@click.option("--adaptive/--fixed-k", default=False, help="choose k per round from measured costs and acceptance")
 @click.option("--chat/--raw", default=True, help="apply the chat template (default) or send text as is")
 @click.option("--stop", multiple=True, help="stop string (repeatable)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object {text, token_ids, stats}")
 @click.option("--stats", "show_stats", is_flag=True, help="print all statistics after the text")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
-def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k, draft, chat, stop,
+def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k, draft, adaptive, chat, stop,
              as_json, show_stats, device, threads):
     """Generate from PROMPT (or '-' / nothing: read stdin) with speculative decoding."""
     from specrt.runtime import USER_ERRORS, load
@@ -157,7 +159,7 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
     try:
         pipe = load(engines, draft=draft, device=device, threads=threads, k=k, global_pool=True)
         kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                  seed=seed, k=k if draft != "none" else 0, chat=chat, stop=list(stop))
+                  seed=seed, k=k if draft != "none" else 0, chat=chat, stop=list(stop), adaptive=adaptive)
         if as_json:
             res = pipe.generate(prompt, **kw)
             click.echo(json.dumps(res.as_dict()))
@@ -191,7 +193,8 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
 @click.option("--engines", default=None, help="bundle folder (default engines/default or $SPECRT_ENGINES)")
 @click.option("--workload", "workloads", multiple=True, type=click.Path(), help="JSONL prompts (default configs/workloads/*.jsonl)")
 @click.option("--k", "ks", default="1,2,4,8", show_default=True, help="comma-separated draft lengths")
-@click.option("--draft", "drafts", default="model", show_default=True, help="comma-separated drafters: model,ngram")
+@click.option("--draft", "drafts", default="model", show_default=True, help="comma-separated drafters: model,ngram,auto")
+@click.option("--adaptive", is_flag=True, help="add an adaptive-k arm per drafter")
 @click.option("--temperature", "temps", default="0", show_default=True, help="comma-separated temperatures")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
@@ -201,7 +204,7 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
 @click.option("--rss", is_flag=True, help="measure peak RSS per arm in fresh processes (long generation)")
 @click.option("--out", type=click.Path(), default="bench", show_default=True)
 @click.option("--markdown", "md", type=click.Path(), default=None, help="update the generated section of this file")
-def bench(engines, workloads, ks, drafts, temps, top_p, max_new_tokens, repeats, limit, peer, rss, out, md):
+def bench(engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_tokens, repeats, limit, peer, rss, out, md):
     """Target-only vs speculative (vs onnxruntime-genai), interleaved in one run."""
     from specrt.runtime import USER_ERRORS
     from specrt.runtime.bench import report
@@ -214,7 +217,7 @@ def bench(engines, workloads, ks, drafts, temps, top_p, max_new_tokens, repeats,
         bundle=Path(engines or _engines_default()), workloads=wl,
         ks=[int(x) for x in ks.split(",") if x], drafts=[d for d in drafts.split(",") if d],
         temperatures=[float(t) for t in temps.split(",") if t], top_p=top_p, max_new_tokens=max_new_tokens,
-        repeats=repeats, limit=limit, peer=peer, rss=rss, out=Path(out),
+        repeats=repeats, limit=limit, peer=peer, rss=rss, out=Path(out), adaptive=adaptive,
     )
 
     def progress(i, n, what):

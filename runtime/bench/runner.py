@@ -32,6 +32,7 @@ class BenchConfig:
     peer: str | None = None  # "ort-genai"
     rss: bool = False  # peak RSS per arm in fresh processes (+ a long generation)
     global_pool: bool = True  # one onnxruntime pool for the process (the bench owns it)
+    adaptive: bool = False  # add a "<draft>-adaptive" arm per drafter
     out: Path = Path("bench")
 
 
@@ -75,6 +76,9 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
     for it in items:
         it["ids"] = pipe.tokenizer.encode(it["prompt"])
     arms = ["target"] + [f"{d}-k{k}" for d in cfg.drafts for k in cfg.ks]
+    if cfg.adaptive:
+        arms += [f"{d}-adaptive" for d in cfg.drafts]
+        pipe.costs()  # measured once, before the timed runs
     costs = probe_costs(pipe, cfg.ks)
 
     genai = {}
@@ -133,13 +137,16 @@ def _run_arm(pipe, genai, arm, it, temp, cfg, seed=0, max_new=None) -> dict:
             toks = toks[:-1]
         return {"token_ids": toks, "new_tokens": len(toks), "tpot_ms": r["tpot_ms"], "ttft_ms": r["ttft_ms"],
                 "decode_ms": r["decode_ms"], **({"speculative_stats": r["speculative_stats"]} if "speculative_stats" in r else {})}
+    adaptive = arm.endswith("-adaptive")
     if arm == "target":
         draft, k = "none", 0
+    elif adaptive:
+        draft, k = arm[: -len("-adaptive")], pipe.max_k
     else:
         draft, k = arm.split("-k")[0], int(arm.split("-k")[1])
     stats = Stats()
     toks = [t for c in pipe.stream_ids(it["ids"], max_new_tokens=max_new, temperature=temp, top_p=cfg.top_p,
-                                       seed=seed, k=k, draft=draft, stats=stats) for t in c]
+                                       seed=seed, k=k, draft=draft, stats=stats, adaptive=adaptive) for t in c]
     d = stats.as_dict()
     d["token_ids"] = toks
     return d
@@ -170,6 +177,9 @@ def summarize(runs: list[dict], costs: dict) -> list[dict]:
             row["acceptance_rate"] = acc
             row["mean_accepted_per_round"] = float(np.mean([r["mean_accepted_per_round"] for r in rs]))
             width = max(len(r["per_position_acceptance"]) for r in rs)
+            row["drafter_rounds"] = {name: int(sum(r["drafter_rounds"].get(name, 0) for r in rs))
+                                     for name in {n for r in rs for n in r["drafter_rounds"]}}
+            row["mean_k"] = float(np.mean([x for r in rs for x in r["k_history"]] or [0]))
             row["per_position_acceptance"] = [
                 float(np.mean([r["per_position_acceptance"][j] for r in rs if len(r["per_position_acceptance"]) > j] or [0]))
                 for j in range(width)]

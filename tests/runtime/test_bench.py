@@ -47,15 +47,15 @@ def test_bench_smoke(tiny_bundles, tmp_path):
     md = tmp_path / "bench.md"
     md.write_text("# Benchmarks\n\nhand-written notes stay\n")
     r = subprocess.run([sys.executable, "-m", "specrt.cli", "bench", "--engines", str(tiny_bundles["bad"]),
-                        "--workload", str(wl), "--k", "1,3", "--draft", "model,ngram", "--temperature", "0,1",
+                        "--workload", str(wl), "--k", "1,3", "--draft", "model,ngram", "--adaptive", "--temperature", "0,1",
                         "--max-new-tokens", "12", "--out", str(out), "--markdown", str(md)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads((out / "results.json").read_text())
     assert (out / "speedup.png").stat().st_size > 1000
     arms = {row["arm"] for row in res["summary"]}
-    assert arms == {"target", "model-k1", "model-k3", "ngram-k1", "ngram-k3"}
-    assert len(res["runs"]) == 2 * 2 * 5  # temperatures x prompts x arms
+    assert arms == {"target", "model-k1", "model-k3", "ngram-k1", "ngram-k3", "model-adaptive", "ngram-adaptive"}
+    assert len(res["runs"]) == 2 * 2 * 7  # temperatures x prompts x arms
     row = next(r for r in res["summary"] if r["arm"] == "model-k3" and r["temperature"] == 0)
     for key in ("tpot_ms", "ttft_ms", "tokens_per_s", "speedup_vs_target", "acceptance_rate",
                 "mean_accepted_per_round", "per_position_acceptance", "time_split", "predicted_speedup", "efficiency"):

@@ -5,6 +5,7 @@ import pytest
 from scipy import stats as sps
 
 import specrt
+from specrt.runtime.adaptive import Costs
 from specrt.runtime.backends.ort import OrtBackend
 from specrt.runtime.decoder import Decoder
 from specrt.runtime.manifest import load_manifest
@@ -23,14 +24,20 @@ def target_only(pipe, prompt, n):
     return [t for c in pipe.stream_ids(prompt, max_new_tokens=n, draft="none", k=0) for t in c]
 
 
+# every drafter mode, fixed k and adaptive k (with confidence early stop)
+MODES = [("model", False), ("ngram", False), ("auto", False), ("model", True), ("ngram", True), ("auto", True)]
+REPETITIVE = [1, 5, 9, 33, 7, 5, 9, 33, 7, 5, 9]  # n-gram proposals get made
+
+
 @pytest.mark.parametrize("bundle", ["good", "bad", "int4"])
+@pytest.mark.parametrize("draft,adaptive", MODES)
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
-def test_greedy_speculative_equals_target_only(pipes, bundle, k):
+def test_greedy_speculative_equals_target_only(pipes, bundle, draft, adaptive, k):
     pipe = pipes[bundle]
-    for prompt in PROMPTS:
+    for prompt in PROMPTS + [REPETITIVE]:
         want = target_only(pipe, prompt, 40)
-        got = [t for c in pipe.stream_ids(prompt, max_new_tokens=40, k=k) for t in c]
-        assert got == want, (bundle, k, prompt)
+        got = [t for c in pipe.stream_ids(prompt, max_new_tokens=40, k=k, draft=draft, adaptive=adaptive) for t in c]
+        assert got == want, (bundle, draft, adaptive, k, prompt)
 
 
 def test_good_draft_accepts_everything_bad_draft_does_not(pipes):
@@ -45,14 +52,17 @@ def test_good_draft_accepts_everything_bad_draft_does_not(pipes):
     assert len(s_good.per_position_acceptance) == 4
 
 
-@pytest.mark.parametrize("draft", ["ngram"])
+@pytest.mark.parametrize("adaptive", [False, True])
 @pytest.mark.parametrize("k", [1, 4, 8])
-def test_greedy_ngram_equals_target_only(pipes, draft, k):
+def test_greedy_ngram_without_draft_model(pipes, adaptive, k):
     pipe = pipes["none"]
-    prompt = [1, 5, 9, 33, 7, 5, 9, 33, 7, 5, 9]  # repetitive: n-gram proposals get made
-    want = target_only(pipe, prompt, 40)
-    got = [t for c in pipe.stream_ids(prompt, max_new_tokens=40, k=k, draft=draft) for t in c]
+    from specrt.runtime.speculate import Stats
+
+    st = Stats()
+    want = target_only(pipe, REPETITIVE, 40)
+    got = [t for c in pipe.stream_ids(REPETITIVE, max_new_tokens=40, k=k, draft="ngram", adaptive=adaptive, stats=st) for t in c]
     assert got == want
+    assert st.draft_tokens > 0 and set(st.drafter_rounds) == {"ngram"}
 
 
 def test_max_new_tokens_and_eos_inside_accepted_run(pipes):
@@ -94,23 +104,35 @@ def _second_token_dist(pipe, prompt, cfg):
     return total
 
 
-@pytest.mark.parametrize("draft,cfg", [
-    ("model", SamplingConfig(1.0)),
-    ("model", SamplingConfig(0.8, top_p=0.9)),
-    ("model", SamplingConfig(1.2, top_k=10)),
-    ("ngram", SamplingConfig(1.0)),
-])
-def test_sampling_distribution_matches_target(pipes, draft, cfg, monkeypatch):
-    pipe = pipes["bad"] if draft == "model" else pipes["none"]
+SAMPLING_CASES = [(d, a, SamplingConfig(1.0)) for d, a in MODES] + [
+    ("model", False, SamplingConfig(0.8, top_p=0.9)), ("auto", True, SamplingConfig(0.8, top_p=0.9)),
+    ("model", True, SamplingConfig(1.2, top_k=10)), ("ngram", False, SamplingConfig(1.2, top_k=10)),
+]
+
+
+@pytest.mark.parametrize("draft,adaptive,cfg", SAMPLING_CASES)
+def test_sampling_distribution_matches_target(pipes, draft, adaptive, cfg, monkeypatch):
+    pipe = pipes["bad"]
+    # tiny draft and target cost the same here; pretend the draft is cheap so the adaptive
+    # policy keeps speculating (and early-stopping) instead of falling back to plain steps
+    monkeypatch.setattr(pipe, "_costs", Costs({1: 10.0, 2: 10.5, 9: 14.0}, draft_ms=1.0))
     monkeypatch.setattr(pipe.tokenizer, "eos_ids", set())  # EOS is just another token here
     prompt = [1, 5, 9, 33, 7, 5, 9]
     want = _second_token_dist(pipe, prompt, cfg)
     n = 3000
     counts = np.zeros_like(want)
+    from specrt.runtime.speculate import Stats
+
+    proposed = 0
     for seed in range(n):
-        toks = [t for c in pipe.stream_ids(prompt, max_new_tokens=2, k=4, draft=draft, seed=seed,
-                                           temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p) for t in c]
+        st = Stats()
+        # max_new_tokens 3 leaves room for k = 1 in the first round, so token 2 is verified
+        gen = pipe.stream_ids(prompt, max_new_tokens=3, k=4, draft=draft, seed=seed, adaptive=adaptive,
+                              temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, stats=st)
+        toks = [t for c in gen for t in c]
         counts[toks[1]] += 1
+        proposed += st.draft_tokens
+    assert proposed > n // 4, "speculation barely ran: the test would not check verification"
     assert counts[want == 0].sum() == 0
     exp = want * n
     big = exp >= 5
