@@ -47,6 +47,7 @@ def export_bundle(
     precision: str = "fp32",
     lowering: str = "ort",
     greedy_steps: int = 32,
+    trt: bool = False,
     echo: Callable[[str], None] | None = print,
 ) -> Manifest:
     """Export `target` (and a draft) into the bundle folder `out`, validated against transformers.
@@ -60,12 +61,14 @@ def export_bundle(
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if max_draft_tokens < 1 or max_seq_len < max_draft_tokens + 32:
         raise ValueError("need max_draft_tokens >= 1 and max_seq_len >= max_draft_tokens + 32")
+    if trt and lowering != "standard":
+        raise ValueError("TensorRT plans are built from the standard lowering: add --lowering standard")
     if draft == "self-int4" and lowering != "ort":
         raise ValueError("the self-int4 draft uses MatMulNBits, which only the 'ort' lowering has; "
                          "pass --draft none or a separate draft model with --lowering standard")
     max_t = max_draft_tokens + 1
     out = Path(out)
-    n_steps = 4 + (draft != "none") + (draft not in ("self-int4", "none"))
+    n_steps = 4 + (draft != "none") + (draft not in ("self-int4", "none")) + trt
     step = Progress(n_steps, echo)
 
     step(f"loading target {target}")
@@ -112,6 +115,14 @@ def export_bundle(
             tgt_tokens, _ = reference_greedy(t_model, prompt, greedy_steps)
             d_entry.parity["greedy_agreement_with_target"] = draft_agreement(draft_dec, tgt_tokens, prompt)
             del draft_dec
+
+        if trt:
+            from .trt import save_engine
+
+            step("building TensorRT plans")
+            for role, entry in (("target", t_entry), ("draft", d_entry)):
+                if entry is not None:
+                    entry.trt_plans.append(save_engine(tmp, role, entry))
 
         step("writing tokenizer and manifest")
         man = Manifest(

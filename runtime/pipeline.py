@@ -58,6 +58,8 @@ class Pipeline:
         self.last: Result | None = None
 
     def _decoder(self, entry, device, threads, name) -> Decoder:
+        if device == "trt":
+            return Decoder(self._trt_backend(entry, name), name)
         try:
             backend = OrtBackend(self.folder / entry.graph, entry, device=device, threads=threads,
                                  global_pool=self.global_pool)
@@ -66,6 +68,24 @@ class Pipeline:
                 raise
             raise BundleError(f"cannot load {name} graph {self.folder / entry.graph}: {str(e)[:300]}") from None
         return Decoder(backend, name)
+
+    def _trt_backend(self, entry, name):
+        from .backends.trt import TrtBackend
+
+        plans = entry.trt_plans
+        if not plans:
+            raise BundleError(f"bundle {self.folder} has no TensorRT plan for the {name}; "
+                              "export with --lowering standard --trt on this GPU")
+        try:
+            from specrt.export.trt import gpu_tag
+
+            tag = gpu_tag()
+            plan = next((p for p in plans if p.gpu == tag), None)
+        except ImportError:
+            plan = plans[0] if len(plans) == 1 else None
+        if plan is None:
+            raise BundleError(f"no TensorRT plan of the {name} matches this GPU; plans: {[p.gpu for p in plans]}")
+        return TrtBackend(self.folder / plan.file, entry)
 
     def drafter(self, draft: str):
         if draft == "none":

@@ -39,7 +39,8 @@ def main():
 @click.option("--max-draft-tokens", type=int, default=None, help="widest verification is this + 1 (default 16)")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default=None)
 @click.option("--lowering", type=click.Choice(["ort", "standard"]), default=None)
-def export(target, draft, out, config_path, max_seq_len, max_draft_tokens, precision, lowering):
+@click.option("--trt", is_flag=True, help="also build TensorRT plans for this GPU (standard lowering, extra trt)")
+def export(target, draft, out, config_path, max_seq_len, max_draft_tokens, precision, lowering, trt):
     """Export a target (+ draft) to an ONNX bundle, validated against transformers."""
     try:
         from specrt.export import export_bundle
@@ -64,11 +65,12 @@ def export(target, draft, out, config_path, max_seq_len, max_draft_tokens, preci
         max_draft_tokens=max_draft_tokens or ex.get("max_draft_tokens", 16),
         precision=precision or ex.get("precision", "fp32"),
         lowering=lowering or ex.get("lowering", "ort"),
+        trt=trt,
     )
     out = out or f"engines/{name}"
     try:
         export_bundle(target, out, echo=lambda m: click.echo(m, err=True), **kwargs)
-    except (SourceError, VocabularyMismatch, UnsupportedArchitecture, ParityError, ValueError) as e:
+    except (SourceError, VocabularyMismatch, UnsupportedArchitecture, ParityError, ValueError, RuntimeError) as e:
         _fail(str(e))
     except KeyboardInterrupt:
         _fail("export interrupted; no bundle was written (an existing one is untouched)", 130)
@@ -146,7 +148,8 @@ def inspect(path, as_json):
 @click.option("--stop", multiple=True, help="stop string (repeatable)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object {text, token_ids, stats}")
 @click.option("--stats", "show_stats", is_flag=True, help="print all statistics after the text")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--device", type=click.Choice(["cpu", "cuda", "trt"]), default="cpu", show_default=True,
+              help="cpu / cuda: onnxruntime execution provider; trt: the bundle's TensorRT plans")
 @click.option("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
 def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k, draft, adaptive, chat, stop,
              as_json, show_stats, device, threads):
