@@ -15,7 +15,7 @@ import numpy as np
 from ..pipeline import Pipeline
 from ..speculate import Stats
 from . import peer
-from .stats import interleave, median_spread, paired_ratio, predicted_speedup
+from .stats import alpha_from_expected, interleave, median_spread, paired_ratio, predicted_speedup
 
 
 @dataclass
@@ -31,7 +31,9 @@ class BenchConfig:
     limit: int | None = None  # prompts per workload
     peer: str | None = None  # "ort-genai"
     rss: bool = False  # peak RSS per arm in fresh processes (+ a long generation)
-    global_pool: bool = True  # one onnxruntime pool for the process (the bench owns it)
+    # Per-session pools that stop spinning after each run: a global pool keeps spinning between
+    # runs and would steal the cores from a peer runtime measured in the same process.
+    global_pool: bool = False
     adaptive: bool = False  # add a "<draft>-adaptive" arm per drafter
     out: Path = Path("bench")
 
@@ -187,8 +189,12 @@ def summarize(runs: list[dict], costs: dict) -> list[dict]:
             row["time_split"] = {"draft": sum(r["draft_ms"] for r in rs) / tot, "verify": sum(r["verify_ms"] for r in rs) / tot,
                                  "other": sum(r["other_ms"] for r in rs) / tot}
             if arm.startswith("model-k") and "c" in costs:
+                # E from the measured tokens per round (per-position acceptance is not i.i.d.:
+                # plugging the mean acceptance into (1-a^(k+1))/(1-a) underestimates E)
                 k = int(arm.split("-k")[1])
-                pred = predicted_speedup(acc, k, costs["c"], costs["v"][k + 1])
+                e_meas = row["mean_accepted_per_round"]
+                row["alpha_iid_equivalent"] = alpha_from_expected(e_meas, k)
+                pred = predicted_speedup(row["alpha_iid_equivalent"], k, costs["c"], costs["v"][k + 1])
                 row["predicted_speedup"] = pred
                 if "speedup_vs_target" in row:
                     row["efficiency"] = row["speedup_vs_target"] / pred

@@ -42,3 +42,16 @@ def paired_ratio(base: list[float], other: list[float]) -> float:
     """Median of per-pair ratios base_i / other_i (pairs measured back to back)."""
     r = [b / o for b, o in zip(base, other, strict=True) if o > 0]
     return float(np.median(r)) if r else float("nan")
+
+
+def alpha_from_expected(e: float, k: int) -> float:
+    """The i.i.d. acceptance alpha whose expected_tokens(alpha, k) equals e (bisection)."""
+    e = min(max(e, 1.0), k + 1.0)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if expected_tokens(mid, k) < e:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2

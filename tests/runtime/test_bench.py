@@ -38,6 +38,8 @@ def test_cost_model():
     assert predicted_speedup(0.73, 4, 0.0, 1.28) == pytest.approx(2.294, abs=1e-3)
     assert predicted_speedup(0.73, 4, 0.2, 1.28) == pytest.approx(1.4115, abs=1e-3)  # + 4 x 0.2 draft
     assert paired_ratio([10, 20, 30], [5, 10, 10]) == 2.0
+    assert alpha_from_expected(expected_tokens(0.7, 4), 4) == pytest.approx(0.7, abs=1e-9)
+    assert alpha_from_expected(1.0, 3) == pytest.approx(0.0, abs=1e-9)
 
 
 def test_bench_smoke(tiny_bundles, tmp_path):
