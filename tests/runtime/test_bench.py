@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from specrt.runtime.bench.stats import (
+    alpha_from_expected,
     expected_tokens,
     interleave,
     median_spread,
