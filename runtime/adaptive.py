@@ -73,7 +73,14 @@ class AcceptanceModel:
         self.tried = np.zeros(self.max_k)
 
     def rates(self) -> np.ndarray:
-        return (self.ok + self.prior * self.weight) / (self.tried + self.weight)
+        """a_j shrunk toward a_{j-1} (a_0 toward the prior): positions that k has not reached
+        yet inherit the deepest observed rate instead of the prior, so a drafter whose later
+        positions are reliable (n-gram copies) gets explored at larger k."""
+        out = np.empty(self.max_k)
+        prev = self.prior
+        for j in range(self.max_k):
+            prev = out[j] = (self.ok[j] + prev * self.weight) / (self.tried[j] + self.weight)
+        return out
 
     def update(self, proposed: int, accepted: int):
         self.ok *= self.decay

@@ -46,7 +46,8 @@ def _section(entry: ModelEntry, filename: str, hidden: int, heads: int) -> dict:
     }
 
 
-def write_config(bundle: Path, man: Manifest, out: Path, *, hidden: int, heads: int, max_draft_tokens: int | None) -> Path:
+def write_config(bundle: Path, man: Manifest, out: Path, *, hidden: int, heads: int, max_draft_tokens: int | None,
+                 ngram_size: int = 0) -> Path:
     """A genai model folder: genai_config.json + links to the bundle's graph folders."""
     out.mkdir(parents=True, exist_ok=True)
     for role in ("target", "draft"):
@@ -69,7 +70,9 @@ def write_config(bundle: Path, man: Manifest, out: Path, *, hidden: int, heads: 
                    "num_return_sequences": 1, "repetition_penalty": 1.0, "length_penalty": 1.0,
                    "early_stopping": True, "no_repeat_ngram_size": 0, "diversity_penalty": 0.0},
     }
-    if max_draft_tokens and man.draft is not None:
+    if max_draft_tokens and ngram_size:  # genai's prompt-lookup decoding (no draft model)
+        cfg["speculative"] = {"max_draft_tokens": int(max_draft_tokens), "ngram_size": int(ngram_size)}
+    elif max_draft_tokens and man.draft is not None:
         cfg["model"]["draft"] = _section(man.draft, man.draft.graph, hidden, heads)
         cfg["speculative"] = {"max_draft_tokens": int(max_draft_tokens)}
     (out / "genai_config.json").write_text(json.dumps(cfg, indent=2))

@@ -88,9 +88,12 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
         if not peer.available():
             raise RuntimeError("--peer ort-genai needs onnxruntime-genai (pip install 'specrt[bench]')")
         man = pipe.manifest
-        for name, kk in [("genai-target", None)] + [(f"genai-k{k}", k) for k in cfg.ks]:
+        peers = [("genai-target", None, 0)]
+        peers += [(f"genai-k{k}", k, 0) for k in cfg.ks if "model" in cfg.drafts and man.draft is not None]
+        peers += [(f"genai-ngram-k{k}", k, 3) for k in cfg.ks if "ngram" in cfg.drafts]
+        for name, kk, ngram in peers:
             folder = peer.write_config(cfg.bundle, man, cfg.out / "genai" / name, hidden=man.target.hidden_size,
-                                       heads=man.target.num_heads, max_draft_tokens=kk)
+                                       heads=man.target.num_heads, max_draft_tokens=kk, ngram_size=ngram)
             genai[name] = peer.GenaiRunner(folder)
         arms += list(genai)
 
