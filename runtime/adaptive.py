@@ -1,11 +1,12 @@
 """Choosing how much to draft: adaptive k and confidence early stop (pure bookkeeping).
 
-Costs are in units of one target step: c = draft step / target step, v(T) = target call of T
-tokens / target step (measured per machine by `measure_costs`). Acceptance is tracked per draft
+Costs: c = draft step / target step, v(T) = target call of T tokens / target step; probed at
+load (`measure_costs`) and then followed online from each round's own call times (EMA), since
+the machine's load changes. Rates are computed in tokens per millisecond. Acceptance is tracked per draft
 position j as P(accept j | j reached), decayed so the estimate follows the text being written.
 
   expected tokens of a round with k proposals   E(k) = 1 + sum_{j<k} prod_{i<=j} a_i
-  rate of a round                                R(k) = E(k) / (k*c + v(k+1))
+  rate of a round                                R(k) = E(k) / (k*c + v(k+1))   (in target steps)
 k = argmax R(k); k = 0 (a plain target step, rate 1/v(1) = 1) when no k beats it, with a probe
 round every `probe_every` plain rounds so a workload that becomes predictable is noticed.
 
@@ -34,29 +35,44 @@ class Costs:
         return self.draft_ms / self.target_ms[1]
 
     def v(self, T: int) -> float:
+        return self.verify_ms(T) / self.target_ms[1]
+
+    def verify_ms(self, T: int) -> float:
         if T in self.target_ms:
-            return self.target_ms[T] / self.target_ms[1]
+            return self.target_ms[T]
         known = sorted(self.target_ms)
-        return float(np.interp(T, known, [self.target_ms[t] for t in known])) / self.target_ms[1]
+        return float(np.interp(T, known, [self.target_ms[t] for t in known]))
+
+    def observe(self, proposed: int, draft_ms: float, verify_ms: float, weight: float = 0.1):
+        """Fold one round's measured call times in (EMA): the probe at load is only a start;
+        the machine's load changes while a request runs."""
+        T = proposed + 1
+        old = self.verify_ms(T)
+        self.target_ms[T] = (1 - weight) * old + weight * verify_ms
+        if proposed > 0 and draft_ms > 0:
+            self.draft_ms = (1 - weight) * self.draft_ms + weight * draft_ms / proposed
 
 
-def measure_costs(target, draft, max_t: int, context: int = 128, reps: int = 5) -> Costs:
-    """Median call times at a mid context, on this machine, now. target/draft: runtime Decoders."""
-    def timed(dec, T):
-        ids = np.arange(context + T) % (dec.vocab - 10) + 5
-        dec.reset()
-        dec.prefill(ids[:context])
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            dec.forward(ids[context : context + T])
-            ts.append(time.perf_counter() - t0)
-            dec.rewind(context)
-        dec.reset()
-        return 1000 * float(np.median(ts))
-
+def measure_costs(target, draft, max_t: int, context: int = 128, reps: int = 7) -> Costs:
+    """Median call times at a mid context, widths interleaved round-robin so a burst of load
+    hits all of them alike. target/draft: runtime Decoders."""
     widths = sorted({1, 2, 3, 5, 9, max_t} & set(range(1, max_t + 1)))
-    return Costs({T: timed(target, T) for T in widths}, timed(draft, 1) if draft is not None else 0.0)
+    decs = [(target, T) for T in widths] + ([(draft, 1)] if draft is not None else [])
+    times: dict = {d: [] for d in decs}
+    for dec in {id(d): d for d, _ in decs}.values():
+        dec.reset()
+        dec.prefill(np.arange(context) % (dec.vocab - 10) + 5)
+    for _ in range(reps):
+        for dec, T in decs:
+            ids = np.arange(T) % (dec.vocab - 10) + 5
+            t0 = time.perf_counter()
+            dec.forward(ids)
+            times[(dec, T)].append(1000 * (time.perf_counter() - t0))
+            dec.rewind(context)
+    for dec, _ in decs:
+        dec.reset()
+    target_ms = {T: float(np.median(times[(target, T)])) for T in widths}
+    return Costs(target_ms, float(np.median(times[(draft, 1)])) if draft is not None else 0.0)
 
 
 @dataclass
@@ -133,9 +149,11 @@ class AdaptivePolicy:
         self.rate = 1.0  # predicted tokens per target-step time of the chosen k
 
     def rate_of(self, k: int) -> float:
+        """Predicted tokens per ms of a round with k proposals."""
+        c = self.costs
         if k == 0:
-            return 1.0 / self.costs.v(1)
-        return self.acc.expected_tokens(k) / (k * self.costs.c + self.costs.v(k + 1))
+            return 1.0 / c.verify_ms(1)
+        return self.acc.expected_tokens(k) / (k * c.draft_ms + c.verify_ms(k + 1))
 
     def choose_k(self) -> int:
         rates = [self.rate_of(k) for k in range(self.max_k + 1)]
@@ -158,10 +176,14 @@ class AdaptivePolicy:
             return j + 1 < self.max_k
         reach = float(np.prod([self.cal.p(s) for s in confs[: j + 1]]))
         gain = reach * float(self.acc.rates()[j + 1])
-        cost = self.costs.c + self.costs.v(j + 3) - self.costs.v(j + 2)
+        c = self.costs
+        cost = c.draft_ms + c.verify_ms(j + 3) - c.verify_ms(j + 2)  # ms
         return gain >= self.rate * cost
 
-    def update(self, proposed: int, accepted: int, confs: list[float]):
+    def update(self, proposed: int, accepted: int, confs: list[float],
+               draft_ms: float | None = None, verify_ms: float | None = None):
         self.acc.update(proposed, accepted)
         if confs:
             self.cal.update(confs, accepted)
+        if verify_ms is not None:
+            self.costs.observe(proposed, draft_ms or 0.0, verify_ms)

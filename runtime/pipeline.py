@@ -107,9 +107,10 @@ class Pipeline:
         return self._costs
 
     def policy(self, draft: str) -> AdaptivePolicy:
-        costs = self.costs()
-        if draft == "ngram":  # a lookup costs next to nothing next to a model step
-            costs = Costs(costs.target_ms, draft_ms=0.01 * costs.target_ms[1])
+        base = self.costs()
+        # a copy per request (it is updated online); a lookup costs next to nothing
+        draft_ms = 0.01 * base.target_ms[1] if draft == "ngram" else base.draft_ms
+        costs = Costs(dict(base.target_ms), draft_ms=draft_ms)
         return AdaptivePolicy(costs, self.max_k, calibration=self.calibration)
 
     def check_request(self, n_prompt: int, max_new_tokens: int, k: int):

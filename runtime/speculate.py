@@ -114,8 +114,12 @@ class Speculator:
         self.target.rewind(n_after - 1)
         if self.drafter is not None:
             self.drafter.commit(n_after)
-        if self.policy is not None and k > 0:
-            self.policy.update(len(draft), n_ok, getattr(self.drafter, "confs", []))
+        if self.policy is not None:
+            if k > 0:
+                self.policy.update(len(draft), n_ok, getattr(self.drafter, "confs", []),
+                                   1000 * (t1 - t0), 1000 * (t2 - t1))
+            else:
+                self.policy.costs.observe(0, 0.0, 1000 * (t2 - t1))
         stats.draft_ms += 1000 * (t1 - t0)
         stats.verify_ms += 1000 * (t2 - t1)
         stats.record_round(len(draft), n_ok, getattr(self.drafter, "name", None))

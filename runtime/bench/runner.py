@@ -15,7 +15,7 @@ import numpy as np
 from ..pipeline import Pipeline
 from ..speculate import Stats
 from . import peer
-from .stats import alpha_from_expected, interleave, median_spread, paired_ratio, predicted_speedup
+from .stats import alpha_from_expected, interleave, median_spread, paired_ratio
 
 
 @dataclass
@@ -191,18 +191,29 @@ def summarize(runs: list[dict], costs: dict) -> list[dict]:
             tot = sum(r["decode_ms"] for r in rs) or 1
             row["time_split"] = {"draft": sum(r["draft_ms"] for r in rs) / tot, "verify": sum(r["verify_ms"] for r in rs) / tot,
                                  "other": sum(r["other_ms"] for r in rs) / tot}
-            if arm.startswith("model-k") and "c" in costs:
-                # E from the measured tokens per round (per-position acceptance is not i.i.d.:
-                # plugging the mean acceptance into (1-a^(k+1))/(1-a) underestimates E)
+            t1 = step_ms(by.get((temp, wl, "target"), []))
+            if "-k" in arm and t1 and sum(r["draft_tokens"] for r in rs):
+                # Cost model from this run's own call times (same load as the measurement):
+                # c = draft ms per proposed token / target step, v = verify ms per round / step.
+                # E = measured tokens per round (per-position acceptance is not i.i.d.; the
+                # i.i.d.-equivalent alpha is reported alongside).
                 k = int(arm.split("-k")[1])
+                c = sum(r["draft_ms"] for r in rs) / sum(r["draft_tokens"] for r in rs) / t1
+                v = sum(r["verify_ms"] for r in rs) / sum(r["rounds"] for r in rs) / t1
                 e_meas = row["mean_accepted_per_round"]
-                row["alpha_iid_equivalent"] = alpha_from_expected(e_meas, k)
-                pred = predicted_speedup(row["alpha_iid_equivalent"], k, costs["c"], costs["v"][k + 1])
+                row["cost_model"] = {"c": c, "v": v, "E": e_meas, "alpha_iid_equivalent": alpha_from_expected(e_meas, k)}
+                pred = e_meas / (k * c + v)
                 row["predicted_speedup"] = pred
                 if "speedup_vs_target" in row:
                     row["efficiency"] = row["speedup_vs_target"] / pred
         rows.append(row)
     return rows
+
+
+def step_ms(target_runs: list[dict]) -> float | None:
+    """One target step (T = 1) in ms, from the target-only runs of this bench."""
+    per = [r["verify_ms"] / r["rounds"] for r in target_runs if r.get("rounds")]
+    return float(np.median(per)) if per else None
 
 
 def _peer_agreement(runs: list[dict]) -> dict:
