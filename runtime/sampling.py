@@ -48,14 +48,7 @@ def probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     p = np.exp(x)
     p /= p.sum(axis=-1, keepdims=True)
     if cfg.top_p < 1.0:
-        order = np.argsort(-p, axis=-1, kind="stable")
-        sorted_p = np.take_along_axis(p, order, axis=-1)
-        before = np.cumsum(sorted_p, axis=-1) - sorted_p  # mass strictly before each token
-        keep_sorted = before < cfg.top_p
-        keep = np.zeros_like(keep_sorted)
-        np.put_along_axis(keep, order, keep_sorted, axis=-1)
-        p = np.where(keep, p, 0.0)
-        p /= p.sum(axis=-1, keepdims=True)
+        p = _top_p(p, cfg.top_p)
     return p
 
 
@@ -63,3 +56,32 @@ def sample(p: np.ndarray, u: float) -> int:
     """Inverse-CDF draw from p [V] with a uniform u in [0, 1)."""
     c = np.cumsum(p)
     return int(min(np.searchsorted(c, u * c[-1], side="right"), len(p) - 1))
+
+
+def _top_p(p: np.ndarray, top_p: float, head: int = 256) -> np.ndarray:
+    """Nucleus filter on rows of p. Sorting all V entries costs ~3 ms per row at V = 49k; the
+    nucleus is almost always inside the `head` most probable tokens, so those are sorted first
+    and the full sort is only the fallback. Same result either way (stable order: -p, index)."""
+    flat = p.reshape(-1, p.shape[-1])
+    out = np.empty_like(flat)
+    V = flat.shape[-1]
+    for r, row in enumerate(flat):
+        keep = None
+        if head < V:
+            cand = np.argpartition(-row, head)[:head]
+            cand = cand[np.lexsort((cand, -row[cand]))]  # by -p, ties by index
+            before = np.cumsum(row[cand]) - row[cand]
+            inside = before < top_p
+            last = int(np.flatnonzero(inside)[-1])
+            # decided inside the head iff the nucleus ends before the head's last token and no
+            # token outside the head ties with the boundary
+            if last < head - 1 and row[cand[last]] > row[cand[-1]]:
+                keep = cand[: last + 1]
+        if keep is None:
+            order = np.argsort(-row, kind="stable")
+            before = np.cumsum(row[order]) - row[order]
+            keep = order[before < top_p]
+        out[r] = 0.0
+        out[r, keep] = row[keep]
+        out[r] /= out[r].sum()
+    return out.reshape(p.shape)

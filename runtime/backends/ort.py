@@ -101,7 +101,10 @@ class OrtBackend:
         for i in range(kv.layers):
             for past, present in ((io_names.past_key, io_names.present_key), (io_names.past_value, io_names.present_value)):
                 if self.device_type == "cpu":
-                    host = np.zeros(shape, dtype=dtype)
+                    # fill() touches every page now: RSS is the full KV size from load on
+                    # (np.zeros would commit pages lazily and RSS would grow during generation)
+                    host = np.empty(shape, dtype=dtype)
+                    host.fill(0)
                     val = ort.OrtValue.ortvalue_from_numpy(host)
                     self._kv.append((host, val))
                 else:

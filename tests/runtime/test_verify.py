@@ -129,3 +129,19 @@ def test_second_position_joint_distribution():
         else:  # first token was resampled; position 2 would be a new round with fresh rows p[1]
             second.append(sample(p[1], r.random()))
     _chi2_ok(np.array(second), p[1], "second position")
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.99, 0.999999])
+def test_top_p_fast_path_equals_full_sort(top_p):
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((4, 5000)) * np.array([[0.5], [2.0], [8.0], [0.0]])  # last row: all ties
+    got = probs(logits, SamplingConfig(1.0, top_p=top_p))
+    x = logits - logits.max(-1, keepdims=True)
+    p = np.exp(x) / np.exp(x).sum(-1, keepdims=True)
+    for r in range(4):
+        order = np.argsort(-p[r], kind="stable")
+        before = np.cumsum(p[r][order]) - p[r][order]
+        want = np.zeros_like(p[r])
+        keep = order[before < top_p]
+        want[keep] = p[r][keep] / p[r][keep].sum()
+        np.testing.assert_allclose(got[r], want, rtol=1e-12, atol=1e-15)
