@@ -22,9 +22,10 @@ def table(results: dict) -> str:
             f"{f(r, 'acceptance_rate', '%.2f'):>7} {f(r, 'mean_accepted_per_round', '%.2f'):>7} "
             f"{f(r, 'predicted_speedup', '%.2f'):>6} {f(r, 'efficiency', '%.2f'):>5}")
     c = results["costs"]
-    lines.append(f"costs: target T=1 {c['target_ms'][1]:.1f} ms; "
-                 + ", ".join(f"T={t} {v:.1f}" for t, v in c["target_ms"].items() if t != 1)
-                 + (f"; draft T=1 {c['draft_ms'][1]:.1f} ms (c = {c['c']:.2f})" if "draft_ms" in c else ""))
+    tms = {int(t): v for t, v in c["target_ms"].items()}  # JSON turns the keys into strings
+    lines.append(f"probe: target T=1 {tms[1]:.1f} ms; "
+                 + ", ".join(f"T={t} {v:.1f}" for t, v in sorted(tms.items()) if t != 1)
+                 + (f"; draft T=1 {next(iter(c['draft_ms'].values())):.1f} ms (c = {c['c']:.2f})" if "draft_ms" in c else ""))
     if "rss" in results:
         for arm, d in results["rss"].items():
             if "peak_mb" in d:
