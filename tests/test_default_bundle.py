@@ -87,3 +87,25 @@ def test_chat_template_applied(pipe):
     assert text.startswith("<|im_start|>system") and text.rstrip().endswith("assistant")
     raw = pipe.tokenizer.encode("hello", chat=False)
     assert len(raw) < len(ids)
+
+
+def test_ctrl_c_ends_cleanly_and_keeps_output(default_bundle):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specrt.cli", "generate", "--engines", str(default_bundle), "--max-new-tokens", "1500",
+         "--raw", "Once upon a time"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    first = proc.stdout.read(20)  # wait until text is streaming
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert first and "Traceback" not in err, err
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert "stop: interrupted" in err
+    assert len(first + out) > 20
