@@ -156,7 +156,11 @@ class AdaptivePolicy:
         return self.acc.expected_tokens(k) / (k * c.draft_ms + c.verify_ms(k + 1))
 
     def choose_k(self) -> int:
-        rates = [self.rate_of(k) for k in range(self.max_k + 1)]
+        c = self.costs
+        ks = np.arange(self.max_k + 1)
+        expected = np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(self.acc.rates()))))  # E(k), k = 0..max_k
+        ms = ks * c.draft_ms + np.array([c.verify_ms(k + 1) for k in ks])
+        rates = expected / ms  # tokens per ms; k = 0 is a plain target step
         k = int(np.argmax(rates))
         if k == 0:
             self._plain_rounds += 1
