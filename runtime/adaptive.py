@@ -2,13 +2,14 @@
 
 Costs: c = draft step / target step, v(T) = target call of T tokens / target step; probed at
 load (`measure_costs`) and then followed online from each round's own call times (EMA), since
-the machine's load changes. Rates are computed in tokens per millisecond. Acceptance is tracked per draft
-position j as P(accept j | j reached), decayed so the estimate follows the text being written.
+the machine's load changes. Acceptance is tracked per draft position j as
+P(accept j | j reached), decayed so the estimate follows the text being written.
 
   expected tokens of a round with k proposals   E(k) = 1 + sum_{j<k} prod_{i<=j} a_i
-  rate of a round                                R(k) = E(k) / (k*c + v(k+1))   (in target steps)
-k = argmax R(k); k = 0 (a plain target step, rate 1/v(1) = 1) when no k beats it, with a probe
-round every `probe_every` plain rounds so a workload that becomes predictable is noticed.
+  rate of a round                                R(k) = E(k) / (k*c + v(k+1))
+k = argmax R(k) (computed in tokens per ms); k = 0 (a plain target step) when no k beats it,
+with a probe round every `probe_every` plain rounds so a workload that turns predictable is
+noticed.
 
 Confidence early stop: after drafting token j (draft confidence s_j = the draft's probability
 of it), drafting goes on only if the next token's expected gain, P(reach j+1) * a_{j+1} with
@@ -105,8 +106,12 @@ class AcceptanceModel:
         self.tried[:reached] += 1
         self.ok[:accepted] += 1
 
+    def expected(self) -> np.ndarray:
+        """E(k) for k = 0..max_k."""
+        return np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(self.rates()))))
+
     def expected_tokens(self, k: int) -> float:
-        return 1.0 + float(np.cumprod(self.rates()[:k]).sum())
+        return float(self.expected()[k])
 
 
 class Calibration:
@@ -146,21 +151,13 @@ class AdaptivePolicy:
         self.probe_every = probe_every
         self.early_stop = early_stop
         self._plain_rounds = 0
-        self.rate = 1.0  # predicted tokens per target-step time of the chosen k
-
-    def rate_of(self, k: int) -> float:
-        """Predicted tokens per ms of a round with k proposals."""
-        c = self.costs
-        if k == 0:
-            return 1.0 / c.verify_ms(1)
-        return self.acc.expected_tokens(k) / (k * c.draft_ms + c.verify_ms(k + 1))
+        self.rate = 0.0  # predicted tokens per ms of the chosen k
 
     def choose_k(self) -> int:
         c = self.costs
         ks = np.arange(self.max_k + 1)
-        expected = np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(self.acc.rates()))))  # E(k), k = 0..max_k
         ms = ks * c.draft_ms + np.array([c.verify_ms(k + 1) for k in ks])
-        rates = expected / ms  # tokens per ms; k = 0 is a plain target step
+        rates = self.acc.expected() / ms  # tokens per ms; k = 0 is a plain target step
         k = int(np.argmax(rates))
         if k == 0:
             self._plain_rounds += 1

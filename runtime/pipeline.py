@@ -171,11 +171,9 @@ class Pipeline:
                 full += dec.flush()
         finally:
             gen.close()
-            if len(full) > emitted:
-                tail, emitted = full[emitted:], len(full)
-                self.last = Result(full, out, stats)
-                yield tail
             self.last = Result(full, out, stats)
+        if len(full) > emitted:  # not in `finally`: a closed generator must not yield
+            yield full[emitted:]
 
     def generate(self, prompt: str, **kw) -> Result:
         for _ in self.stream(prompt, **kw):

@@ -24,9 +24,8 @@ class ModelDrafter:
         confidences (draft probability of each proposed token) are left in `self.confs`."""
         # Rows [dec.length, len(seq)) are committed but not yet in the draft cache: 1 token
         # normally, 2 after a round where every proposal was accepted (draft catch-up).
-        feed = seq[self.dec.length :]
-        for s in range(0, len(feed), self.dec.max_t):  # long catch-up (after n-gram rounds in auto)
-            logits = self.dec.forward(feed[s : s + self.dec.max_t])[-1]
+        # After n-gram rounds (auto) the lag can exceed one call: prefill chunks it.
+        logits = self.dec.prefill(seq[self.dec.length :])
         toks = np.empty(k, dtype=np.int64)
         q = None if cfg.greedy else np.empty((k, self.dec.vocab))
         self.confs = confs = []
