@@ -15,7 +15,7 @@ import numpy as np
 from ..pipeline import Pipeline
 from ..speculate import Stats
 from . import peer
-from .stats import alpha_from_expected, interleave, median_spread, paired_ratio
+from .stats import alpha_from_expected, interleave, median_spread, paired_ratio, predicted_speedup
 
 
 @dataclass
@@ -47,28 +47,14 @@ def load_workload(path: Path) -> list[dict]:
     return items
 
 
-def probe_costs(pipe: Pipeline, ks: list[int], context: int = 200, reps: int = 15) -> dict:
-    """Median ms of a target call of T tokens and a draft call of 1 token at a mid context."""
-    def timed(dec, T):
-        context_ids = np.arange(context) % (dec.vocab - 10) + 5
-        dec.reset()
-        dec.prefill(context_ids)
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            dec.forward(context_ids[:T])
-            ts.append(time.perf_counter() - t0)
-            dec.rewind(context)
-        dec.reset()
-        return 1000 * float(np.median(ts))
-
-    out = {"target_ms": {1: timed(pipe.target, 1)}}
-    for k in ks:
-        out["target_ms"][k + 1] = timed(pipe.target, k + 1)
+def probe_costs(pipe: Pipeline, ks: list[int]) -> dict:
+    """The pipeline's own cost probe (`adaptive.measure_costs`, also what adaptive arms start
+    from), as JSON-friendly numbers: target ms per call width, draft ms, c and v(k+1)."""
+    costs = pipe.costs()
+    out = {"target_ms": dict(costs.target_ms), "v": {k + 1: costs.v(k + 1) for k in ks}}
     if pipe.draft_decoder is not None:
-        out["draft_ms"] = {1: timed(pipe.draft_decoder, 1)}
-        out["c"] = out["draft_ms"][1] / out["target_ms"][1]
-    out["v"] = {k + 1: out["target_ms"][k + 1] / out["target_ms"][1] for k in ks}
+        out["draft_ms"] = {1: costs.draft_ms}
+        out["c"] = costs.c
     return out
 
 
@@ -80,8 +66,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
     arms = ["target"] + [f"{d}-k{k}" for d in cfg.drafts for k in cfg.ks]
     if cfg.adaptive:
         arms += [f"{d}-adaptive" for d in cfg.drafts]
-        pipe.costs()  # measured once, before the timed runs
-    costs = probe_costs(pipe, cfg.ks)
+    costs = probe_costs(pipe, cfg.ks)  # measured once, before the timed runs
 
     genai = {}
     if cfg.peer == "ort-genai":
@@ -119,7 +104,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
         "costs": costs,
         "runs": runs,
     }
-    results["summary"] = summarize(runs, costs)
+    results["summary"] = summarize(runs)
     if cfg.peer:
         results["peer_agreement"] = _peer_agreement(runs)
     if cfg.rss:
@@ -157,7 +142,7 @@ def _run_arm(pipe, genai, arm, it, temp, cfg, seed=0, max_new=None) -> dict:
     return d
 
 
-def summarize(runs: list[dict], costs: dict) -> list[dict]:
+def summarize(runs: list[dict]) -> list[dict]:
     """One row per (temperature, workload, arm): medians, speedup vs target in the same run."""
     rows = []
     keys = sorted({(r["temperature"], r["workload"], r["arm"]) for r in runs}, key=str)
@@ -201,8 +186,9 @@ def summarize(runs: list[dict], costs: dict) -> list[dict]:
                 c = sum(r["draft_ms"] for r in rs) / sum(r["draft_tokens"] for r in rs) / t1
                 v = sum(r["verify_ms"] for r in rs) / sum(r["rounds"] for r in rs) / t1
                 e_meas = row["mean_accepted_per_round"]
-                row["cost_model"] = {"c": c, "v": v, "E": e_meas, "alpha_iid_equivalent": alpha_from_expected(e_meas, k)}
-                pred = e_meas / (k * c + v)
+                alpha = alpha_from_expected(e_meas, k)
+                row["cost_model"] = {"c": c, "v": v, "E": e_meas, "alpha_iid_equivalent": alpha}
+                pred = predicted_speedup(alpha, k, c, v)
                 row["predicted_speedup"] = pred
                 if "speedup_vs_target" in row:
                     row["efficiency"] = row["speedup_vs_target"] / pred
