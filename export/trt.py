@@ -43,6 +43,9 @@ def profile_for(entry: ModelEntry, opt_tokens: int = 5) -> dict[str, list[list[i
         io.input_ids: [[1, 1], [1, opt_t], [1, t_max]],
         io.attention_mask: [[1, 1], [1, kv.max_seq_len // 2], [1, kv.max_seq_len]],
     }
+    if io.hidden_in:  # EAGLE draft: target features, one row per token
+        H = entry.hidden_size
+        prof[io.hidden_in] = [[1, 1, H], [1, opt_t, H], [1, t_max, H]]
     shape = [1, kv.kv_heads, kv.max_seq_len, kv.head_dim]
     for i in range(kv.layers):
         for name in (io.past_key, io.past_value):

@@ -106,3 +106,41 @@ def draft_agreement(draft, target_tokens: np.ndarray, prompt: np.ndarray) -> flo
         row = draft.forward([int(tok)])[0]
     draft.reset()
     return hits / max(1, len(target_tokens))
+
+
+def check_eagle(draft, target, model, head_w: dict, prompt: np.ndarray, target_tokens: np.ndarray) -> dict:
+    """The target graph's feature output vs transformers; the EAGLE draft graph on those features
+    vs its torch module (export/eagle.py); and the draft's teacher-forced agreement with the
+    target's greedy continuation `target_tokens` of `prompt` (draft step 1, a proxy for greedy
+    acceptance)."""
+    import torch
+
+    from .eagle import head_module
+
+    seq = np.concatenate([prompt, target_tokens]).astype(np.int64)
+    n = len(seq)
+    target.reset()
+    target.prefill(seq)
+    feats = target.features[:n].copy()
+    target.reset()
+    draft.reset()
+    rows = []
+    for s in range(0, n - 1, draft.max_t):  # pairs (f_p, x_{p+1}) -> logits for x_{p+2}
+        e = min(s + draft.max_t, n - 1)
+        rows.append(draft.forward(seq[s + 1 : e + 1], feats[s:e]).copy())
+    draft.reset()
+    got = np.concatenate(rows)
+    head = head_module(model)
+    head.load_state_dict({k: torch.from_numpy(v) for k, v in head_w.items()})
+    with torch.no_grad():
+        ref_feats = model.model(input_ids=torch.from_numpy(seq[None])).last_hidden_state[0].float().numpy()
+        ref = head.logits(head(torch.from_numpy(feats[None, :-1]), torch.from_numpy(seq[None, 1:])))[0].numpy()
+    idx = np.arange(len(prompt) - 2, n - 2)  # positions whose next-next token is a target greedy token
+    return {
+        # the target graph's feature output vs transformers' (what the head was trained on)
+        "target_features_max_abs": float(np.abs(feats - ref_feats).max()),
+        "max_abs": float(np.abs(got - ref).max()),
+        "argmax_match_torch": float((got.argmax(-1) == ref.argmax(-1)).mean()),
+        "greedy_agreement_with_target": float((got[idx].argmax(-1) == seq[idx + 2]).mean()),
+        "positions": int(len(idx)),
+    }

@@ -12,30 +12,50 @@ class NonFiniteLogits(RuntimeError):
 
 
 class Decoder:
-    def __init__(self, backend, name: str = "model"):
+    def __init__(self, backend, name: str = "model", keep_hidden: bool = False):
+        """keep_hidden: record the final-norm hidden state of every position in `features`
+        (row p = position p; rows past `length` are stale), for an EAGLE draft to read."""
         self.backend = backend
         self.name = name
         self.kv = KVCache(backend.max_seq_len)
         self.max_t = backend.max_t  # widest single call
         self.vocab = backend.vocab
+        self.takes_hidden = getattr(backend, "takes_hidden", False)
+        self.features = None
+        if keep_hidden:
+            if not getattr(backend, "has_hidden_out", False):
+                raise ValueError(f"{name}: graph has no hidden-state output (export it with an EAGLE draft)")
+            self.features = np.zeros((backend.max_seq_len, backend.hidden_size), dtype=np.float32)
 
     @property
     def length(self) -> int:
         return self.kv.length
 
-    def forward(self, tokens) -> np.ndarray:
+    def forward(self, tokens, hidden=None) -> np.ndarray:
         """tokens [T] (T <= max_t) -> logits [T, V] for each of them; the cache advances by T.
+        hidden [T, H]: the feature input of an EAGLE draft graph.
 
-        The returned array is a view into the backend's output buffer: read it before the next
-        call to this decoder.
+        The returned array (and `hidden`) are views into the backend's output buffers: read them
+        before the next call to this decoder.
         """
         tokens = np.asarray(tokens, dtype=np.int64)
-        if not 0 < len(tokens) <= self.max_t:
-            raise ValueError(f"{self.name}: a call takes 1..{self.max_t} tokens, got {len(tokens)}")
-        pos = self.kv.reserve(len(tokens))
-        logits = self.backend.run(tokens, pos)
-        self.kv.advance(len(tokens))
+        T = len(tokens)
+        if not 0 < T <= self.max_t:
+            raise ValueError(f"{self.name}: a call takes 1..{self.max_t} tokens, got {T}")
+        pos = self.kv.reserve(T)
+        if hidden is not None and np.shape(hidden) != (T, self.backend.hidden_size):
+            raise ValueError(f"{self.name}: hidden must be [{T}, {self.backend.hidden_size}], got {np.shape(hidden)}")
+        # hidden=None on a feature-taking graph reuses the backend's buffer (cost probes only)
+        logits = self.backend.run(tokens, pos, hidden) if self.takes_hidden else self.backend.run(tokens, pos)
+        if self.features is not None:
+            self.features[pos : pos + T] = self.backend.hidden
+        self.kv.advance(T)
         return logits
+
+    @property
+    def hidden(self) -> np.ndarray | None:
+        """[T, H] final-norm hidden states of the last call (graphs that output them)."""
+        return getattr(self.backend, "hidden", None)
 
     def prefill(self, tokens, chunk: int | None = None) -> np.ndarray:
         """Feed any number of tokens in chunks of at most max_t; returns the last row's logits [V]."""

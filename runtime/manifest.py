@@ -10,7 +10,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 added io.hidden_out / io.hidden_in (EAGLE pairs); 1 reads as 2 without them
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "specrt.json"
 
 
@@ -27,6 +28,8 @@ class IONames:
     past_value: str = "past_key_values.{i}.value"  #   as the matching present output
     present_key: str = "present.{i}.key"
     present_value: str = "present.{i}.value"
+    hidden_out: str = ""  # float32 [B, T, H] final-norm hidden states ("" = not an output)
+    hidden_in: str = ""  # float32 [B, T, H] target features (EAGLE draft input; "" = none)
 
 
 @dataclass
@@ -130,10 +133,10 @@ _NESTED = {
 
 def manifest_from_dict(data: dict) -> Manifest:
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         raise BundleError(
-            f"unsupported bundle schema_version {version!r}; this specrt reads version "
-            f"{SCHEMA_VERSION} (re-export the bundle with this version of specrt)"
+            f"unsupported bundle schema_version {version!r}; this specrt reads versions "
+            f"{list(READABLE_VERSIONS)} (re-export the bundle with this version of specrt)"
         )
     return _build(Manifest, data)
 

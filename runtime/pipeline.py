@@ -10,7 +10,7 @@ from pathlib import Path
 from .adaptive import AdaptivePolicy, Calibration, Costs, measure_costs
 from .backends.ort import OrtBackend
 from .decoder import Decoder
-from .drafters import AutoDrafter, ModelDrafter, NgramDrafter
+from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
 from .kv import ContextOverflow
 from .manifest import BundleError, load_manifest
 from .sampling import SamplingConfig
@@ -42,9 +42,11 @@ class Pipeline:
             raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
         self.tokenizer = Tokenizer(self.folder, man.tokenizer)
         self.global_pool = global_pool
-        self.target = self._decoder(man.target, device, threads, "target")
+        self.eagle = man.draft is not None and bool(man.draft.io.hidden_in)  # draft reads target features
         self.draft_decoder = None
-        if man.draft is not None and draft in ("model", "auto"):
+        load_draft = man.draft is not None and draft in ("model", "auto")
+        self.target = self._decoder(man.target, device, threads, "target", keep_hidden=self.eagle and load_draft)
+        if load_draft:
             self.draft_decoder = self._decoder(man.draft, device, threads, "draft")
         if draft in ("model", "auto") and man.draft is None:
             raise BundleError(f"bundle {self.folder} has no draft model; use draft='none' or 'ngram'")
@@ -57,9 +59,9 @@ class Pipeline:
         self.max_k = man.target.max_tokens_per_call - 1
         self.last: Result | None = None
 
-    def _decoder(self, entry, device, threads, name) -> Decoder:
+    def _decoder(self, entry, device, threads, name, keep_hidden: bool = False) -> Decoder:
         if device == "trt":
-            return Decoder(self._trt_backend(entry, name), name)
+            return Decoder(self._trt_backend(entry, name), name, keep_hidden)
         try:
             backend = OrtBackend(self.folder / entry.graph, entry, device=device, threads=threads,
                                  global_pool=self.global_pool)
@@ -67,7 +69,7 @@ class Pipeline:
             if isinstance(e, (BundleError, ValueError)):
                 raise
             raise BundleError(f"cannot load {name} graph {self.folder / entry.graph}: {str(e)[:300]}") from None
-        return Decoder(backend, name)
+        return Decoder(backend, name, keep_hidden)
 
     def _trt_backend(self, entry, name):
         from .backends.trt import TrtBackend
@@ -96,7 +98,7 @@ class Pipeline:
             if self.draft_decoder is None:
                 raise BundleError(f"bundle {self.folder} has no draft model (or it was not loaded); "
                                   "use draft='none' or 'ngram'")
-            model = ModelDrafter(self.draft_decoder)
+            model = EagleDrafter(self.draft_decoder, self.target) if self.eagle else ModelDrafter(self.draft_decoder)
             return model if draft == "model" else AutoDrafter(model, NgramDrafter(max_proposal=self.max_k))
         raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
 

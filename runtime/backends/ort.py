@@ -6,6 +6,8 @@ Buffers (allocated in __init__, never reallocated):
   ids      int64 [1, max_T] host; rows [0, T) bound as input_ids [1, T].
   mask     int64 [1, S_max] host, all ones; its first P+T entries bound as attention_mask.
   logits   float32 [max_T * V] host; bound as logits [1, T, V]; `run` returns a view of it.
+  hidden   float32 [max_T, H] host, when the graph has them: the final-norm hidden states output
+           (`hidden` after a call) and the EAGLE draft's feature input (`run(..., hidden=)`).
 Rebinding ids/mask/logits per call only points onnxruntime at a prefix of these buffers.
 """
 
@@ -116,9 +118,23 @@ class OrtBackend:
         self._mask = np.ones((1, kv.max_seq_len), dtype=np.int64)
         self._logits = np.empty(self.max_t * self.vocab, dtype=np.float32)
         self._names = (io_names.input_ids, io_names.attention_mask, io_names.logits)
+        H = entry.hidden_size
+        self.hidden_size = H
+        self._h_out = np.zeros((self.max_t, H), dtype=np.float32) if io_names.hidden_out else None
+        self._h_in = np.zeros((self.max_t, H), dtype=np.float32) if io_names.hidden_in else None
+        self.hidden: np.ndarray | None = None  # [T, H] view of the last call's hidden states
 
-    def run(self, tokens: np.ndarray, past_len: int) -> np.ndarray:
-        """tokens int64 [T] (T <= max_t) at positions [past_len, past_len + T) -> logits [T, V]."""
+    @property
+    def takes_hidden(self) -> bool:
+        return self._h_in is not None
+
+    @property
+    def has_hidden_out(self) -> bool:
+        return self._h_out is not None
+
+    def run(self, tokens: np.ndarray, past_len: int, hidden: np.ndarray | None = None) -> np.ndarray:
+        """tokens int64 [T] (T <= max_t) at positions [past_len, past_len + T) -> logits [T, V].
+        hidden [T, H]: feature input of an EAGLE draft (ignored by graphs without one)."""
         T = len(tokens)
         self._ids[0, :T] = tokens
         ids, mask, logits = self._names
@@ -126,6 +142,13 @@ class OrtBackend:
         io.bind_input(ids, "cpu", 0, np.int64, [1, T], self._ids.ctypes.data)
         io.bind_input(mask, "cpu", 0, np.int64, [1, past_len + T], self._mask.ctypes.data)
         io.bind_output(logits, "cpu", 0, np.float32, [1, T, self.vocab], self._logits.ctypes.data)
+        if self._h_in is not None:
+            if hidden is not None:
+                self._h_in[:T] = hidden
+            io.bind_input(self.entry.io.hidden_in, "cpu", 0, np.float32, [1, T, self.hidden_size], self._h_in.ctypes.data)
+        if self._h_out is not None:
+            io.bind_output(self.entry.io.hidden_out, "cpu", 0, np.float32, [1, T, self.hidden_size], self._h_out.ctypes.data)
+            self.hidden = self._h_out[:T]
         self.session.run_with_iobinding(io)
         return self._logits[: T * self.vocab].reshape(T, self.vocab)
 

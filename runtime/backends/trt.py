@@ -1,6 +1,7 @@
 """TensorRT backend: a deserialized engine + device buffers allocated once (cuda-python).
 
-Same protocol as `ort.py`: run(tokens[T], past_len) -> logits [T, V] (host view, owned here).
+Same protocol as `ort.py`: run(tokens[T], past_len[, hidden]) -> logits [T, V] (host view, owned
+here); `hidden` / `takes_hidden` / `has_hidden_out` for EAGLE pairs as there.
 KV: when the engine aliases present.{i}.* to past_key_values.{i}.* (TensorRT's KV-cache update
 layer, `get_aliased_input_tensor`), both names get the same device pointer and the update is in
 place. Otherwise the backend double-buffers: present is a second buffer and the two swap roles
@@ -87,23 +88,51 @@ class TrtBackend:
         self.ctx.set_tensor_address(self.ids_name, self.ids_dev)
         self.ctx.set_tensor_address(self.mask_name, self.mask_dev)
         self.ctx.set_tensor_address(self.logits_name, self.logits_dev)
+        # final-norm hidden states out (target of an EAGLE pair) / target features in (EAGLE draft)
+        H = self.hidden_size = entry.hidden_size
+        self.hidden: np.ndarray | None = None
+        self._h_out = self._h_in = None
+        if io.hidden_out:
+            self._h_out_dev = alloc(self.max_t * H * 4)
+            self._h_out = np.zeros((self.max_t, H), dtype=np.float32)
+            self.ctx.set_tensor_address(io.hidden_out, self._h_out_dev)
+        if io.hidden_in:
+            self._h_in_dev = alloc(self.max_t * H * 4)
+            self._h_in = np.zeros((self.max_t, H), dtype=np.float32)
+            self.ctx.set_tensor_address(io.hidden_in, self._h_in_dev)
+
+    @property
+    def takes_hidden(self) -> bool:
+        return self._h_in is not None
+
+    @property
+    def has_hidden_out(self) -> bool:
+        return self._h_out is not None
 
     def _bind_kv(self):
         for past, pres, p, q in self.pairs:
             self.ctx.set_tensor_address(past, p)
             self.ctx.set_tensor_address(pres, q)
 
-    def run(self, tokens: np.ndarray, past_len: int) -> np.ndarray:
+    def run(self, tokens: np.ndarray, past_len: int, hidden: np.ndarray | None = None) -> np.ndarray:
         cu = self.cu
-        T = len(tokens)
+        T, H = len(tokens), self.hidden_size
         self._ids[:T] = tokens
         h2d, d2h = cu.cudaMemcpyKind.cudaMemcpyHostToDevice, cu.cudaMemcpyKind.cudaMemcpyDeviceToHost
         _ck(cu.cudaMemcpyAsync(self.ids_dev, self._ids.ctypes.data, T * 8, h2d, self.stream))
         self.ctx.set_input_shape(self.ids_name, (1, T))
         self.ctx.set_input_shape(self.mask_name, (1, past_len + T))
+        if self._h_in is not None:
+            if hidden is not None:
+                self._h_in[:T] = hidden
+            _ck(cu.cudaMemcpyAsync(self._h_in_dev, self._h_in.ctypes.data, T * H * 4, h2d, self.stream))
+            self.ctx.set_input_shape(self.entry.io.hidden_in, (1, T, H))
         if not self.ctx.execute_async_v3(int(self.stream)):
             raise RuntimeError("TensorRT execution failed")
         _ck(cu.cudaMemcpyAsync(self._logits.ctypes.data, self.logits_dev, T * self.vocab * 4, d2h, self.stream))
+        if self._h_out is not None:
+            _ck(cu.cudaMemcpyAsync(self._h_out.ctypes.data, self._h_out_dev, T * H * 4, d2h, self.stream))
+            self.hidden = self._h_out[:T]
         _ck(cu.cudaStreamSynchronize(self.stream))
         if not self.in_place:  # double-buffered KV: the updated cache becomes next call's past
             for pair in self.pairs:

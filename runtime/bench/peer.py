@@ -47,13 +47,25 @@ def _section(entry: ModelEntry, filename: str, hidden: int, heads: int) -> dict:
 
 
 def write_config(bundle: Path, man: Manifest, out: Path, *, hidden: int, heads: int, max_draft_tokens: int | None,
-                 ngram_size: int = 0) -> Path:
-    """A genai model folder: genai_config.json + links to the bundle's graph folders."""
+                 ngram_size: int = 0, draft_bundle: Path | None = None) -> Path:
+    """A genai model folder: genai_config.json + links to the bundle's graph folders.
+    draft_bundle: take the draft model from this bundle instead (same target vocabulary); genai
+    runs plain draft models only, not an EAGLE head."""
     out.mkdir(parents=True, exist_ok=True)
-    for role in ("target", "draft"):
+    draft_entry = man.draft
+    if draft_bundle is not None:
+        from ..manifest import load_manifest
+
+        draft_entry = load_manifest(draft_bundle).draft
+        if draft_entry is None or draft_entry.vocab_size != man.target.vocab_size:
+            raise ValueError(f"{draft_bundle} has no draft model for this target's vocabulary")
+    if max_draft_tokens and not ngram_size and draft_entry is not None and draft_entry.io.hidden_in:
+        raise ValueError("onnxruntime-genai cannot run an EAGLE draft; pass --peer-draft BUNDLE "
+                         "(a bundle with a plain draft model, e.g. configs/self_int4.toml)")
+    for role, src in (("target", bundle), ("draft", draft_bundle or bundle)):
         link = out / role
-        if not link.exists() and (bundle / role).is_dir():
-            os.symlink((bundle / role).resolve(), link)
+        if not link.exists() and (src / role).is_dir():
+            os.symlink((src / role).resolve(), link)
     tok = man.tokenizer
     cfg = {
         "model": {
@@ -72,8 +84,8 @@ def write_config(bundle: Path, man: Manifest, out: Path, *, hidden: int, heads: 
     }
     if max_draft_tokens and ngram_size:  # genai's prompt-lookup decoding (no draft model)
         cfg["speculative"] = {"max_draft_tokens": int(max_draft_tokens), "ngram_size": int(ngram_size)}
-    elif max_draft_tokens and man.draft is not None:
-        cfg["model"]["draft"] = _section(man.draft, man.draft.graph, hidden, heads)
+    elif max_draft_tokens and draft_entry is not None:
+        cfg["model"]["draft"] = _section(draft_entry, draft_entry.graph, hidden, heads)
         cfg["speculative"] = {"max_draft_tokens": int(max_draft_tokens)}
     (out / "genai_config.json").write_text(json.dumps(cfg, indent=2))
     return out

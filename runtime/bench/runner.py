@@ -30,6 +30,7 @@ class BenchConfig:
     repeats: int = 1
     limit: int | None = None  # prompts per workload
     peer: str | None = None  # "ort-genai"
+    peer_draft: Path | None = None  # bundle whose (plain) draft the peer's speculative arms use
     rss: bool = False  # peak RSS per arm in fresh processes (+ a long generation)
     # Per-session pools that stop spinning after each run: a global pool keeps spinning between
     # runs and would steal the cores from a peer runtime measured in the same process.
@@ -74,11 +75,13 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
             raise RuntimeError("--peer ort-genai needs onnxruntime-genai (pip install 'specrt[bench]')")
         man = pipe.manifest
         peers = [("genai-target", None, 0)]
-        peers += [(f"genai-k{k}", k, 0) for k in cfg.ks if "model" in cfg.drafts and man.draft is not None]
+        has_plain = cfg.peer_draft is not None or (man.draft is not None and not man.draft.io.hidden_in)
+        peers += [(f"genai-k{k}", k, 0) for k in cfg.ks if "model" in cfg.drafts and has_plain]
         peers += [(f"genai-ngram-k{k}", k, 3) for k in cfg.ks if "ngram" in cfg.drafts]
         for name, kk, ngram in peers:
             folder = peer.write_config(cfg.bundle, man, cfg.out / "genai" / name, hidden=man.target.hidden_size,
-                                       heads=man.target.num_heads, max_draft_tokens=kk, ngram_size=ngram)
+                                       heads=man.target.num_heads, max_draft_tokens=kk, ngram_size=ngram,
+                                       draft_bundle=cfg.peer_draft if kk and not ngram else None)
             genai[name] = peer.GenaiRunner(folder)
         arms += list(genai)
 
@@ -100,7 +103,8 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
         "command": " ".join(["specrt"] + sys.argv[1:]) if sys.argv and "specrt" in sys.argv[0] else "",
         "config": {"bundle": str(cfg.bundle), "workloads": [str(w) for w in cfg.workloads], "ks": cfg.ks,
                    "drafts": cfg.drafts, "temperatures": cfg.temperatures, "top_p": cfg.top_p,
-                   "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "peer": cfg.peer},
+                   "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "peer": cfg.peer,
+                   "peer_draft": str(cfg.peer_draft) if cfg.peer_draft else None},
         "costs": costs,
         "runs": runs,
     }

@@ -11,7 +11,8 @@ A `policy` (runtime/adaptive.py) may end a model draft early (confidence early s
 """
 
 from .auto import AutoDrafter
+from .eagle import EagleDrafter
 from .model import ModelDrafter
 from .ngram import NgramDrafter
 
-__all__ = ["AutoDrafter", "ModelDrafter", "NgramDrafter"]
+__all__ = ["AutoDrafter", "EagleDrafter", "ModelDrafter", "NgramDrafter"]

@@ -25,7 +25,7 @@ class ModelDrafter:
         # Rows [dec.length, len(seq)) are committed but not yet in the draft cache: 1 token
         # normally, 2 after a round where every proposal was accepted (draft catch-up).
         # After n-gram rounds (auto) the lag can exceed one call: prefill chunks it.
-        logits = self.dec.prefill(seq[self.dec.length :])
+        logits = self._catch_up(seq)
         toks = np.empty(k, dtype=np.int64)
         q = None if cfg.greedy else np.empty((k, self.dec.vocab))
         self.confs = confs = []
@@ -45,8 +45,15 @@ class ModelDrafter:
                 n = j + 1
                 break
             if j + 1 < k:
-                logits = self.dec.forward(toks[j : j + 1])[0]
+                logits = self._step(toks[j : j + 1])
         return toks[:n], (None if q is None else q[:n])
+
+    def _catch_up(self, seq) -> np.ndarray:
+        """Feed the committed tokens the cache lacks; -> logits row for the next token."""
+        return self.dec.prefill(seq[self.dec.length :])
+
+    def _step(self, tok) -> np.ndarray:
+        return self.dec.forward(tok)[0]
 
     def commit(self, seq_len: int) -> None:
         # Cache rows hold seq[:n] + proposals[:k-1]; the valid prefix is the committed part.
