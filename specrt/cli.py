@@ -120,12 +120,20 @@ def inspect(path, as_json):
         kvb = e.kv.bytes_per_token()
         click.echo(f"  {role}: {e.family}/{e.model_type}  lowering={e.lowering}  precision={e.precision}  "
                    f"recipe={e.recipe}  files={size / 2**20:.1f} MiB")
-        click.echo(f"    graph {e.graph}; inputs {e.io.input_ids} [B,T<={e.max_tokens_per_call}], "
+        feat_in = f"{e.io.hidden_in} [B,T,{e.hidden_size}], " if e.io.hidden_in else ""
+        feat_out = f", {e.io.hidden_out} [B,T,{e.hidden_size}]" if e.io.hidden_out else ""
+        click.echo(f"    graph {e.graph}; inputs {e.io.input_ids} [B,T<={e.max_tokens_per_call}], {feat_in}"
                    f"{e.io.attention_mask} [B,P+T], {e.io.past_key.format(i='i')}/{e.io.past_value.format(i='i')}; "
-                   f"outputs {e.io.logits} [B,T,{e.vocab_size}], {e.io.present_key.format(i='i')}/..")
+                   f"outputs {e.io.logits} [B,T,{e.vocab_size}]{feat_out}, {e.io.present_key.format(i='i')}/..")
         click.echo(f"    KV: {e.kv.layers} layers x {e.kv.kv_heads} heads x {e.kv.head_dim} dim, {e.kv.dtype}, "
                    f"S_max={e.kv.max_seq_len}: {kvb / 1024:.1f} KiB/token, {kvb * e.kv.max_seq_len / 2**20:.0f} MiB allocated")
-        if e.parity:
+        if e.parity and e.recipe == "eagle":
+            p = e.parity
+            click.echo(f"    parity: target features vs transformers max|d|={p.get('target_features_max_abs', 0):.2e}; "
+                       f"graph vs torch head max|dlogit|={p.get('max_abs', 0):.2e}, argmax match "
+                       f"{p.get('argmax_match_torch', 0):.2f}; agreement with target greedy "
+                       f"{p.get('greedy_agreement_with_target', 0):.2f} (step 1, teacher-forced)")
+        elif e.parity:
             p = e.parity
             line = (f"    parity vs transformers: prefill max|dlogit|={p.get('prefill_max_abs', 0):.2e}, "
                     f"T={p.get('continuation_tokens')} continuation {p.get('continuation_max_abs', 0):.2e}, "

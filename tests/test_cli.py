@@ -111,3 +111,10 @@ def test_non_finite_logits_is_reported(tiny_bundles, monkeypatch):
     monkeypatch.setattr(pipe.target.backend, "run", lambda t, p: real(t, p) * np.float32("nan"))
     with pytest.raises(NonFiniteLogits, match="non-finite"):
         pipe.generate("w5", max_new_tokens=4, chat=False)
+
+
+def test_inspect_eagle_bundle(tiny_bundles):
+    r = run("inspect", str(tiny_bundles["eagle"]))
+    assert r.returncode == 0
+    assert "recipe=eagle" in r.stdout and "hidden_states [B,T,64]" in r.stdout and "next_hidden_states" in r.stdout
+    assert "target features vs transformers" in r.stdout and "argmax match" in r.stdout
