@@ -187,6 +187,8 @@ def main(argv=None):
     ap.add_argument("--corpus", help="cache of the generated corpus (.npy); reused when it exists")
     ap.add_argument("--minutes", type=float, default=20.0, help="training wall-clock budget")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--init", help="continue from this head file instead of the target's last layer")
+    ap.add_argument("--lr", type=float, default=3e-3)
     a = ap.parse_args(argv)
     import torch
 
@@ -208,7 +210,13 @@ def main(argv=None):
         if cache is not None:
             np.save(cache, np.array(seqs, dtype=object), allow_pickle=True)
     head = head_module(model)
-    report = train(head, model, seqs, minutes=a.minutes)
+    if a.init:
+        from .arch import arch_from_model
+        from .eagle import load_head
+
+        w = load_head(a.init, arch_from_model(model, 8), src.describe().get("sha256"))
+        head.load_state_dict({k: torch.from_numpy(v) for k, v in w.items()})
+    report = train(head, model, seqs, minutes=a.minutes, lr=a.lr)
     print(report)
     save_head(head, a.out, target_sha256=src.describe().get("sha256", ""), config=model.config)
     print(f"wrote {a.out}")

@@ -100,6 +100,9 @@ def test_ctrl_c_ends_cleanly_and_keeps_output(default_bundle):
         [sys.executable, "-m", "specrt.cli", "generate", "--engines", str(default_bundle), "--max-new-tokens", "1500",
          "--raw", "Once upon a time"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # a shell's background job inherits SIGINT ignored, and Python then installs no
+        # KeyboardInterrupt handler: give the child the default disposition, as a terminal would
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     first = proc.stdout.read(20)  # wait until text is streaming
     time.sleep(0.5)
