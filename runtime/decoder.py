@@ -20,10 +20,10 @@ class Decoder:
         self.kv = KVCache(backend.max_seq_len)
         self.max_t = backend.max_t  # widest single call
         self.vocab = backend.vocab
-        self.takes_hidden = getattr(backend, "takes_hidden", False)
+        self.takes_hidden = backend.takes_hidden
         self.features = None
         if keep_hidden:
-            if not getattr(backend, "has_hidden_out", False):
+            if not backend.has_hidden_out:
                 raise ValueError(f"{name}: graph has no hidden-state output (export it with an EAGLE draft)")
             self.features = np.zeros((backend.max_seq_len, backend.hidden_size), dtype=np.float32)
 
@@ -46,7 +46,7 @@ class Decoder:
         if hidden is not None and np.shape(hidden) != (T, self.backend.hidden_size):
             raise ValueError(f"{self.name}: hidden must be [{T}, {self.backend.hidden_size}], got {np.shape(hidden)}")
         # hidden=None on a feature-taking graph reuses the backend's buffer (cost probes only)
-        logits = self.backend.run(tokens, pos, hidden) if self.takes_hidden else self.backend.run(tokens, pos)
+        logits = self.backend.run(tokens, pos, hidden)
         if self.features is not None:
             self.features[pos : pos + T] = self.backend.hidden
         self.kv.advance(T)
@@ -55,7 +55,7 @@ class Decoder:
     @property
     def hidden(self) -> np.ndarray | None:
         """[T, H] final-norm hidden states of the last call (graphs that output them)."""
-        return getattr(self.backend, "hidden", None)
+        return self.backend.hidden
 
     def prefill(self, tokens, chunk: int | None = None) -> np.ndarray:
         """Feed any number of tokens in chunks of at most max_t; returns the last row's logits [V]."""

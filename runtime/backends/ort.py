@@ -21,6 +21,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..manifest import ModelEntry
+from .features import FeatureBuffers
 
 _NP = {"float32": np.float32, "float16": np.float16}
 
@@ -75,7 +76,7 @@ def pick_providers(device: str) -> tuple[list[str], str]:
     return ["CPUExecutionProvider"], "cpu"
 
 
-class OrtBackend:
+class OrtBackend(FeatureBuffers):
     def __init__(
         self,
         graph: str | Path,
@@ -118,19 +119,7 @@ class OrtBackend:
         self._mask = np.ones((1, kv.max_seq_len), dtype=np.int64)
         self._logits = np.empty(self.max_t * self.vocab, dtype=np.float32)
         self._names = (io_names.input_ids, io_names.attention_mask, io_names.logits)
-        H = entry.hidden_size
-        self.hidden_size = H
-        self._h_out = np.zeros((self.max_t, H), dtype=np.float32) if io_names.hidden_out else None
-        self._h_in = np.zeros((self.max_t, H), dtype=np.float32) if io_names.hidden_in else None
-        self.hidden: np.ndarray | None = None  # [T, H] view of the last call's hidden states
-
-    @property
-    def takes_hidden(self) -> bool:
-        return self._h_in is not None
-
-    @property
-    def has_hidden_out(self) -> bool:
-        return self._h_out is not None
+        self._init_features(entry, self.max_t)
 
     def run(self, tokens: np.ndarray, past_len: int, hidden: np.ndarray | None = None) -> np.ndarray:
         """tokens int64 [T] (T <= max_t) at positions [past_len, past_len + T) -> logits [T, V].

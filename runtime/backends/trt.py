@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..manifest import ModelEntry
+from .features import FeatureBuffers
 
 _ITEMSIZE = {"float32": 4, "float16": 2}
 
@@ -37,7 +38,7 @@ def _ck(result):
     return vals[0] if len(vals) == 1 else vals
 
 
-class TrtBackend:
+class TrtBackend(FeatureBuffers):
     def __init__(self, plan: str | Path, entry: ModelEntry, max_tokens_per_call: int | None = None):
         try:
             import tensorrt as trt
@@ -89,25 +90,13 @@ class TrtBackend:
         self.ctx.set_tensor_address(self.mask_name, self.mask_dev)
         self.ctx.set_tensor_address(self.logits_name, self.logits_dev)
         # final-norm hidden states out (target of an EAGLE pair) / target features in (EAGLE draft)
-        H = self.hidden_size = entry.hidden_size
-        self.hidden: np.ndarray | None = None
-        self._h_out = self._h_in = None
-        if io.hidden_out:
-            self._h_out_dev = alloc(self.max_t * H * 4)
-            self._h_out = np.zeros((self.max_t, H), dtype=np.float32)
+        self._init_features(entry, self.max_t)
+        if self.has_hidden_out:
+            self._h_out_dev = alloc(self._h_out.nbytes)
             self.ctx.set_tensor_address(io.hidden_out, self._h_out_dev)
-        if io.hidden_in:
-            self._h_in_dev = alloc(self.max_t * H * 4)
-            self._h_in = np.zeros((self.max_t, H), dtype=np.float32)
+        if self.takes_hidden:
+            self._h_in_dev = alloc(self._h_in.nbytes)
             self.ctx.set_tensor_address(io.hidden_in, self._h_in_dev)
-
-    @property
-    def takes_hidden(self) -> bool:
-        return self._h_in is not None
-
-    @property
-    def has_hidden_out(self) -> bool:
-        return self._h_out is not None
 
     def _bind_kv(self):
         for past, pres, p, q in self.pairs:

@@ -21,7 +21,7 @@ class EagleDrafter(ModelDrafter):
 
     def __init__(self, decoder: Decoder, target: Decoder):
         be = decoder.backend
-        if not decoder.takes_hidden or not getattr(be, "has_hidden_out", False) or target.features is None:
+        if not decoder.takes_hidden or not be.has_hidden_out or target.features is None:
             raise ValueError("EagleDrafter needs an EAGLE draft graph (feature input and output) and a target "
                              "decoder with keep_hidden=True")
         if be.hidden_size != target.features.shape[1]:
