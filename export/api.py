@@ -29,6 +29,7 @@ from .validate import (
 
 LOWERINGS = ("ort", "standard")
 PRECISIONS = ("fp32", "fp16")
+SELF_DRAFTS = {"self-int4": "int4", "self-int8": "int8"}  # MatMulNBits copies of the target
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "</s>", "<eos>")
 
 
@@ -61,7 +62,8 @@ def export_bundle(
 ) -> Manifest:
     """Export `target` (and a draft) into the bundle folder `out`, validated against transformers.
 
-    draft: "self-int4" (int4 MatMulNBits copy of the target, ort lowering), "eagle:<head file>"
+    draft: "self-int4" / "self-int8" (int4 / int8 MatMulNBits copy of the target, ort lowering),
+    "eagle:<head file>"
     (a one-layer EAGLE head trained for this target, see export/eagle.py), "none", or another
     model source (same vocabulary required). Returns the written manifest.
     """
@@ -73,13 +75,13 @@ def export_bundle(
         raise ValueError("need max_draft_tokens >= 1 and max_seq_len >= max_draft_tokens + 32")
     if trt and lowering != "standard":
         raise ValueError("TensorRT plans are built from the standard lowering: add --lowering standard")
-    if draft == "self-int4" and lowering != "ort":
-        raise ValueError("the self-int4 draft uses MatMulNBits, which only the 'ort' lowering has; "
+    if draft in SELF_DRAFTS and lowering != "ort":
+        raise ValueError(f"the {draft} draft uses MatMulNBits, which only the 'ort' lowering has; "
                          "pass --draft none or a separate draft model with --lowering standard")
     eagle_head = draft[len("eagle:"):] if draft.startswith("eagle:") else None
     max_t = max_draft_tokens + 1
     out = Path(out)
-    separate = draft not in ("self-int4", "none") and eagle_head is None
+    separate = draft not in (*SELF_DRAFTS, "none") and eagle_head is None
     n_steps = 4 + (draft != "none") + separate + trt
     step = Progress(n_steps, echo)
 
@@ -111,9 +113,9 @@ def export_bundle(
         d_entry = None
         if draft != "none":
             step(f"building draft graph ({draft})")
-            if draft == "self-int4":
-                dopts = GraphOptions(lowering="ort", precision="int4", max_seq_len=max_seq_len)
-                d_entry = _write_model(tmp, "draft", t_arch, t_w, dopts, max_t, t_src.describe(), "self-int4")
+            if draft in SELF_DRAFTS:
+                dopts = GraphOptions(lowering="ort", precision=SELF_DRAFTS[draft], max_seq_len=max_seq_len)
+                d_entry = _write_model(tmp, "draft", t_arch, t_w, dopts, max_t, t_src.describe(), draft)
                 ref_model = t_model
             elif head_w is not None:
                 # int4 on onnxruntime (the head is tiny; its LM head is the big matrix), the
@@ -141,9 +143,9 @@ def export_bundle(
                 if (par["max_abs"] > tol) if lowering != "ort" else (par["argmax_match_torch"] < 0.2):
                     raise ParityError(f"EAGLE draft graph failed parity with its torch module: {par}")
             else:
-                lossy = draft == "self-int4"
+                lossy = draft in SELF_DRAFTS
                 par = check_decoder(draft_dec, ref_model, k=max_draft_tokens, steps=greedy_steps,
-                                    precision="int4" if lossy else precision)
+                                    precision=SELF_DRAFTS.get(draft, precision))
                 d_entry.parity = par.as_dict()
                 if not lossy and not par.passed:
                     raise ParityError(f"draft graph failed parity with transformers: {d_entry.parity}")

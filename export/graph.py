@@ -33,12 +33,13 @@ from .arch import Arch
 OPSET = {"ort": 21, "standard": 24}
 EAGLE_INPUT = "hidden_states"  # target features fed to an EAGLE draft
 MS = "com.microsoft"
+QUANTIZED = {"int4": 4, "int8": 8}  # weight-only precisions -> MatMulNBits bits
 
 
 @dataclass(frozen=True)
 class GraphOptions:
     lowering: str = "ort"  # "ort" | "standard"
-    precision: str = "fp32"  # "fp32" | "fp16" | "int4" (int4: MatMulNBits, ort lowering only)
+    precision: str = "fp32"  # "fp32" | "fp16" | "int4" | "int8" (int4/int8: MatMulNBits, ort lowering only)
     max_seq_len: int = 2048  # S_max of the KV buffers and rotary tables
     int4_block_size: int = 32
     int4_accuracy_level: int = 4  # MatMulNBits compute type on CPU: 4 = int8 activations
@@ -84,8 +85,8 @@ class _G:
 
 def build_graph(arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions) -> onnx.ModelProto:
     """w: HF state dict as fp32 NumPy arrays. Returns an in-memory ModelProto."""
-    if opts.precision == "int4" and opts.lowering != "ort":
-        raise ValueError("int4 (MatMulNBits) exists only in the 'ort' lowering")
+    if opts.precision in QUANTIZED and opts.lowering != "ort":
+        raise ValueError(f"{opts.precision} (MatMulNBits) exists only in the 'ort' lowering")
     dtype = np.float16 if opts.precision == "fp16" else np.float32
     g = _G(dtype)
     em = _Emitter(g, arch, w, opts)
@@ -130,13 +131,14 @@ class _Emitter:
 
     def project(self, x: str, hint: str, W: np.ndarray, b: np.ndarray | None = None) -> str:
         g = self.g
-        if self.o.precision == "int4":
-            packed, scales = quantize.quantize_rtn_sym(W, self.o.int4_block_size)
-            ins = [x, g.const(hint + "_q4", packed), g.const(hint + "_scales", scales)]
+        bits = QUANTIZED.get(self.o.precision)
+        if bits:
+            packed, scales = quantize.quantize_rtn_sym(W, self.o.int4_block_size, bits)
+            ins = [x, g.const(hint + f"_q{bits}", packed), g.const(hint + "_scales", scales)]
             if b is not None:
                 ins += ["", "", g.const(hint + "_bias", b.astype(np.float32))]
             return g.op(
-                "MatMulNBits", ins, hint, domain=MS, K=W.shape[1], N=W.shape[0], bits=4,
+                "MatMulNBits", ins, hint, domain=MS, K=W.shape[1], N=W.shape[0], bits=bits,
                 block_size=self.o.int4_block_size, accuracy_level=self.o.int4_accuracy_level,
             )
         y = g.op("MatMul", [x, g.weight(hint + "_wT", W.T)], hint)
@@ -241,7 +243,7 @@ class _Emitter:
         head = self.w.get("lm_head.weight")
         if head is None or self.a.tie_embeddings:
             head = self.w["model.embed_tokens.weight"]
-        if self.o.precision == "int4":
+        if self.o.precision in QUANTIZED:
             logits = self.project(x, "lm_head", head)
         elif self.a.tie_embeddings and self.o.tied_head == "gemm":
             # Share the embedding initializer: Gemm(transB=1) on [B*T, H] avoids a transposed copy.
@@ -252,7 +254,7 @@ class _Emitter:
             logits = g.op("Reshape", [y2, out_shape])
         else:
             logits = self.project(x, "lm_head", head)
-        if g.dtype != np.float32 or self.o.precision == "int4":
+        if g.dtype != np.float32 or self.o.precision in QUANTIZED:
             g.op("Cast", [logits], outputs=["logits"], to=TensorProto.FLOAT)
         else:
             g.op("Identity", [logits], outputs=["logits"])

@@ -12,10 +12,17 @@ with a probe round every `probe_every` plain rounds so a workload that turns pre
 noticed.
 
 Confidence early stop: after drafting token j (draft confidence s_j = the draft's probability
-of it), drafting goes on only if the next token's expected gain, P(reach j+1) * a_{j+1} with
-P(reach j+1) = prod_{i<=j} P(accept | s_i), pays for its cost (c + v(j+3) - v(j+2)) at the
-current rate R. P(accept | s) is a per-bin calibration table learned online from verification
-outcomes, so the threshold follows the draft and the machine instead of being hard-coded.
+of it), drafting goes on if some continuation to m in (j, k] pays for itself at the current
+rate R: its expected gain sum_{j<i<=m} P(reach j+1) * prod_{j<l<=i} a_l, with
+P(reach j+1) = prod_{i<=j} P(accept | s_i), against its cost (m - j) draft steps plus the wider
+verification, v(m+2) - v(j+2). Looking ahead (not only at token j+1) matters for a draft whose
+acceptance is high and correlated: one more token rarely pays alone, the run of tokens it
+opens does. P(accept | s) is a per-bin calibration table learned online from verification
+outcomes, shrunk toward the position's acceptance rate while a bin has little data, so the
+threshold follows the draft and the machine instead of being hard-coded.
+
+The acceptance model and the calibration table live as long as the Pipeline (per drafter
+kind): what earlier requests taught about this draft is the prior of the next one.
 """
 
 from __future__ import annotations
@@ -28,28 +35,31 @@ import numpy as np
 
 @dataclass
 class Costs:
-    target_ms: dict[int, float]  # T -> ms of one target call of T tokens
+    target_ms: dict[int, float]  # T -> ms of one target call of T tokens, as probed
     draft_ms: float  # one draft step (T = 1)
+    scale: float = 1.0  # online correction of the probed target times (EMA of observed / probed)
 
     @property
     def c(self) -> float:
-        return self.draft_ms / self.target_ms[1]
+        return self.draft_ms / self.verify_ms(1)
 
     def v(self, T: int) -> float:
-        return self.verify_ms(T) / self.target_ms[1]
+        return self.verify_ms(T) / self.verify_ms(1)
 
     def verify_ms(self, T: int) -> float:
         if T in self.target_ms:
-            return self.target_ms[T]
+            return self.scale * self.target_ms[T]
         known = sorted(self.target_ms)
-        return float(np.interp(T, known, [self.target_ms[t] for t in known]))
+        return self.scale * float(np.interp(T, known, [self.target_ms[t] for t in known]))
 
     def observe(self, proposed: int, draft_ms: float, verify_ms: float, weight: float = 0.1):
         """Fold one round's measured call times in (EMA): the probe at load is only a start;
-        the machine's load changes while a request runs."""
-        T = proposed + 1
-        old = self.verify_ms(T)
-        self.target_ms[T] = (1 - weight) * old + weight * verify_ms
+        the machine's load changes while a request runs. A round observes one call width; the
+        observation rescales the whole probed curve, so widths the policy is not using follow
+        the machine too (a per-width correction left them at a stale probe, and a probe that
+        happened to catch a burst of load kept k from ever moving there)."""
+        probed = self.verify_ms(proposed + 1) / self.scale
+        self.scale = (1 - weight) * self.scale + weight * verify_ms / probed
         if proposed > 0 and draft_ms > 0:
             self.draft_ms = (1 - weight) * self.draft_ms + weight * draft_ms / proposed
 
@@ -72,7 +82,9 @@ def measure_costs(target, draft, max_t: int, context: int = 128, reps: int = 7) 
             dec.rewind(context)
     for dec, _ in decs:
         dec.reset()
-    target_ms = {T: float(np.median(times[(target, T)])) for T in widths}
+    # a wider call is never cheaper: noise that says otherwise is flattened out
+    med = np.maximum.accumulate([float(np.median(times[(target, T)])) for T in widths])
+    target_ms = {T: float(m) for T, m in zip(widths, med, strict=True)}
     return Costs(target_ms, float(np.median(times[(draft, 1)])) if draft is not None else 0.0)
 
 
@@ -80,10 +92,12 @@ def measure_costs(target, draft, max_t: int, context: int = 128, reps: int = 7) 
 class AcceptanceModel:
     max_k: int
     prior: float = 0.6  # prior P(accept) per position
-    weight: float = 2.0  # prior pseudo-counts
+    weight: float = 4.0  # prior pseudo-counts: one rejection at a rarely reached position must
+    #                      not stop k from ever reaching it again
     decay: float = 0.97  # per round
     ok: np.ndarray = field(init=False)
     tried: np.ndarray = field(init=False)
+    plain_rounds: int = field(init=False, default=0)  # plain target steps since the last draft
 
     def __post_init__(self):
         self.ok = np.zeros(self.max_k)
@@ -115,19 +129,21 @@ class AcceptanceModel:
 
 
 class Calibration:
-    """P(accept | draft confidence) in `bins` equal-width bins with a Beta(1, 1) prior."""
+    """P(accept | draft confidence) in `bins` equal-width bins; a bin with little data is
+    shrunk toward `base` (the position's acceptance rate) with `weight` pseudo-counts."""
 
-    def __init__(self, bins: int = 10):
+    def __init__(self, bins: int = 10, weight: float = 2.0):
         self.bins = bins
-        self.ok = np.ones(bins)
-        self.n = np.full(bins, 2.0)
+        self.weight = weight
+        self.ok = np.zeros(bins)
+        self.n = np.zeros(bins)
 
     def _bin(self, s: float) -> int:
         return min(int(s * self.bins), self.bins - 1)
 
-    def p(self, s: float) -> float:
+    def p(self, s: float, base: float = 0.5) -> float:
         b = self._bin(s)
-        return self.ok[b] / self.n[b]
+        return float((self.ok[b] + self.weight * base) / (self.n[b] + self.weight))
 
     def update(self, confs: list[float], accepted: int):
         for j, s in enumerate(confs[: accepted + 1]):  # positions that were reached
@@ -136,7 +152,7 @@ class Calibration:
             self.ok[b] += j < accepted
 
     def table(self) -> list[float]:
-        return [float(x) for x in self.ok / self.n]
+        return [self.p((b + 0.5) / self.bins) for b in range(self.bins)]
 
 
 class AdaptivePolicy:
@@ -150,8 +166,8 @@ class AdaptivePolicy:
         self.cal = calibration or Calibration()
         self.probe_every = probe_every
         self.early_stop = early_stop
-        self._plain_rounds = 0
         self.rate = 0.0  # predicted tokens per ms of the chosen k
+        self.k = max_k  # the chosen k: early stop looks ahead up to it
 
     def choose_k(self) -> int:
         c = self.costs
@@ -159,27 +175,35 @@ class AdaptivePolicy:
         ms = ks * c.draft_ms + np.array([c.verify_ms(k + 1) for k in ks])
         rates = self.acc.expected() / ms  # tokens per ms; k = 0 is a plain target step
         k = int(np.argmax(rates))
+        acc = self.acc  # the plain-round count lives with the learned state: short requests add up
         if k == 0:
-            self._plain_rounds += 1
-            if self._plain_rounds >= self.probe_every:  # re-probe: the text may have become predictable
-                self._plain_rounds = 0
+            acc.plain_rounds += 1
+            if acc.plain_rounds >= self.probe_every:  # re-probe: the text may have become predictable
+                acc.plain_rounds = 0
                 k = min(2, self.max_k)
         else:
-            self._plain_rounds = 0
+            acc.plain_rounds = 0
         self.rate = rates[k]
+        self.k = k
         return k
 
     def continue_after(self, j: int, confs: list[float]) -> bool:
         """Token j (0-based) was just drafted with confidences confs[:j+1]; draft token j+1?
-        Its expected gain, P(reach j+1) * a_{j+1}, must pay for one draft step plus one more
-        verified row at the current rate. (Token j itself is kept: its draft step is paid.)"""
-        if not self.early_stop or j + 1 >= self.max_k:
-            return j + 1 < self.max_k
-        reach = float(np.prod([self.cal.p(s) for s in confs[: j + 1]]))
-        gain = reach * float(self.acc.rates()[j + 1])
+        Yes if drafting on through some m <= k pays at the current rate (module docstring).
+        (Token j itself is kept: its draft step is paid.)"""
+        horizon = min(self.k, self.max_k) if self.early_stop else self.max_k
+        if not self.early_stop or j + 1 >= horizon:
+            return j + 1 < horizon
+        a = self.acc.rates()
+        p = float(np.prod([self.cal.p(s, a[i]) for i, s in enumerate(confs[: j + 1])]))  # P(reach j+1)
         c = self.costs
-        cost = c.draft_ms + c.verify_ms(j + 3) - c.verify_ms(j + 2)  # ms
-        return gain >= self.rate * cost
+        gain, v0 = 0.0, c.verify_ms(j + 2)
+        for m in range(j + 1, horizon):  # continue through token m
+            p *= a[m]
+            gain += p
+            if gain >= self.rate * ((m - j) * c.draft_ms + c.verify_ms(m + 2) - v0):
+                return True
+        return False
 
     def update(self, proposed: int, accepted: int, confs: list[float],
                draft_ms: float | None = None, verify_ms: float | None = None):

@@ -58,7 +58,7 @@ class ModelEntry:
     graph: str = ""  # ONNX file, relative to the bundle
     data: str | None = None  # external weights file next to the graph
     lowering: str = "ort"  # "ort" (contrib ops) | "standard" (plain ONNX, TensorRT-ready)
-    precision: str = "fp32"  # "fp32" | "fp16" | "int4"
+    precision: str = "fp32"  # "fp32" | "fp16" | "int4" | "int8"
     family: str = ""  # specrt architecture family
     model_type: str = ""  # HF config.model_type
     vocab_size: int = 0
@@ -68,7 +68,7 @@ class ModelEntry:
     io: IONames = field(default_factory=IONames)
     kv: KVLayout = field(default_factory=KVLayout)
     source: dict = field(default_factory=dict)  # {kind, ref, sha256}
-    recipe: str = ""  # how the weights were made: "export", "self-int4", ...
+    recipe: str = ""  # how the weights were made: "export", "self-int4", "self-int8", ...
     parity: dict = field(default_factory=dict)  # numbers measured at export (docs/bundle.md)
     trt_plans: list[TRTPlan] = field(default_factory=list)
 

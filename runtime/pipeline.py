@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .adaptive import AdaptivePolicy, Calibration, Costs, measure_costs
+from .adaptive import AcceptanceModel, AdaptivePolicy, Calibration, Costs, measure_costs
 from .backends.ort import OrtBackend
 from .decoder import Decoder
 from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
@@ -54,7 +54,8 @@ class Pipeline:
         self.default_k = k
         self.default_adaptive = adaptive
         self._costs: Costs | None = None
-        self.calibration = Calibration()  # P(accept | draft confidence), learned across requests
+        # per drafter kind: acceptance per position and P(accept | confidence), learned across requests
+        self._learned: dict[str, tuple[AcceptanceModel, Calibration]] = {}
         self.max_seq_len = man.target.kv.max_seq_len
         self.max_k = man.target.max_tokens_per_call - 1
         self.last: Result | None = None
@@ -113,7 +114,10 @@ class Pipeline:
         # a copy per request (it is updated online); a lookup costs next to nothing
         draft_ms = 0.01 * base.target_ms[1] if draft == "ngram" else base.draft_ms
         costs = Costs(dict(base.target_ms), draft_ms=draft_ms)
-        return AdaptivePolicy(costs, self.max_k, calibration=self.calibration)
+        if draft not in self._learned:
+            self._learned[draft] = (AcceptanceModel(self.max_k), Calibration())
+        acc, cal = self._learned[draft]
+        return AdaptivePolicy(costs, self.max_k, acceptance=acc, calibration=cal)
 
     def check_request(self, n_prompt: int, max_new_tokens: int, k: int):
         if n_prompt == 0:

@@ -32,7 +32,7 @@ def main():
 
 @main.command()
 @click.option("--target", help="HF folder, .gguf file, hub id, or pypi:<pkg>==<ver>[:<member>]")
-@click.option("--draft", default=None, help="self-int4 (default) | eagle:HEAD.safetensors | none | another model source")
+@click.option("--draft", default=None, help="self-int4 (default) | self-int8 | eagle:HEAD.safetensors | none | another model source")
 @click.option("--out", type=click.Path(), default=None, help="bundle folder (default engines/<config name>)")
 @click.option("--config", "config_path", type=click.Path(), default=None, help="model-pair TOML (configs/)")
 @click.option("--max-seq-len", type=int, default=None, help="KV buffer length S_max (default 2048)")

@@ -104,14 +104,14 @@ def tiny_head(target_dir: Path, out: Path, seed: int = 0) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_bundles(tiny_dirs, tmp_path_factory):
-    """Bundles over the tiny target: good draft (the same model), bad draft, self-int4, none, and an
+    """Bundles over the tiny target: good draft (the same model), bad draft, self-int4, self-int8, none, and an
     (untrained) EAGLE head."""
     from specrt.export import export_bundle
 
     base = tmp_path_factory.mktemp("bundles")
     t = str(tiny_dirs["target"])
     kw = dict(max_seq_len=256, max_draft_tokens=8, echo=None)
-    drafts = {"good": t, "bad": str(tiny_dirs["bad_draft"]), "int4": "self-int4", "none": "none",
+    drafts = {"good": t, "bad": str(tiny_dirs["bad_draft"]), "int4": "self-int4", "int8": "self-int8", "none": "none",
               "eagle": "eagle:" + str(tiny_head(tiny_dirs["target"], base / "head.safetensors"))}
     for name, draft in drafts.items():
         export_bundle(t, base / name, draft=draft, **kw)

@@ -1,4 +1,4 @@
-"""The real default bundle (SmolLM2-135M-Instruct fp32 + int4 self-draft), built by `make export`."""
+"""The real default bundle (SmolLM2-135M-Instruct fp32 + int8 self-draft), built by `make export`."""
 
 import numpy as np
 import pytest
@@ -27,7 +27,9 @@ def test_export_parity_recorded(default_bundle):
     p = man.target.parity
     assert p["passed"] and p["prefill_max_abs"] < 1e-3 and p["continuation_max_abs"] < 1e-3
     assert p["greedy_match"] == p["greedy_steps"] == 32
-    assert man.draft.recipe == "self-int4" and man.draft.precision == "int4"
+    assert man.draft.recipe == "self-int8" and man.draft.precision == "int8"
+    # the reason it is the default: it agrees with the target almost everywhere (int4: ~0.7-0.9)
+    assert man.draft.parity["greedy_agreement_with_target"] >= 0.9
     assert man.tokenizer.eos_token_ids and man.tokenizer.chat_template
 
 

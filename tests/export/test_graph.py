@@ -65,24 +65,25 @@ def test_fp16_runs_close_to_fp32(lowering, tmp_path):
     np.testing.assert_allclose(dec.forward(ids[:17]), reference_logits(model, ids)[:17], atol=2e-2, rtol=0)
 
 
-def test_int4_matches_dequantized_weights(tmp_path):
-    """The int4 graph computes with exactly the dequantized weights (up to int8 activations)."""
+@pytest.mark.parametrize("precision,bits", [("int4", 4), ("int8", 8)])
+def test_quantized_graph_matches_dequantized_weights(tmp_path, precision, bits):
+    """The int4/int8 graph computes with exactly the dequantized weights (up to int8 activations)."""
     import torch
 
     from specrt.export import quantize
 
     model = tiny_model("llama")
-    dec = make_decoder(model, tmp_path, "ort", "int4")
+    dec = make_decoder(model, tmp_path, "ort", precision)
     deq = tiny_model("llama")
     with torch.no_grad():
         for name, p in deq.named_parameters():
             if p.ndim == 2 and "embed" not in name:
-                packed, scales = quantize.quantize_rtn_sym(p.numpy(), 32)
-                p.copy_(torch.from_numpy(quantize.dequantize(packed, scales, p.shape[1])))
+                packed, scales = quantize.quantize_rtn_sym(p.numpy(), 32, bits)
+                p.copy_(torch.from_numpy(quantize.dequantize(packed, scales, p.shape[1], bits)))
         deq.lm_head.weight = torch.nn.Parameter(deq.model.embed_tokens.weight.clone())
         emb = deq.model.embed_tokens.weight.numpy()
-        packed, scales = quantize.quantize_rtn_sym(emb, 32)
-        deq.lm_head.weight.copy_(torch.from_numpy(quantize.dequantize(packed, scales, emb.shape[1])))
+        packed, scales = quantize.quantize_rtn_sym(emb, 32, bits)
+        deq.lm_head.weight.copy_(torch.from_numpy(quantize.dequantize(packed, scales, emb.shape[1], bits)))
     ids = np.arange(3, 20)
     ref = reference_logits(deq, ids)
     got = dec.forward(ids)
@@ -99,8 +100,9 @@ def test_unsupported_architecture_is_named():
         family_for("gpt2")
 
 
-def test_standard_lowering_refuses_int4():
+@pytest.mark.parametrize("precision", ["int4", "int8"])
+def test_standard_lowering_refuses_matmulnbits(precision):
     model = tiny_model("llama")
     arch = arch_from_model(model, S_MAX)
     with pytest.raises(ValueError, match="ort"):
-        build_graph(arch, numpy_weights(model), GraphOptions(lowering="standard", precision="int4"))
+        build_graph(arch, numpy_weights(model), GraphOptions(lowering="standard", precision=precision))

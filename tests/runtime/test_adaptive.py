@@ -52,3 +52,29 @@ def test_calibration_learns_and_early_stop_uses_it():
     assert p.continue_after(0, [0.95])  # confident: worth drafting on
     assert not p.continue_after(1, [0.95, 0.15])  # unsure: the next token will not pay
     assert not p.continue_after(7, [0.95] * 8)  # never past max_k
+
+
+def test_early_stop_with_an_expensive_accurate_draft():
+    """c = 0.45 and every token accepted so far (an int8 self-draft). A confidence bin without
+    data must fall back to the position's acceptance rate: a fixed 0.5 prior stopped every round
+    after one token (0.5 * a_1 < rate * cost). A bin that has learned "usually rejected" stops."""
+    costs = Costs({1: 30.0, 2: 30.5, 3: 31.0, 5: 32.0, 9: 40.0, 17: 46.0}, draft_ms=13.5)
+    p = AdaptivePolicy(costs, max_k=16, calibration=Calibration(bins=10))
+    for _ in range(60):
+        p.update(6, 6, [])
+    assert p.choose_k() >= 4
+    assert 0.5 * p.acc.rates()[1] < p.rate * (costs.draft_ms + costs.verify_ms(3) - costs.verify_ms(2))
+    assert p.continue_after(0, [0.55]) and p.continue_after(1, [0.55, 0.35])
+    for _ in range(200):
+        p.cal.update([0.55, 0.05], accepted=1)  # very low confidence: rejected
+    assert not p.continue_after(1, [0.55, 0.05])
+
+
+def test_observed_call_times_rescale_every_width():
+    costs = Costs({1: 30.0, 5: 36.0, 17: 60.0}, draft_ms=10.0)
+    for _ in range(100):
+        costs.observe(4, 40.0, 72.0)  # the machine got 2x slower; only T = 5 is observed
+    assert costs.verify_ms(5) == pytest.approx(72.0, rel=1e-3)
+    assert costs.verify_ms(17) == pytest.approx(120.0, rel=1e-3)  # followed without being observed
+    assert costs.draft_ms == pytest.approx(10.0)
+    assert costs.v(17) == pytest.approx(2.0)
