@@ -18,7 +18,8 @@ class Decoder:
         self.backend = backend
         self.name = name
         self.kv = KVCache(backend.max_seq_len)
-        self.max_t = backend.max_t  # widest single call
+        self.max_t = backend.max_t  # widest verification call (the manifest's contract)
+        self.max_prefill_t = backend.max_prefill_t  # widest call at all (prompt chunks)
         self.vocab = backend.vocab
         self.takes_hidden = backend.takes_hidden
         self.features = None
@@ -32,7 +33,7 @@ class Decoder:
         return self.kv.length
 
     def forward(self, tokens, hidden=None) -> np.ndarray:
-        """tokens [T] (T <= max_t) -> logits [T, V] for each of them; the cache advances by T.
+        """tokens [T] (T <= max_prefill_t) -> logits [T, V] for each of them; the cache advances by T.
         hidden [T, H]: the feature input of an EAGLE draft graph.
 
         The returned array (and `hidden`) are views into the backend's output buffers: read them
@@ -40,8 +41,8 @@ class Decoder:
         """
         tokens = np.asarray(tokens, dtype=np.int64)
         T = len(tokens)
-        if not 0 < T <= self.max_t:
-            raise ValueError(f"{self.name}: a call takes 1..{self.max_t} tokens, got {T}")
+        if not 0 < T <= self.max_prefill_t:
+            raise ValueError(f"{self.name}: a call takes 1..{self.max_prefill_t} tokens, got {T}")
         pos = self.kv.reserve(T)
         if hidden is not None and np.shape(hidden) != (T, self.backend.hidden_size):
             raise ValueError(f"{self.name}: hidden must be [{T}, {self.backend.hidden_size}], got {np.shape(hidden)}")
@@ -58,9 +59,9 @@ class Decoder:
         return self.backend.hidden
 
     def prefill(self, tokens, chunk: int | None = None) -> np.ndarray:
-        """Feed any number of tokens in chunks of at most max_t; returns the last row's logits [V]."""
+        """Feed any number of tokens in chunks of at most max_prefill_t; returns the last row's logits [V]."""
         tokens = np.asarray(tokens, dtype=np.int64)
-        chunk = chunk or self.max_t
+        chunk = min(chunk or self.max_prefill_t, self.max_prefill_t)
         self.kv.reserve(len(tokens))
         logits = None
         for s in range(0, len(tokens), chunk):

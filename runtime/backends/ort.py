@@ -29,6 +29,9 @@ _NP = {"float32": np.float32, "float16": np.float16}
 _GLOBAL_POOL: int | None = None
 
 
+PREFILL_TOKENS = 64  # widest prompt chunk on onnxruntime (logits buffer 64 x V floats)
+
+
 def use_global_pool(threads: int) -> bool:
     """Ask for one process-wide intra-op pool shared by all sessions. Must happen before the
     first session of the process exists, and from then on *every* onnxruntime session in the
@@ -87,6 +90,7 @@ class OrtBackend(FeatureBuffers):
         spin: bool = True,
         global_pool: bool = False,
         max_tokens_per_call: int | None = None,
+        prefill_tokens: int = PREFILL_TOKENS,
     ):
         providers, self.device_type = pick_providers(device)
         so = session_options(threads, spin, global_pool)
@@ -96,6 +100,10 @@ class OrtBackend(FeatureBuffers):
         self.vocab = entry.vocab_size
         self.max_seq_len = kv.max_seq_len
         self.max_t = max_tokens_per_call or entry.max_tokens_per_call
+        # prompt chunks may be wider than a verification call: one call streams the weights once
+        # (a 40-token prompt was 3 calls of <= 17). Graphs with EAGLE feature IO keep max_t.
+        feature_io = bool(entry.io.hidden_out or entry.io.hidden_in)
+        self.max_prefill_t = self.max_t if feature_io else max(self.max_t, prefill_tokens)
         dtype = _NP[kv.dtype]
         shape = [1, kv.kv_heads, kv.max_seq_len, kv.head_dim]
         io_names = entry.io
@@ -115,14 +123,15 @@ class OrtBackend(FeatureBuffers):
                     self._kv.append((None, val))
                 self.io.bind_ortvalue_input(past.format(i=i), val)
                 self.io.bind_ortvalue_output(present.format(i=i), val)
-        self._ids = np.zeros((1, self.max_t), dtype=np.int64)
+        self._ids = np.zeros((1, self.max_prefill_t), dtype=np.int64)
         self._mask = np.ones((1, kv.max_seq_len), dtype=np.int64)
-        self._logits = np.empty(self.max_t * self.vocab, dtype=np.float32)
+        self._logits = np.empty(self.max_prefill_t * self.vocab, dtype=np.float32)
+        self._logits.fill(0)  # commit the pages now: RSS stays flat during generation
         self._names = (io_names.input_ids, io_names.attention_mask, io_names.logits)
         self._init_features(entry, self.max_t)
 
     def run(self, tokens: np.ndarray, past_len: int, hidden: np.ndarray | None = None) -> np.ndarray:
-        """tokens int64 [T] (T <= max_t) at positions [past_len, past_len + T) -> logits [T, V].
+        """tokens int64 [T] (T <= max_prefill_t) at positions [past_len, past_len + T) -> logits [T, V].
         hidden [T, H]: feature input of an EAGLE draft (ignored by graphs without one)."""
         T = len(tokens)
         self._ids[0, :T] = tokens

@@ -50,6 +50,7 @@ class TrtBackend(FeatureBuffers):
         self.vocab = entry.vocab_size
         self.max_seq_len = kv.max_seq_len
         self.max_t = max_tokens_per_call or entry.max_tokens_per_call
+        self.max_prefill_t = self.max_t  # the engine's optimization profile ends at max_t
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.engine = trt.Runtime(self.logger).deserialize_cuda_engine(Path(plan).read_bytes())
         if self.engine is None:

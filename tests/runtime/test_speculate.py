@@ -173,3 +173,34 @@ def test_kv_rewind_random_accept_patterns(tiny_bundles):
         seq += proposal[:accepted] + [int(rng.integers(3, 128))]
         dec.rewind(len(seq) - 1)
     assert dec.length == len(seq) - 1
+
+
+def test_prompt_chunks_wider_than_a_verification_call(tiny_bundles):
+    """On onnxruntime a prompt goes in chunks of up to max_prefill_t (one weight stream per
+    chunk), with the same logits and cache as chunks of max_t; graphs with EAGLE feature IO
+    keep max_t."""
+    folder = tiny_bundles["none"]
+    man = load_manifest(folder)
+    wide = Decoder(OrtBackend(folder / man.target.graph, man.target))
+    assert wide.max_prefill_t > wide.max_t == 9
+    ids = (np.arange(40) * 7) % 50 + 3
+    calls = []
+    run = wide.backend.run
+    wide.backend.run = lambda t, p, h=None: (calls.append(len(t)), run(t, p, h))[1]
+    got = wide.prefill(ids).copy()
+    assert calls == [40]
+    wide.reset()
+    np.testing.assert_allclose(got, wide.prefill(ids, chunk=wide.max_t), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(wide.forward([5])[0], fresh_row(folder, man, list(ids) + [5]), atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="1..64"):
+        wide.forward(np.arange(65) % 50)
+    eagle = load_manifest(tiny_bundles["eagle"])
+    assert OrtBackend(tiny_bundles["eagle"] / eagle.target.graph, eagle.target).max_prefill_t == eagle.target.max_tokens_per_call
+
+
+def fresh_row(folder, man, ids):
+    dec = Decoder(OrtBackend(folder / man.target.graph, man.target))
+    row = None
+    for t in ids:  # one token per call: no chunking at all
+        row = dec.forward([t])[0].copy()
+    return row
