@@ -91,8 +91,8 @@ def main(argv=None) -> None:
     sequences = []
     with torch.no_grad():
         for p in prompts:
-            ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
-            ids = torch.tensor([list(ids["input_ids"] if isinstance(ids, dict) else ids)])
+            text = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+            ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
             out = model.generate(ids, max_new_tokens=args.tokens, do_sample=False)
             sequences.append((out[0].numpy(), ids.shape[1]))
     print(f"{'recipe':28s} mean   per prompt")
