@@ -11,8 +11,8 @@ k = argmax R(k) (computed in tokens per ms); k = 0 (a plain target step) when no
 with a probe round every `probe_every` plain rounds so a workload that turns predictable is
 noticed.
 
-Confidence early stop: after drafting token j (draft confidence s_j = the draft's probability
-of it), drafting goes on if some continuation to m in (j, k] pays for itself at the current
+Confidence early stop: after drafting token j (draft confidence s_j: greedy, the draft's
+top-1/top-2 margin 1 - p2/p1; sampling, its probability of the token), drafting goes on if some continuation to m in (j, k] pays for itself at the current
 rate R: its expected gain sum_{j<i<=m} P(reach j+1) * prod_{j<l<=i} a_l, with
 P(reach j+1) = prod_{i<=j} P(accept | s_i), against its cost (m - j) draft steps plus the wider
 verification, v(m+2) - v(j+2). Looking ahead (not only at token j+1) matters for a draft whose
@@ -22,7 +22,8 @@ outcomes, shrunk toward the position's acceptance rate while a bin has little da
 threshold follows the draft and the machine instead of being hard-coded.
 
 The acceptance model and the calibration table live as long as the Pipeline (per drafter
-kind): what earlier requests taught about this draft is the prior of the next one.
+kind, greedy and sampling apart): what earlier requests taught about this draft is the prior
+of the next one.
 """
 
 from __future__ import annotations

@@ -54,8 +54,9 @@ class Pipeline:
         self.default_k = k
         self.default_adaptive = adaptive
         self._costs: Costs | None = None
-        # per drafter kind: acceptance per position and P(accept | confidence), learned across requests
-        self._learned: dict[str, tuple[AcceptanceModel, Calibration]] = {}
+        # per drafter kind and greedy/sampling (their confidences differ): acceptance per position
+        # and P(accept | confidence), learned across requests
+        self._learned: dict[tuple[str, bool], tuple[AcceptanceModel, Calibration]] = {}
         self.max_seq_len = man.target.kv.max_seq_len
         self.max_k = man.target.max_tokens_per_call - 1
         self.last: Result | None = None
@@ -109,14 +110,15 @@ class Pipeline:
             self._costs = measure_costs(self.target, self.draft_decoder, self.max_k + 1)
         return self._costs
 
-    def policy(self, draft: str) -> AdaptivePolicy:
+    def policy(self, draft: str, greedy: bool = True) -> AdaptivePolicy:
         base = self.costs()
         # a copy per request (it is updated online); a lookup costs next to nothing
         draft_ms = 0.01 * base.target_ms[1] if draft == "ngram" else base.draft_ms
         costs = Costs(dict(base.target_ms), draft_ms=draft_ms)
-        if draft not in self._learned:
-            self._learned[draft] = (AcceptanceModel(self.max_k), Calibration())
-        acc, cal = self._learned[draft]
+        key = (draft, greedy)
+        if key not in self._learned:
+            self._learned[key] = (AcceptanceModel(self.max_k), Calibration())
+        acc, cal = self._learned[key]
         return AdaptivePolicy(costs, self.max_k, acceptance=acc, calibration=cal)
 
     def check_request(self, n_prompt: int, max_new_tokens: int, k: int):
@@ -144,7 +146,7 @@ class Pipeline:
         self.check_request(len(prompt_ids), max_new_tokens, k)
         draft = draft or self.default_draft
         adaptive = self.default_adaptive if adaptive is None else adaptive
-        policy = self.policy(draft) if adaptive and draft != "none" else None
+        policy = self.policy(draft, cfg.greedy) if adaptive and draft != "none" else None
         spec = Speculator(self.target, self.drafter(draft), policy)
         yield from spec.run(list(prompt_ids), cfg, k=k, max_new_tokens=max_new_tokens,
                             eos_ids=set() if ignore_eos else self.tokenizer.eos_ids, seed=seed, stats=stats)
