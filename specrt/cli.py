@@ -240,6 +240,7 @@ def bench(engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_tokens
         temperatures=[float(t) for t in temps.split(",") if t], top_p=top_p, max_new_tokens=max_new_tokens,
         repeats=repeats, limit=limit, peer=peer, rss=rss, out=Path(out), adaptive=adaptive,
         peer_draft=Path(peer_draft) if peer_draft else None,
+        global_pool=True,  # what `specrt generate` runs with (docs/design.md, "Benchmark")
     )
 
     def progress(i, n, what):

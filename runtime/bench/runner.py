@@ -32,8 +32,9 @@ class BenchConfig:
     peer: str | None = None  # "ort-genai"
     peer_draft: Path | None = None  # bundle whose (plain) draft the peer's speculative arms use
     rss: bool = False  # peak RSS per arm in fresh processes (+ a long generation)
-    # Per-session pools that stop spinning after each run: a global pool keeps spinning between
-    # runs and would steal the cores from a peer runtime measured in the same process.
+    # The CLI measures with the global pool, as `specrt generate` runs. Per-session pools that
+    # stop spinning after each run are the library default (safe beside other sessions in the
+    # process) and cost ~2% per step (docs/design.md, "Benchmark").
     global_pool: bool = False
     adaptive: bool = False  # add a "<draft>-adaptive" arm per drafter
     out: Path = Path("bench")
