@@ -52,6 +52,8 @@ def agreement(model, sequences: list[tuple[np.ndarray, int]], recipe: tuple) -> 
     """Per sequence: argmax agreement of the recipe's model with the sequence's answer tokens."""
     import torch
 
+    from .train_eagle import features
+
     orig = {k: v.detach().clone() for k, v in model.state_dict().items()}
     try:
         with torch.no_grad():
@@ -62,8 +64,8 @@ def agreement(model, sequences: list[tuple[np.ndarray, int]], recipe: tuple) -> 
             head = model.get_output_embeddings().weight
             head_q = torch.from_numpy(fake_quant(head.detach().numpy(), recipe[2]))
             out = []
-            for seq, n_prompt in sequences:
-                h = model.model(torch.from_numpy(seq[None])).last_hidden_state[0]
+            hidden = features(model, [seq for seq, _ in sequences])
+            for (seq, n_prompt), h in zip(sequences, hidden, strict=True):
                 pred = (h @ head_q.T).argmax(-1).numpy()
                 idx = np.arange(n_prompt - 1, len(seq) - 1)
                 out.append(float((pred[idx] == seq[idx + 1]).mean()))
@@ -84,7 +86,6 @@ def main(argv=None) -> None:
 
     from .sources import load_source, resolve_source
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     model, tok = load_source(resolve_source(args.target))
     model.eval()
     prompts = [json.loads(line)["prompt"] for line in open(args.workload) if line.strip()][: args.limit]
