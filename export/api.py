@@ -63,9 +63,8 @@ def export_bundle(
     """Export `target` (and a draft) into the bundle folder `out`, validated against transformers.
 
     draft: "self-int4" / "self-int8" (int4 / int8 MatMulNBits copy of the target, ort lowering),
-    "eagle:<head file>"
-    (a one-layer EAGLE head trained for this target, see export/eagle.py), "none", or another
-    model source (same vocabulary required). Returns the written manifest.
+    "eagle:<head file>" (a one-layer EAGLE head trained for this target, see export/eagle.py),
+    "none", or another model source (same vocabulary required). Returns the written manifest.
     """
     if lowering not in LOWERINGS:
         raise ValueError(f"lowering must be one of {LOWERINGS}, got {lowering!r}")

@@ -12,8 +12,8 @@ with a probe round every `probe_every` plain rounds so a workload that turns pre
 noticed.
 
 Confidence early stop: after drafting token j (draft confidence s_j: greedy, the draft's
-top-1/top-2 margin 1 - p2/p1; sampling, its probability of the token), drafting goes on if some continuation to m in (j, k] pays for itself at the current
-rate R: its expected gain sum_{j<i<=m} P(reach j+1) * prod_{j<l<=i} a_l, with
+top-1/top-2 margin 1 - p2/p1; sampling, its probability of the token), drafting goes on if
+some continuation to m in (j, k] pays for itself at the current rate R: its expected gain sum_{j<i<=m} P(reach j+1) * prod_{j<l<=i} a_l, with
 P(reach j+1) = prod_{i<=j} P(accept | s_i), against its cost (m - j) draft steps plus the wider
 verification, v(m+2) - v(j+2). Looking ahead (not only at token j+1) matters for a draft whose
 acceptance is high and correlated: one more token rarely pays alone, the run of tokens it
@@ -192,7 +192,7 @@ class AdaptivePolicy:
         """Token j (0-based) was just drafted with confidences confs[:j+1]; draft token j+1?
         Yes if drafting on through some m <= k pays at the current rate (module docstring).
         (Token j itself is kept: its draft step is paid.)"""
-        horizon = min(self.k, self.max_k) if self.early_stop else self.max_k
+        horizon = self.k if self.early_stop else self.max_k  # choose_k keeps k <= max_k
         if not self.early_stop or j + 1 >= horizon:
             return j + 1 < horizon
         a = self.acc.rates()

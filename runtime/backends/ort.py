@@ -100,9 +100,10 @@ class OrtBackend(FeatureBuffers):
         self.vocab = entry.vocab_size
         self.max_seq_len = kv.max_seq_len
         self.max_t = max_tokens_per_call or entry.max_tokens_per_call
+        self._init_features(entry, self.max_t)
         # prompt chunks may be wider than a verification call: one call streams the weights once
         # (a 40-token prompt was 3 calls of <= 17). Graphs with EAGLE feature IO keep max_t.
-        feature_io = bool(entry.io.hidden_out or entry.io.hidden_in)
+        feature_io = self.takes_hidden or self.has_hidden_out
         self.max_prefill_t = self.max_t if feature_io else max(self.max_t, prefill_tokens)
         dtype = _NP[kv.dtype]
         shape = [1, kv.kv_heads, kv.max_seq_len, kv.head_dim]
@@ -128,7 +129,6 @@ class OrtBackend(FeatureBuffers):
         self._logits = np.empty(self.max_prefill_t * self.vocab, dtype=np.float32)
         self._logits.fill(0)  # commit the pages now: RSS stays flat during generation
         self._names = (io_names.input_ids, io_names.attention_mask, io_names.logits)
-        self._init_features(entry, self.max_t)
 
     def run(self, tokens: np.ndarray, past_len: int, hidden: np.ndarray | None = None) -> np.ndarray:
         """tokens int64 [T] (T <= max_prefill_t) at positions [past_len, past_len + T) -> logits [T, V].

@@ -70,4 +70,3 @@ def _margin(logits: np.ndarray, top: int) -> float:
     second = logits.max()
     logits[top] = best
     return float(1.0 - np.exp(second - best))
-
