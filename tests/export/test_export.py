@@ -17,6 +17,7 @@ def test_bundle_layout_and_manifest_roundtrip(tiny_bundles):
     man = load_manifest(folder)
     assert man.target.lowering == "ort" and man.target.precision == "fp32"
     assert man.draft.precision == "int4" and man.draft.recipe == "self-int4"
+    assert man.draft.default_k == export_api.RECOMMENDED_K["self-int4"]
     assert man.target.max_tokens_per_call == 9
     assert man.target.parity["passed"] and man.target.parity["greedy_match"] == man.target.parity["greedy_steps"]
     assert 0 <= man.draft.parity["greedy_agreement_with_target"] <= 1
@@ -31,6 +32,13 @@ def test_standard_lowering_bundle(tiny_dirs, tmp_path):
                         lowering="standard", **KW)
     assert man.target.lowering == man.draft.lowering == "standard"
     assert man.target.parity["passed"]
+
+
+@pytest.mark.parametrize("k", [0, 9])
+def test_recommended_k_out_of_range_is_refused(tiny_dirs, tmp_path, k):
+    with pytest.raises(ValueError, match="k must be between 1 and max_draft_tokens"):
+        export_bundle(str(tiny_dirs["target"]), tmp_path / "x", k=k, **KW)
+    assert not (tmp_path / "x").exists()
 
 
 def test_standard_lowering_refuses_self_int4(tiny_dirs, tmp_path):

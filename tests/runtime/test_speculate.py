@@ -65,6 +65,20 @@ def test_greedy_ngram_without_draft_model(pipes, adaptive, k):
     assert st.draft_tokens > 0 and set(st.drafter_rounds) == {"ngram"}
 
 
+def test_default_k_comes_from_the_manifest(pipes, tiny_bundles):
+    from specrt.export.api import RECOMMENDED_K
+
+    assert pipes["int8"].default_k == RECOMMENDED_K["self-int8"]  # written by the exporter
+    assert pipes["good"].default_k == 4  # a separate draft: unset in the manifest, runtime default
+    assert specrt.load(tiny_bundles["int8"], k=3).default_k == 3  # the caller's k wins
+    # a request without k runs at the default: with a perfect draft every round proposes it
+    from specrt.runtime.speculate import Stats
+
+    st = Stats()
+    list(specrt.load(tiny_bundles["good"], k=6).stream_ids(PROMPTS[1], max_new_tokens=30, ignore_eos=True, stats=st))
+    assert st.k_history[:3] == [6, 6, 6]
+
+
 def test_max_new_tokens_and_eos_inside_accepted_run(pipes):
     pipe = pipes["good"]
     full = target_only(pipe, PROMPTS[1], 30)
