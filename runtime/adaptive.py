@@ -23,7 +23,9 @@ threshold follows the draft and the machine instead of being hard-coded.
 
 The acceptance model and the calibration table live as long as the Pipeline (per drafter
 kind, greedy and sampling apart): what earlier requests taught about this draft is the prior
-of the next one.
+of the next one. A routing drafter (`auto`: an n-gram copy when the context has one, else the
+model) gets one policy per route (`PolicySet`): the two differ in cost and in how acceptance
+falls with position, and a shared state chose k for neither.
 """
 
 from __future__ import annotations
@@ -213,3 +215,36 @@ class AdaptivePolicy:
             self.cal.update(confs, accepted)
         if verify_ms is not None:
             self.costs.observe(proposed, draft_ms or 0.0, verify_ms)
+
+
+class PolicySet:
+    """One AdaptivePolicy per route of a routing drafter; the Speculator selects the route
+    (`drafter.route(seq)`) before asking for k, and everything after goes to that policy."""
+
+    def __init__(self, policies: dict[str, AdaptivePolicy]):
+        self.policies = policies
+        self.active = next(iter(policies))
+
+    def select(self, route: str) -> None:
+        self.active = route
+
+    @property
+    def current(self) -> AdaptivePolicy:
+        return self.policies[self.active]
+
+    @property
+    def costs(self) -> Costs:
+        return self.current.costs
+
+    @property
+    def early_stop(self) -> bool:
+        return self.current.early_stop
+
+    def choose_k(self) -> int:
+        return self.current.choose_k()
+
+    def continue_after(self, j: int, confs: list[float]) -> bool:
+        return self.current.continue_after(j, confs)
+
+    def update(self, *args, **kw):
+        self.current.update(*args, **kw)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .adaptive import AcceptanceModel, AdaptivePolicy, Calibration, Costs, measure_costs
+from .adaptive import AcceptanceModel, AdaptivePolicy, Calibration, Costs, PolicySet, measure_costs
 from .backends.ort import OrtBackend
 from .decoder import Decoder
 from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
@@ -111,15 +111,22 @@ class Pipeline:
             self._costs = measure_costs(self.target, self.draft_decoder, self.max_k + 1)
         return self._costs
 
-    def policy(self, draft: str, greedy: bool = True) -> AdaptivePolicy:
+    def policy(self, draft: str, greedy: bool = True) -> AdaptivePolicy | PolicySet:
+        """A fresh policy per request over the learned state of this drafter kind; `auto` gets
+        one per route (its n-gram rounds learn apart, its model rounds share the model's state)."""
+        if draft == "auto":
+            return PolicySet({"ngram": self._policy("auto:ngram", True, greedy),
+                              "model": self._policy("model", False, greedy)})
+        return self._policy(draft, draft == "ngram", greedy)
+
+    def _policy(self, key: str, lookup: bool, greedy: bool) -> AdaptivePolicy:
         base = self.costs()
         # a copy per request (it is updated online); a lookup costs next to nothing
-        draft_ms = 0.01 * base.target_ms[1] if draft == "ngram" else base.draft_ms
+        draft_ms = 0.01 * base.target_ms[1] if lookup else base.draft_ms
         costs = Costs(dict(base.target_ms), draft_ms=draft_ms)
-        key = (draft, greedy)
-        if key not in self._learned:
-            self._learned[key] = (AcceptanceModel(self.max_k), Calibration())
-        acc, cal = self._learned[key]
+        if (key, greedy) not in self._learned:
+            self._learned[(key, greedy)] = (AcceptanceModel(self.max_k), Calibration())
+        acc, cal = self._learned[(key, greedy)]
         return AdaptivePolicy(costs, self.max_k, acceptance=acc, calibration=cal)
 
     def check_request(self, n_prompt: int, max_new_tokens: int, k: int):

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .adaptive import PolicySet
 from .decoder import Decoder, NonFiniteLogits
 from .sampling import SamplingConfig, probs, sample
 from .verify import verify_greedy, verify_sampling
@@ -154,7 +155,11 @@ class Speculator:
             stats.new_tokens = 1
             yield [first]
             while produced < max_new_tokens:
-                kk = self.policy.choose_k() if self.policy is not None and self.drafter is not None else k
+                kk = k
+                if self.policy is not None and self.drafter is not None:
+                    if isinstance(self.policy, PolicySet):  # routing drafter: k from the route's policy
+                        self.policy.select(self.drafter.route(seq))
+                    kk = self.policy.choose_k()
                 kk = min(kk, max_new_tokens - produced - 1)
                 new = self.round(seq, kk, cfg, rng, stats)
                 for i, t in enumerate(new):

@@ -61,13 +61,14 @@ def plot(results: dict, out: Path) -> Path:
     ax1.set_ylabel("speedup vs target-only (same run)")
     ax1.legend(fontsize=7)
     for r in results["summary"]:
-        if r.get("per_position_acceptance") and r["arm"].startswith(("model", "ngram")):
+        if r.get("per_position_acceptance") and r["arm"].startswith(("model", "ngram", "auto")):
             acc = r["per_position_acceptance"]
             ax2.plot(range(1, len(acc) + 1), acc, marker=".", label=f"{r['workload']} {r['arm']} T={r['temperature']}")
     ax2.set_xlabel("draft position")
     ax2.set_ylabel("P(accept | reached)")
     ax2.set_ylim(0, 1)
-    ax2.legend(fontsize=6)
+    if ax2.lines:
+        ax2.legend(fontsize=6)
     fig.tight_layout()
     path = out / "speedup.png"
     fig.savefig(path, dpi=100)

@@ -78,3 +78,48 @@ def test_observed_call_times_rescale_every_width():
     assert costs.verify_ms(17) == pytest.approx(120.0, rel=1e-3)  # followed without being observed
     assert costs.draft_ms == pytest.approx(10.0)
     assert costs.v(17) == pytest.approx(2.0)
+
+
+def test_policy_set_learns_each_route_apart():
+    """auto: n-gram rounds (free, long exact copies) and model rounds (costly, short) must not
+    share one acceptance model, or k is chosen for neither."""
+    import dataclasses
+
+    from specrt.runtime.adaptive import PolicySet
+
+    cheap = dataclasses.replace(COSTS, draft_ms=0.3)
+    ps = PolicySet({"ngram": AdaptivePolicy(cheap, max_k=8, early_stop=False),
+                    "model": AdaptivePolicy(dataclasses.replace(COSTS, draft_ms=15.0), max_k=8, early_stop=False)})
+    for _ in range(40):
+        ps.select("ngram")
+        ps.update(8, 8, [])  # copies always accepted
+        ps.select("model")
+        ps.update(4, 0, [])  # the model always rejected
+    ps.select("ngram")
+    assert ps.choose_k() == 8 and ps.costs.draft_ms < 1
+    ps.select("model")
+    assert ps.choose_k() == 0 and not ps.early_stop
+
+
+def test_auto_drafter_routes_before_k_and_keeps_the_route():
+    import numpy as np
+
+    from specrt.runtime.drafters import AutoDrafter, NgramDrafter
+
+    class Model:
+        name, confs = "model", []
+
+        def begin(self, prompt):
+            pass
+
+        def propose(self, seq, k, cfg, rng, policy=None):
+            return np.full(k, 7, dtype=np.int64), None
+
+    auto = AutoDrafter(Model(), NgramDrafter(max_proposal=8))
+    seq = [1, 5, 9, 33, 2, 5, 9]  # "5 9" seen before: continues with 33 2 5 9
+    assert auto.route(seq) == "ngram"
+    toks, _ = auto.propose(seq, 3, None, None)
+    assert auto.name == "ngram" and toks.tolist() == [33, 2, 5]
+    assert auto.route([1, 2, 3]) == "model"
+    toks, _ = auto.propose([1, 2, 3], 2, None, None)
+    assert auto.name == "model" and toks.tolist() == [7, 7]

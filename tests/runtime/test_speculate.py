@@ -218,3 +218,12 @@ def fresh_row(folder, man, ids):
     for t in ids:  # one token per call: no chunking at all
         row = dec.forward([t])[0].copy()
     return row
+
+
+def test_auto_adaptive_learns_ngram_and_model_rounds_apart(tiny_bundles):
+    pipe = specrt.load(tiny_bundles["good"])
+    want = target_only(pipe, REPETITIVE, 40)
+    got = [t for c in pipe.stream_ids(REPETITIVE, max_new_tokens=40, draft="auto", adaptive=True) for t in c]
+    assert got == want
+    assert {("auto:ngram", True), ("model", True)} <= set(pipe._learned)
+    assert pipe._learned[("auto:ngram", True)][0].tried.sum() > 0  # the prompt repeats: copies were tried
