@@ -5,9 +5,10 @@ is ~130k TLB misses per step, each a page walk (two-level under a hypervisor). o
 allocates its prepacked weights with plain malloc, which gets 2 MiB pages only where the
 kernel's THP mode is `always`; the common default is `madvise`. After a session is built, the
 anonymous memory it added is collapsed in place with madvise(MADV_COLLAPSE) (Linux >= 6.1;
-synchronous; independent of the THP sysfs mode). Measured on the 2-core CPU: −1.5 to −3.5%
-per target and draft step (docs/benchmarks.md §1), RSS +~5 MB. Anywhere it is unsupported it
-does nothing.
+synchronous; independent of the THP sysfs mode). Measured on the 2-core CPU (docs/benchmarks.md
+§1): ~1% per target step, ~3–4% per draft step, RSS unchanged, but +0.5–0.7 s at load for the
+default pair, so it pays after ~1,500 speculative tokens: opt-in (`load(..., hugepages=True)`,
+for long-running services). Anywhere it is unsupported it does nothing.
 
 Usage: `before = anonymous_pages()`, build the session, `collapse(anonymous_pages() - before)`.
 """
@@ -15,7 +16,6 @@ Usage: `before = anonymous_pages()`, build the session, `collapse(anonymous_page
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 
 HUGE = 2 << 20
@@ -23,7 +23,7 @@ MADV_COLLAPSE = 25
 
 
 def enabled() -> bool:
-    return sys.platform == "linux" and os.environ.get("SPECRT_HUGEPAGES", "1") != "0"
+    return sys.platform == "linux"
 
 
 def anonymous_pages() -> set[int]:
@@ -65,9 +65,9 @@ def collapse(pages) -> int:
     if not _madvise:
         return 0
     done = 0
-    for p in sorted(pages):
+    for i, p in enumerate(sorted(pages)):
         if _madvise(p * HUGE, HUGE, MADV_COLLAPSE) == 0:
             done += HUGE
-        elif ctypes.get_errno() == 22 and done == 0:  # EINVAL on the first: kernel lacks it
+        elif i == 0 and ctypes.get_errno() == 22:  # EINVAL at once: the kernel lacks MADV_COLLAPSE
             return 0
     return done

@@ -228,8 +228,9 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
 @click.option("--rss", is_flag=True, help="measure peak RSS per arm in fresh processes (long generation)")
 @click.option("--out", type=click.Path(), default="bench", show_default=True)
 @click.option("--markdown", "md", type=click.Path(), default=None, help="update the generated section of this file")
+@click.option("--hugepages", is_flag=True, help="our sessions on 2 MiB pages, as Pipeline(hugepages=True) (services)")
 def bench(engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_tokens, repeats, limit, peer, peer_draft,
-          rss, out, md):
+          rss, out, md, hugepages):
     """Target-only vs speculative (vs onnxruntime-genai), interleaved in one run."""
     from specrt.runtime import USER_ERRORS
     from specrt.runtime.bench import report
@@ -245,6 +246,7 @@ def bench(engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_tokens
         repeats=repeats, limit=limit, peer=peer, rss=rss, out=Path(out), adaptive=adaptive,
         peer_draft=Path(peer_draft) if peer_draft else None,
         global_pool=True,  # what `specrt generate` runs with (docs/design.md, "Benchmark")
+        hugepages=hugepages,
     )
 
     def progress(i, n, what):

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from ..hugepages import anonymous_pages, collapse
 from ..manifest import ModelEntry
 from .features import FeatureBuffers
 
@@ -91,8 +92,12 @@ class OrtBackend(FeatureBuffers):
         global_pool: bool = False,
         max_tokens_per_call: int | None = None,
         prefill_tokens: int = PREFILL_TOKENS,
+        hugepages: bool = False,
     ):
+        """hugepages: move the memory this session allocates (prepacked weights, KV, buffers) onto
+        2 MiB pages once it is built (runtime/hugepages.py; CPU, Linux >= 6.1)."""
         providers, self.device_type = pick_providers(device)
+        before = anonymous_pages() if hugepages and self.device_type == "cpu" else None
         so = session_options(threads, spin, global_pool)
         self.session = ort.InferenceSession(str(graph), so, providers=providers)
         self.entry = entry
@@ -129,6 +134,7 @@ class OrtBackend(FeatureBuffers):
         self._logits = np.empty(self.max_prefill_t * self.vocab, dtype=np.float32)
         self._logits.fill(0)  # commit the pages now: RSS stays flat during generation
         self._names = (io_names.input_ids, io_names.attention_mask, io_names.logits)
+        self.hugepage_bytes = collapse(anonymous_pages() - before) if before is not None else 0
 
     def run(self, tokens: np.ndarray, past_len: int, hidden: np.ndarray | None = None) -> np.ndarray:
         """tokens int64 [T] (T <= max_prefill_t) at positions [past_len, past_len + T) -> logits [T, V].

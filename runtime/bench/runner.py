@@ -37,6 +37,7 @@ class BenchConfig:
     # process) and cost ~2% per step (docs/design.md, "Benchmark").
     global_pool: bool = False
     adaptive: bool = False  # add a "<draft>-adaptive" arm per drafter
+    hugepages: bool = False  # our sessions on 2 MiB pages (Pipeline(hugepages=True)); the peer as it runs
     out: Path = Path("bench")
 
 
@@ -62,7 +63,8 @@ def probe_costs(pipe: Pipeline, ks: list[int]) -> dict:
 
 def run_bench(cfg: BenchConfig, progress=None) -> dict:
     items = [it for w in cfg.workloads for it in load_workload(w)[: cfg.limit]]
-    pipe = Pipeline(cfg.bundle, draft="model" if _has_draft(cfg.bundle) else "none", global_pool=cfg.global_pool)
+    pipe = Pipeline(cfg.bundle, draft="model" if _has_draft(cfg.bundle) else "none", global_pool=cfg.global_pool,
+                    hugepages=cfg.hugepages)
     for it in items:
         it["ids"] = pipe.tokenizer.encode(it["prompt"])
     arms = ["target"] + [f"{d}-k{k}" for d in cfg.drafts for k in cfg.ks]

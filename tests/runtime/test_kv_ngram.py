@@ -27,3 +27,4 @@ def test_ngram_longest_most_recent_match():
     np.testing.assert_array_equal(d.lookup([4, 9, 4], 3), [9, 4])  # falls back to n = 1
     toks, q = d.propose(seq, 3)
     assert q is None and len(toks) == 3
+
