@@ -107,7 +107,8 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
         "config": {"bundle": str(cfg.bundle), "workloads": [str(w) for w in cfg.workloads], "ks": cfg.ks,
                    "drafts": cfg.drafts, "temperatures": cfg.temperatures, "top_p": cfg.top_p,
                    "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "peer": cfg.peer,
-                   "peer_draft": str(cfg.peer_draft) if cfg.peer_draft else None},
+                   "peer_draft": str(cfg.peer_draft) if cfg.peer_draft else None, "adaptive": cfg.adaptive,
+                   "limit": cfg.limit, "global_pool": cfg.global_pool, "hugepages": cfg.hugepages},
         "costs": costs,
         "runs": runs,
     }

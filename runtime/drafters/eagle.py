@@ -31,8 +31,8 @@ class EagleDrafter(ModelDrafter):
         self._real = 0  # cache rows [0, _real) were built from the target's real features
 
     def begin(self, prompt) -> None:
-        """Build the prompt's pairs now (the target has just prefilled it), so the first round
-        costs what every round costs and prefill time is counted as prefill."""
+        """Build the prompt's pairs now (the target has prefilled it; `Speculator.run` calls this
+        once the first token is out), so the first round costs what every round costs."""
         self.dec.reset()
         self._real = 0
         if len(prompt) > 1:

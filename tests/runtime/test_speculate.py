@@ -227,3 +227,18 @@ def test_auto_adaptive_learns_ngram_and_model_rounds_apart(tiny_bundles):
     assert got == want
     assert {("auto:ngram", True), ("model", True)} <= set(pipe._learned)
     assert pipe._learned[("auto:ngram", True)][0].tried.sum() > 0  # the prompt repeats: copies were tried
+
+
+def test_first_token_goes_out_before_the_draft_reads_the_prompt(tiny_bundles):
+    """TTFT is the target's prefill alone; the draft's prompt prefill follows the first token
+    and is counted in decode time (and reported as draft_prefill_ms)."""
+    from specrt.runtime.speculate import Stats
+
+    pipe = specrt.load(tiny_bundles["good"])
+    want = target_only(pipe, PROMPTS[1], 20)
+    st = Stats()
+    gen = pipe.stream_ids(PROMPTS[1], max_new_tokens=20, k=4, stats=st)
+    first = next(gen)
+    assert pipe.draft_decoder.length == 0  # the draft has not seen the prompt yet
+    assert first + [t for c in gen for t in c] == want
+    assert st.draft_prefill_ms > 0 and st.prefill_ms > st.ttft_ms
