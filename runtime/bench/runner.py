@@ -18,6 +18,13 @@ from . import peer
 from .stats import alpha_from_expected, interleave, median_spread, paired_ratio, predicted_speedup
 
 
+# Idle gap before each timed run. A thread pool keeps spinning for ~10-30 ms after its last
+# call (onnxruntime-genai's does: a prompt prefill right after a genai run took 126 ms, 85 ms
+# after a 30 ms pause); the next arm would pay for it in TTFT. The gap puts every arm on the
+# same footing whichever arm ran before it.
+SETTLE_S = 0.05
+
+
 @dataclass
 class BenchConfig:
     bundle: Path
@@ -98,6 +105,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
         for n, (rep, it, arm) in enumerate(plan):
             if progress:
                 progress(n, len(plan), f"T={temp} {it['id']} {arm}")
+            time.sleep(SETTLE_S)  # no arm starts while the last one's thread pool still spins
             rec = _run_arm(pipe, genai, arm, it, temp, cfg, seed=rep)
             rec.update(temperature=temp, repeat=rep, prompt_id=it["id"], workload=it["workload"], arm=arm)
             runs.append(rec)
