@@ -30,6 +30,9 @@ class Result:
         return {"text": self.text, "token_ids": self.token_ids, "stats": self.stats.as_dict()}
 
 
+SELF_DRAFT_RECIPES = ("self-int4", "self-int8")  # drafts that are quantized copies of the target
+
+
 class Pipeline:
     def __init__(self, folder: str | Path, *, draft: str = "model", device: str = "cpu",
                  threads: int | None = None, k: int | None = None, global_pool: bool = False, adaptive: bool = False,
@@ -105,7 +108,10 @@ class Pipeline:
             if self.draft_decoder is None:
                 raise BundleError(f"bundle {self.folder} has no draft model (or it was not loaded); "
                                   "use draft='none' or 'ngram'")
-            model = EagleDrafter(self.draft_decoder, self.target) if self.eagle else ModelDrafter(self.draft_decoder)
+            # a self-draft (quantized copy of the target) starts from the target's prompt KV
+            kv_source = self.target if self.manifest.draft.recipe in SELF_DRAFT_RECIPES else None
+            model = (EagleDrafter(self.draft_decoder, self.target) if self.eagle
+                     else ModelDrafter(self.draft_decoder, kv_source))
             return model if draft == "model" else AutoDrafter(model, NgramDrafter(max_proposal=self.max_k))
         raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
 

@@ -156,6 +156,17 @@ class OrtBackend(FeatureBuffers):
         self.session.run_with_iobinding(io)
         return self._logits[: T * self.vocab].reshape(T, self.vocab)
 
+    def copy_kv_rows(self, src, n: int, start: int = 0) -> bool:
+        """Overwrite KV rows [start, n) of every layer with `src`'s (another OrtBackend with the
+        same KV layout, both on the host). Returns False, copying nothing, where that does not hold."""
+        if (self.device_type != "cpu" or getattr(src, "device_type", None) != "cpu"
+                or len(self._kv) != len(src._kv)
+                or any(d.shape != s.shape or d.dtype != s.dtype for (d, _), (s, _) in zip(self._kv, src._kv, strict=True))):
+            return False
+        for (dst, _), (s, _) in zip(self._kv, src._kv, strict=True):
+            dst[:, :, start:n] = s[:, :, start:n]
+        return True
+
     def kv_host(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """Host views of one layer's K and V buffers (CPU only; for tests and debugging)."""
         return self._kv[2 * layer][0], self._kv[2 * layer + 1][0]

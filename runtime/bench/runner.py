@@ -17,7 +17,6 @@ from ..speculate import Stats
 from . import peer
 from .stats import alpha_from_expected, interleave, median_spread, paired_ratio, predicted_speedup
 
-
 # Idle gap before each timed run. A thread pool keeps spinning for ~10-30 ms after its last
 # call (onnxruntime-genai's does: a prompt prefill right after a genai run took 126 ms, 85 ms
 # after a 30 ms pause); the next arm would pay for it in TTFT. The gap puts every arm on the

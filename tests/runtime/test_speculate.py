@@ -242,3 +242,23 @@ def test_first_token_goes_out_before_the_draft_reads_the_prompt(tiny_bundles):
     assert pipe.draft_decoder.length == 0  # the draft has not seen the prompt yet
     assert first + [t for c in gen for t in c] == want
     assert st.draft_prefill_ms > 0 and st.prefill_ms > st.ttft_ms
+
+
+def test_self_draft_cache_holds_the_targets_rows(tiny_bundles):
+    """A self-draft starts from the target's prompt K/V and takes the target's rows of every
+    accepted token: its cache equals the target's over the committed tokens; output stays exact."""
+    from specrt.runtime.speculate import Stats
+
+    pipe = specrt.load(tiny_bundles["int8"])
+    drafter = pipe.drafter("model")
+    assert drafter.kv_source is pipe.target
+    assert specrt.load(tiny_bundles["good"]).drafter("model").kv_source is None  # a separate model: own cache
+    want = target_only(pipe, PROMPTS[1], 30)
+    st = Stats()
+    assert [t for c in pipe.stream_ids(PROMPTS[1], max_new_tokens=30, k=3, stats=st) for t in c] == want
+    assert st.draft_prefill_ms < 50  # copied, not computed
+    n = pipe.target.length  # committed tokens - 1
+    assert pipe.draft_decoder.length >= n - 1
+    for layer in (0, pipe.manifest.target.kv.layers - 1):
+        for d, t in zip(pipe.draft_decoder.backend.kv_host(layer), pipe.target.backend.kv_host(layer), strict=True):
+            np.testing.assert_array_equal(d[:, :, :n - 1], t[:, :, :n - 1])
