@@ -10,7 +10,15 @@ from pathlib import Path
 
 from ..runtime.backends.ort import OrtBackend
 from ..runtime.decoder import Decoder
-from ..runtime.manifest import IONames, KVLayout, Manifest, ModelEntry, TokenizerInfo, load_manifest
+from ..runtime.manifest import (
+    SELF_DRAFT_PRECISION,
+    IONames,
+    KVLayout,
+    Manifest,
+    ModelEntry,
+    TokenizerInfo,
+    load_manifest,
+)
 from . import __version__
 from .arch import Arch, arch_from_model, numpy_weights
 from .bundle import save_graph, staging
@@ -29,7 +37,7 @@ from .validate import (
 
 LOWERINGS = ("ort", "standard")
 PRECISIONS = ("fp32", "fp16")
-SELF_DRAFTS = {"self-int4": "int4", "self-int8": "int8"}  # MatMulNBits copies of the target
+SELF_DRAFTS = SELF_DRAFT_PRECISION  # MatMulNBits copies of the target: recipe -> precision
 # draft tokens per round written to the manifest when the caller names none: the best fixed k
 # measured for each self-draft on chat (docs/benchmarks.md §2c, §4); others: the runtime's default
 RECOMMENDED_K = {"self-int8": 5, "self-int4": 2}

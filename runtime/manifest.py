@@ -13,6 +13,8 @@ from pathlib import Path
 SCHEMA_VERSION = 2  # 2 added io.hidden_out / io.hidden_in (EAGLE pairs); 1 reads as 2 without them
 READABLE_VERSIONS = (1, 2)
 MANIFEST = "specrt.json"
+# draft recipes that are weight-quantized copies of the target (same architecture, same KV layout)
+SELF_DRAFT_PRECISION = {"self-int4": "int4", "self-int8": "int8"}
 
 
 class BundleError(Exception):

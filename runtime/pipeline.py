@@ -12,7 +12,7 @@ from .backends.ort import OrtBackend
 from .decoder import Decoder
 from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
 from .kv import ContextOverflow
-from .manifest import BundleError, load_manifest
+from .manifest import SELF_DRAFT_PRECISION, BundleError, load_manifest
 from .sampling import SamplingConfig
 from .speculate import Speculator, Stats
 from .tokenizer import Tokenizer
@@ -28,9 +28,6 @@ class Result:
 
     def as_dict(self) -> dict:
         return {"text": self.text, "token_ids": self.token_ids, "stats": self.stats.as_dict()}
-
-
-SELF_DRAFT_RECIPES = ("self-int4", "self-int8")  # drafts that are quantized copies of the target
 
 
 class Pipeline:
@@ -108,8 +105,8 @@ class Pipeline:
             if self.draft_decoder is None:
                 raise BundleError(f"bundle {self.folder} has no draft model (or it was not loaded); "
                                   "use draft='none' or 'ngram'")
-            # a self-draft (quantized copy of the target) starts from the target's prompt KV
-            kv_source = self.target if self.manifest.draft.recipe in SELF_DRAFT_RECIPES else None
+            # a self-draft (quantized copy of the target) keeps the target's K/V rows of committed tokens
+            kv_source = self.target if self.manifest.draft.recipe in SELF_DRAFT_PRECISION else None
             model = (EagleDrafter(self.draft_decoder, self.target) if self.eagle
                      else ModelDrafter(self.draft_decoder, kv_source))
             return model if draft == "model" else AutoDrafter(model, NgramDrafter(max_proposal=self.max_k))

@@ -17,7 +17,7 @@ class ModelDrafter:
         prompt's are copied instead of computed (the int8 draft's prompt pass cost more than
         the fp32 target's: 79 vs 64 ms for 40 tokens), and after each round the accepted rows
         replace the draft's. The draft computes rows only for its own proposals, and it drafts
-        from the target's exact context (acceptance 0.89 -> 0.93 on chat). Proposals stay
+        from the target's exact context (acceptance 0.888 -> 0.905, mean of 10 chat prompts). Proposals stay
         proposals: verification is exact whatever the draft's cache holds."""
         self.dec = decoder
         self.kv_source = kv_source
