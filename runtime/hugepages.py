@@ -6,9 +6,11 @@ allocates its prepacked weights with plain malloc, which gets 2 MiB pages only w
 kernel's THP mode is `always`; the common default is `madvise`. After a session is built, the
 anonymous memory it added is collapsed in place with madvise(MADV_COLLAPSE) (Linux >= 6.1;
 synchronous; independent of the THP sysfs mode). Measured on the 2-core CPU (docs/benchmarks.md
-§1): ~1% per target step, ~3–4% per draft step, RSS unchanged, but +0.5–0.7 s at load for the
-default pair, so it pays after ~1,500 speculative tokens: opt-in (`load(..., hugepages=True)`,
-for long-running services). Anywhere it is unsupported it does nothing.
+§1): ~1% per target step, ~3–4% per draft step, RSS unchanged, but +0.3–0.7 s at load for the
+default pair, so it pays after ~1,500 speculative tokens: on by default for `load()` / `Pipeline`
+(services) and `specrt bench`, off for the one-shot `specrt generate` (docs/design.md). Anywhere it
+is unsupported it does nothing; a collapse that stalls (fragmented memory: the kernel compacts
+synchronously) stops at a time budget and leaves the rest on 4 KiB pages.
 
 Usage: `before = anonymous_pages()`, build the session, `collapse(anonymous_pages() - before)`.
 """
@@ -17,9 +19,11 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import time
 
 HUGE = 2 << 20
 MADV_COLLAPSE = 25
+BUDGET_S = 3.0  # per session; an unfragmented machine collapses ~3 GB/s (the default pair: 0.3-0.7 s)
 
 
 def enabled() -> bool:
@@ -50,8 +54,9 @@ def anonymous_pages() -> set[int]:
 _madvise = None
 
 
-def collapse(pages) -> int:
-    """MADV_COLLAPSE each page; returns the bytes now on 2 MiB pages (0 where unsupported)."""
+def collapse(pages, budget_s: float = BUDGET_S) -> int:
+    """MADV_COLLAPSE each page until budget_s has passed; returns the bytes now on 2 MiB pages
+    (0 where unsupported)."""
     global _madvise
     if not pages or not enabled():
         return 0
@@ -65,7 +70,10 @@ def collapse(pages) -> int:
     if not _madvise:
         return 0
     done = 0
+    deadline = time.perf_counter() + budget_s
     for i, p in enumerate(sorted(pages)):
+        if time.perf_counter() > deadline:
+            break
         if _madvise(p * HUGE, HUGE, MADV_COLLAPSE) == 0:
             done += HUGE
         elif i == 0 and ctypes.get_errno() == 22:  # EINVAL at once: the kernel lacks MADV_COLLAPSE

@@ -33,11 +33,12 @@ class Result:
 class Pipeline:
     def __init__(self, folder: str | Path, *, draft: str = "model", device: str = "cpu",
                  threads: int | None = None, k: int | None = None, global_pool: bool = False, adaptive: bool = False,
-                 hugepages: bool = False):
+                 hugepages: bool = True):
         """global_pool: one onnxruntime thread pool for the whole process (faster; but every other
         onnxruntime session in the process must then disable per-session threads).
         hugepages: put the sessions' memory on 2 MiB pages after loading (CPU; ~1-4% faster steps
-        for ~0.5 s more load: for long-running processes; runtime/hugepages.py)."""
+        for ~0.3-0.7 s more load; repaid after ~1,500 tokens, so on for services, which is what
+        embeds this class; `specrt generate` turns it off; runtime/hugepages.py)."""
         self.folder = Path(folder)
         self.manifest = load_manifest(self.folder)
         man = self.manifest

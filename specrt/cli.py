@@ -169,8 +169,10 @@ def inspect(path, as_json):
 @click.option("--device", type=click.Choice(["cpu", "cuda", "trt"]), default="cpu", show_default=True,
               help="cpu / cuda: onnxruntime execution provider; trt: the bundle's TensorRT plans")
 @click.option("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+@click.option("--hugepages/--no-hugepages", default=False, show_default=True,
+              help="2 MiB pages for the sessions' memory: ~2.5% faster tokens for ~0.5 s more load (pays after ~1,500 tokens)")
 def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k, draft, adaptive, chat, stop,
-             as_json, show_stats, device, threads):
+             as_json, show_stats, device, threads, hugepages):
     """Generate from PROMPT (or '-' / nothing: read stdin) with speculative decoding."""
     from specrt.runtime import USER_ERRORS, load
 
@@ -178,7 +180,7 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
         prompt = sys.stdin.read()
     engines = engines or _engines_default()
     try:
-        pipe = load(engines, draft=draft, device=device, threads=threads, k=k, global_pool=True)
+        pipe = load(engines, draft=draft, device=device, threads=threads, k=k, global_pool=True, hugepages=hugepages)
         kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                   seed=seed, k=k if draft != "none" else 0, chat=chat, stop=list(stop), adaptive=adaptive)
         if as_json:
@@ -228,7 +230,8 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
 @click.option("--rss", is_flag=True, help="measure peak RSS per arm in fresh processes (long generation)")
 @click.option("--out", type=click.Path(), default="bench", show_default=True)
 @click.option("--markdown", "md", type=click.Path(), default=None, help="update the generated section of this file")
-@click.option("--hugepages", is_flag=True, help="our sessions on 2 MiB pages, as Pipeline(hugepages=True) (services)")
+@click.option("--hugepages/--no-hugepages", default=True, show_default=True,
+              help="our sessions on 2 MiB pages, as a service's Pipeline (the default); off: as `specrt generate`")
 def bench(engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_tokens, repeats, limit, peer, peer_draft,
           rss, out, md, hugepages):
     """Target-only vs speculative (vs onnxruntime-genai), interleaved in one run."""

@@ -43,7 +43,7 @@ class BenchConfig:
     # process) and cost ~2% per step (docs/design.md, "Benchmark").
     global_pool: bool = False
     adaptive: bool = False  # add a "<draft>-adaptive" arm per drafter
-    hugepages: bool = False  # our sessions on 2 MiB pages (Pipeline(hugepages=True)); the peer as it runs
+    hugepages: bool = True  # our sessions on 2 MiB pages, as Pipeline's default (services); the peer as it ships
     out: Path = Path("bench")
 
 
@@ -123,7 +123,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
     if cfg.peer:
         results["peer_agreement"] = _peer_agreement(runs)
     if cfg.rss:
-        results["rss"] = measure_rss(cfg.bundle, items[0]["prompt"], max(cfg.ks))
+        results["rss"] = measure_rss(cfg.bundle, items[0]["prompt"], max(cfg.ks), hugepages=cfg.hugepages)
     return results
 
 
@@ -232,11 +232,11 @@ def _peer_agreement(runs: list[dict]) -> dict:
 
 RSS_CODE = r"""
 import json, sys, resource, specrt
-bundle, draft, k, n, prompt = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+bundle, draft, k, n, prompt, huge = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6] == "1"
 def rss_mb():
     with open('/proc/self/statm') as f:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
-pipe = specrt.load(bundle, draft=draft)
+pipe = specrt.load(bundle, draft=draft, hugepages=huge)
 ids = pipe.tokenizer.encode(prompt)
 n = min(n, pipe.max_seq_len - len(ids))
 samples, done = [], 0
@@ -249,12 +249,12 @@ print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss 
 """
 
 
-def measure_rss(bundle: Path, prompt: str, k: int, n_long: int = 2000) -> dict:
+def measure_rss(bundle: Path, prompt: str, k: int, n_long: int = 2000, hugepages: bool = True) -> dict:
     """Fresh processes: peak RSS (kB->MB) of target-only and speculative over a long generation,
     with RSS sampled along the way (flatness)."""
     out = {}
     for draft in ("none", "model"):
-        r = subprocess.run([sys.executable, "-c", RSS_CODE, str(bundle), draft, str(k), str(n_long), prompt],
+        r = subprocess.run([sys.executable, "-c", RSS_CODE, str(bundle), draft, str(k), str(n_long), prompt, str(int(hugepages))],
                            capture_output=True, text=True, timeout=3600)
         if r.returncode != 0:
             out[draft] = {"error": r.stderr[-500:]}

@@ -21,9 +21,17 @@ def test_hugepages_collapse_new_anonymous_memory():
     assert (buf == 1).all()  # contents survive the move
 
 
+def test_collapse_stops_at_its_time_budget():
+    buf = np.ones(8 << 20, dtype=np.uint8)
+    pages = {p for p in range(buf.ctypes.data // hugepages.HUGE, (buf.ctypes.data + buf.nbytes) // hugepages.HUGE)}
+    assert hugepages.collapse(pages, budget_s=-1.0) == 0  # past the deadline before the first page
+    assert (buf == 1).all()
+
+
 def test_pipeline_on_hugepages_is_the_same_model(tiny_bundles):
     prompt = [1, 5, 9, 33, 7]
-    plain = specrt.load(tiny_bundles["int8"])
-    huge = specrt.load(tiny_bundles["int8"], hugepages=True)
+    plain = specrt.load(tiny_bundles["int8"], hugepages=False)
+    huge = specrt.load(tiny_bundles["int8"])  # the library default: services
+    assert huge.hugepages and not plain.hugepages
     want = [t for c in plain.stream_ids(prompt, max_new_tokens=24) for t in c]
     assert [t for c in huge.stream_ids(prompt, max_new_tokens=24) for t in c] == want
