@@ -6,8 +6,8 @@ allocates its prepacked weights with plain malloc, which gets 2 MiB pages only w
 kernel's THP mode is `always`; the common default is `madvise`. After a session is built, the
 anonymous memory it added is collapsed in place with madvise(MADV_COLLAPSE) (Linux >= 6.1;
 synchronous; independent of the THP sysfs mode). Measured on the 2-core CPU (docs/benchmarks.md
-§1): ~1% per target step, ~3–4% per draft step, RSS unchanged, but +0.3–0.7 s at load for the
-default pair, so it pays after ~1,500 speculative tokens: on by default for `load()` / `Pipeline`
+§1): ~1% per target step, ~3–4% per draft step, RSS unchanged, but +0.3–1.7 s at load for the
+default pair (the kernel's free-memory state sets it), so it pays after ~1,500–4,000 speculative tokens: on by default for `load()` / `Pipeline`
 (services) and `specrt bench`, off for the one-shot `specrt generate` (docs/design.md). Anywhere it
 is unsupported it does nothing; a collapse that stalls (fragmented memory: the kernel compacts
 synchronously) stops at a time budget and leaves the rest on 4 KiB pages.
@@ -23,7 +23,7 @@ import time
 
 HUGE = 2 << 20
 MADV_COLLAPSE = 25
-BUDGET_S = 3.0  # per session; an unfragmented machine collapses ~3 GB/s (the default pair: 0.3-0.7 s)
+BUDGET_S = 3.0  # per session; the default pair's ~860 MB took 0.27-1.7 s in all
 
 
 def enabled() -> bool:

@@ -37,7 +37,7 @@ class Pipeline:
         """global_pool: one onnxruntime thread pool for the whole process (faster; but every other
         onnxruntime session in the process must then disable per-session threads).
         hugepages: put the sessions' memory on 2 MiB pages after loading (CPU; ~1-4% faster steps
-        for ~0.3-0.7 s more load; repaid after ~1,500 tokens, so on for services, which is what
+        for ~0.3-1.7 s more load; repaid after ~1,500-4,000 tokens, so on for services, which is what
         embeds this class; `specrt generate` turns it off; runtime/hugepages.py)."""
         self.folder = Path(folder)
         self.manifest = load_manifest(self.folder)

