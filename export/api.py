@@ -23,7 +23,7 @@ from . import __version__
 from .arch import Arch, arch_from_model, numpy_weights
 from .bundle import save_graph, staging
 from .eagle import draft_arch, draft_weights, load_head
-from .graph import EAGLE_INPUT, GraphOptions, build_graph
+from .graph import EAGLE_INPUT, LOGITS_KEEP, GraphOptions, build_graph
 from .sources import SourceError, load_source, resolve_source, sha256_file
 from .validate import (
     TOLERANCE,
@@ -200,7 +200,8 @@ def _write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, 
     name, data = save_graph(graph, tmp / role)
     del graph
     kv_dtype = "float16" if opts.precision == "fp16" else "float32"
-    io = IONames(hidden_out=opts.hidden_out, hidden_in=EAGLE_INPUT if opts.eagle else "")
+    io = IONames(hidden_out=opts.hidden_out, hidden_in=EAGLE_INPUT if opts.eagle else "",
+                 logits_to_keep=LOGITS_KEEP if opts.lowering == "ort" else "")
     return ModelEntry(
         graph=f"{role}/{name}",
         data=f"{role}/{data}",

@@ -5,7 +5,10 @@ Graph contract (docs/bundle.md):
            attention_mask       int64 [B, P + T]       all ones; its length tells the graph
                                                         the committed length P (write position)
            past_key_values.{i}.key / .value   [B, Hkv, S_max, D]
-  outputs  logits               float32 [B, T, V]      every position (verification needs all)
+           num_logits_to_keep   int64 [1]              optional (ort lowering): logits for the last
+                                                        n positions only; default (not fed): all T
+  outputs  logits               float32 [B, n, V]      n = min(num_logits_to_keep, T); verification
+                                                        needs all T, a prompt chunk only its last
            present.{i}.key / .value           [B, Hkv, S_max, D]
 The runtime binds past_key_values.{i}.* and present.{i}.* to the *same* buffer: the graph
 writes the T new rows at [P, P+T) in place and attends over [0, P+T). Rows past P+T are stale
@@ -32,6 +35,8 @@ from .arch import Arch
 
 OPSET = {"ort": 21, "standard": 24}
 EAGLE_INPUT = "hidden_states"  # target features fed to an EAGLE draft
+LOGITS_KEEP = "num_logits_to_keep"  # ort lowering: int64 [1], an input with a default (all positions)
+KEEP_ALL = 1 << 30  # the default: Slice clamps -KEEP_ALL to the first position
 MS = "com.microsoft"
 QUANTIZED = {"int4": 4, "int8": 8}  # weight-only precisions -> MatMulNBits bits
 
@@ -97,11 +102,15 @@ def build_graph(arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions) -> onn
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total_sequence_length"]),
     ]
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence_length", arch.vocab])]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "logits_length", arch.vocab])]
     if opts.eagle:
         inputs.insert(1, helper.make_tensor_value_info(EAGLE_INPUT, TensorProto.FLOAT, ["batch", "sequence_length", arch.hidden]))
     if opts.hidden_out:
         outputs.append(helper.make_tensor_value_info(opts.hidden_out, TensorProto.FLOAT, ["batch", "sequence_length", arch.hidden]))
+    if em.keep:
+        # an initializer that is also a graph input is overridable: callers that do not feed it
+        # (onnxruntime-genai, the export's own parity check) get every position, as before
+        inputs.append(helper.make_tensor_value_info(LOGITS_KEEP, TensorProto.INT64, [1]))
     for i in range(arch.layers):
         for kv in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kv}", onnx_dtype, kv_shape))
@@ -119,6 +128,7 @@ class _Emitter:
     def __init__(self, g: _G, arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions):
         self.g, self.a, self.w, self.o = g, arch, w, opts
         self.ort = opts.lowering == "ort"
+        self.keep = self.ort  # num_logits_to_keep input (the standard lowering stays TensorRT-plain)
 
     # ---- shared pieces -------------------------------------------------------------------
     def norm_weight(self, key: str) -> np.ndarray:
@@ -240,6 +250,9 @@ class _Emitter:
 
     def lm_head(self, x: str):
         g = self.g
+        if self.keep:  # only the last num_logits_to_keep positions go through the LM head
+            g.const(LOGITS_KEEP, np.array([KEEP_ALL], dtype=np.int64))
+            x = g.op("Slice", [x, g.op("Neg", [LOGITS_KEEP]), g.i64(np.iinfo(np.int64).max), g.i64(1)], "keep")
         head = self.w.get("lm_head.weight")
         if head is None or self.a.tie_embeddings:
             head = self.w["model.embed_tokens.weight"]
@@ -249,7 +262,7 @@ class _Emitter:
             # Share the embedding initializer: Gemm(transB=1) on [B*T, H] avoids a transposed copy.
             x2 = g.op("Reshape", [x, g.i64(-1, self.a.hidden)])
             y2 = g.op("Gemm", [x2, "embed_tokens"], "lm_head", transB=1)
-            shape = g.op("Shape", ["input_ids"])
+            shape = g.op("Shape", [x], end=2)  # [B, n]
             out_shape = g.op("Concat", [shape, g.i64(self.a.vocab)], axis=0)
             logits = g.op("Reshape", [y2, out_shape])
         else:

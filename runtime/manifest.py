@@ -32,6 +32,9 @@ class IONames:
     present_value: str = "present.{i}.value"
     hidden_out: str = ""  # float32 [B, T, H] final-norm hidden states ("" = not an output)
     hidden_in: str = ""  # float32 [B, T, H] target features (EAGLE draft input; "" = none)
+    # int64 [1] input with a default: logits for the last n positions only ("" = the graph
+    # always returns all T rows). Optional and additive, so schema_version stays 2.
+    logits_to_keep: str = ""
 
 
 @dataclass

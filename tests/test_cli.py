@@ -108,7 +108,7 @@ def test_non_finite_logits_is_reported(tiny_bundles, monkeypatch):
 
     pipe = specrt.load(tiny_bundles["good"])
     real = pipe.target.backend.run
-    monkeypatch.setattr(pipe.target.backend, "run", lambda t, p, h=None: real(t, p, h) * np.float32("nan"))
+    monkeypatch.setattr(pipe.target.backend, "run", lambda t, p, h=None, keep=None: real(t, p, h, keep) * np.float32("nan"))
     with pytest.raises(NonFiniteLogits, match="non-finite"):
         pipe.generate("w5", max_new_tokens=4, chat=False)
 

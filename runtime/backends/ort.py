@@ -137,18 +137,27 @@ class OrtBackend(FeatureBuffers):
         self._logits = np.empty(self.max_prefill_t * self.vocab, dtype=np.float32)
         self._logits.fill(0)  # commit the pages now: RSS stays flat during generation
         self._names = (io_names.input_ids, io_names.attention_mask, io_names.logits)
+        self._keep = np.zeros(1, dtype=np.int64) if io_names.logits_to_keep else None
         self.hugepage_bytes = collapse(anonymous_pages() - before) if before is not None else 0
 
-    def run(self, tokens: np.ndarray, past_len: int, hidden: np.ndarray | None = None) -> np.ndarray:
-        """tokens int64 [T] (T <= max_prefill_t) at positions [past_len, past_len + T) -> logits [T, V].
-        hidden [T, H]: feature input of an EAGLE draft (ignored by graphs without one)."""
+    def run(self, tokens: np.ndarray, past_len: int, hidden: np.ndarray | None = None,
+            keep: int | None = None) -> np.ndarray:
+        """tokens int64 [T] (T <= max_prefill_t) at positions [past_len, past_len + T) -> logits
+        [n, V] of the last n = min(keep, T) positions (all T when keep is None or the graph has
+        no `logits_to_keep` input). hidden [T, H]: feature input of an EAGLE draft (ignored by
+        graphs without one)."""
         T = len(tokens)
         self._ids[0, :T] = tokens
         ids, mask, logits = self._names
         io = self.io
         io.bind_input(ids, "cpu", 0, np.int64, [1, T], self._ids.ctypes.data)
         io.bind_input(mask, "cpu", 0, np.int64, [1, past_len + T], self._mask.ctypes.data)
-        io.bind_output(logits, "cpu", 0, np.float32, [1, T, self.vocab], self._logits.ctypes.data)
+        n = T
+        if self._keep is not None:
+            n = T if keep is None else max(1, min(keep, T))
+            self._keep[0] = n
+            io.bind_input(self.entry.io.logits_to_keep, "cpu", 0, np.int64, [1], self._keep.ctypes.data)
+        io.bind_output(logits, "cpu", 0, np.float32, [1, n, self.vocab], self._logits.ctypes.data)
         if self._h_in is not None:
             if hidden is not None:
                 self._h_in[:T] = hidden
@@ -157,7 +166,7 @@ class OrtBackend(FeatureBuffers):
             io.bind_output(self.entry.io.hidden_out, "cpu", 0, np.float32, [1, T, self.hidden_size], self._h_out.ctypes.data)
             self.hidden = self._h_out[:T]
         self.session.run_with_iobinding(io)
-        return self._logits[: T * self.vocab].reshape(T, self.vocab)
+        return self._logits[: n * self.vocab].reshape(n, self.vocab)
 
     def copy_kv_rows(self, src, n: int, start: int = 0) -> bool:
         """Overwrite KV rows [start, n) of every layer with `src`'s (another OrtBackend with the

@@ -104,7 +104,10 @@ class TrtBackend(FeatureBuffers):
             self.ctx.set_tensor_address(past, p)
             self.ctx.set_tensor_address(pres, q)
 
-    def run(self, tokens: np.ndarray, past_len: int, hidden: np.ndarray | None = None) -> np.ndarray:
+    def run(self, tokens: np.ndarray, past_len: int, hidden: np.ndarray | None = None,
+            keep: int | None = None) -> np.ndarray:
+        """As OrtBackend.run; `keep` is ignored (standard-lowering graphs have no logits_to_keep
+        input): all T rows come back and callers use the last ones."""
         cu = self.cu
         T, H = len(tokens), self.hidden_size
         self._ids[:T] = tokens

@@ -6,11 +6,11 @@ import pytest
 from conftest import FAMILIES, tiny_model
 from specrt.export.arch import arch_from_model, numpy_weights
 from specrt.export.bundle import save_graph
-from specrt.export.graph import GraphOptions, build_graph
+from specrt.export.graph import LOGITS_KEEP, GraphOptions, build_graph
 from specrt.export.validate import reference_logits
 from specrt.runtime.backends.ort import OrtBackend
 from specrt.runtime.decoder import Decoder
-from specrt.runtime.manifest import KVLayout, ModelEntry
+from specrt.runtime.manifest import IONames, KVLayout, ModelEntry
 
 S_MAX = 64
 
@@ -26,8 +26,26 @@ def make_decoder(model, tmp_path, lowering="ort", precision="fp32"):
     name, _ = save_graph(graph, tmp_path)
     kv_dtype = "float16" if precision == "fp16" else "float32"
     entry = ModelEntry(vocab_size=arch.vocab, max_tokens_per_call=17,
+                       io=IONames(logits_to_keep=LOGITS_KEEP if lowering == "ort" else ""),
                        kv=KVLayout(arch.layers, arch.kv_heads, arch.head_dim, kv_dtype, S_MAX))
     return Decoder(OrtBackend(tmp_path / name, entry))
+
+
+@pytest.mark.parametrize("lowering", ["ort", "standard"])
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_logits_to_keep_returns_the_last_rows(family, lowering, tmp_path):
+    """A prompt chunk needs only its last row: the ort graph skips the LM head for the others;
+    the standard graph (no such input) returns every row. Either way the kept rows are the
+    full call's, and the KV cache is the same."""
+    model = tiny_model(family)
+    full, kept = make_decoder(model, tmp_path / "a", lowering), make_decoder(model, tmp_path / "b", lowering)
+    ids = np.random.default_rng(3).integers(3, 128, size=20)
+    want = full.forward(ids[:13]).copy()
+    got = kept.forward(ids[:13], keep=2).copy()
+    assert got.shape == ((2, want.shape[1]) if lowering == "ort" else want.shape)
+    np.testing.assert_allclose(got[-2:], want[-2:], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(kept.prefill(ids[13:]), full.prefill(ids[13:]), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(kept.forward(ids[:3]), full.forward(ids[:3]), atol=1e-5, rtol=0)  # keep=None: all rows
 
 
 @pytest.mark.parametrize("lowering", ["ort", "standard"])

@@ -200,9 +200,9 @@ def test_prompt_chunks_wider_than_a_verification_call(tiny_bundles):
     ids = (np.arange(40) * 7) % 50 + 3
     calls = []
     run = wide.backend.run
-    wide.backend.run = lambda t, p, h=None: (calls.append(len(t)), run(t, p, h))[1]
+    wide.backend.run = lambda t, p, h=None, keep=None: (calls.append((len(t), keep)), run(t, p, h, keep))[1]
     got = wide.prefill(ids).copy()
-    assert calls == [40]
+    assert calls == [(40, 1)]  # one chunk, and only its last row through the LM head
     wide.reset()
     np.testing.assert_allclose(got, wide.prefill(ids, chunk=wide.max_t), atol=1e-4, rtol=0)
     np.testing.assert_allclose(wide.forward([5])[0], fresh_row(folder, man, list(ids) + [5]), atol=1e-4, rtol=0)
