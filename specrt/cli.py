@@ -125,9 +125,11 @@ def inspect(path, as_json):
                    + (f"  default k={e.default_k}" if e.default_k else ""))
         feat_in = f"{e.io.hidden_in} [B,T,{e.hidden_size}], " if e.io.hidden_in else ""
         feat_out = f", {e.io.hidden_out} [B,T,{e.hidden_size}]" if e.io.hidden_out else ""
+        keep = f", {e.io.logits_to_keep} [1] (optional)" if e.io.logits_to_keep else ""
         click.echo(f"    graph {e.graph}; inputs {e.io.input_ids} [B,T<={e.max_tokens_per_call}], {feat_in}"
-                   f"{e.io.attention_mask} [B,P+T], {e.io.past_key.format(i='i')}/{e.io.past_value.format(i='i')}; "
-                   f"outputs {e.io.logits} [B,T,{e.vocab_size}]{feat_out}, {e.io.present_key.format(i='i')}/..")
+                   f"{e.io.attention_mask} [B,P+T], {e.io.past_key.format(i='i')}/{e.io.past_value.format(i='i')}{keep}; "
+                   f"outputs {e.io.logits} [B,{'n' if keep else 'T'},{e.vocab_size}]{feat_out}, "
+                   f"{e.io.present_key.format(i='i')}/..")
         click.echo(f"    KV: {e.kv.layers} layers x {e.kv.kv_heads} heads x {e.kv.head_dim} dim, {e.kv.dtype}, "
                    f"S_max={e.kv.max_seq_len}: {kvb / 1024:.1f} KiB/token, {kvb * e.kv.max_seq_len / 2**20:.0f} MiB allocated")
         if e.parity and e.recipe == "eagle":

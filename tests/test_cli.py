@@ -93,6 +93,7 @@ def test_inspect(tiny_bundles):
     r = run("inspect", str(tiny_bundles["int4"]))
     assert r.returncode == 0
     assert "precision=int4" in r.stdout and "KiB/token" in r.stdout and "parity" in r.stdout
+    assert "num_logits_to_keep [1] (optional)" in r.stdout and "logits [B,n," in r.stdout
 
 
 def test_export_bad_source(tmp_path):
