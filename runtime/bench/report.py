@@ -26,6 +26,14 @@ def table(results: dict) -> str:
     lines.append(f"probe: target T=1 {tms[1]:.1f} ms; "
                  + ", ".join(f"T={t} {v:.1f}" for t, v in sorted(tms.items()) if t != 1)
                  + (f"; draft T=1 {next(iter(c['draft_ms'].values())):.1f} ms (c = {c['c']:.2f})" if "draft_ms" in c else ""))
+    for key, what in (("greedy_agreement", "speculative"), ("peer_agreement", "onnxruntime-genai")):
+        agree = results.get(key) or {}
+        if agree:
+            same = sum(x["identical"] for runs in agree.values() for x in runs)
+            total = sum(len(runs) for runs in agree.values())
+            diff = sorted({a for a, runs in agree.items() for x in runs if not x["identical"]})
+            lines.append(f"greedy {what} output = target-only, token for token: {same}/{total} runs"
+                         + (f" (differs: {', '.join(diff)})" if diff else ""))
     if "rss" in results:
         for arm, d in results["rss"].items():
             if "peak_mb" in d:

@@ -120,8 +120,9 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
         "runs": runs,
     }
     results["summary"] = summarize(runs)
+    results["greedy_agreement"] = _agreement(runs, lambda arm: arm != "target" and not arm.startswith("genai"))
     if cfg.peer:
-        results["peer_agreement"] = _peer_agreement(runs)
+        results["peer_agreement"] = _agreement(runs, lambda arm: arm.startswith("genai"))
     if cfg.rss:
         results["rss"] = measure_rss(cfg.bundle, items[0]["prompt"], max(cfg.ks), hugepages=cfg.hugepages)
     return results
@@ -217,12 +218,15 @@ def step_ms(target_runs: list[dict]) -> float | None:
     return float(np.median(per)) if per else None
 
 
-def _peer_agreement(runs: list[dict]) -> dict:
-    """Greedy runs: does genai's output equal ours token for token (same prompt, same arm kind)?"""
+def _agreement(runs: list[dict], which) -> dict:
+    """Greedy runs of the arms `which(arm)` selects: is the output our target-only arm's, token
+    for token (same prompt, same repeat)? Speculative arms must be (the product's promise;
+    a difference can only come from a near-tie flipped by a different call width); genai arms
+    show whether the two runtimes compute the same model."""
     ours = {(r["prompt_id"], r["repeat"]): r["token_ids"] for r in runs if r["arm"] == "target" and r["temperature"] == 0}
     out = {}
     for r in runs:
-        if r["arm"].startswith("genai") and r["temperature"] == 0 and (r["prompt_id"], r["repeat"]) in ours:
+        if which(r["arm"]) and r["temperature"] == 0 and (r["prompt_id"], r["repeat"]) in ours:
             ref = ours[(r["prompt_id"], r["repeat"])]
             same = r["token_ids"] == ref
             first = next((i for i, (a, b) in enumerate(zip(r["token_ids"], ref, strict=False)) if a != b), None)

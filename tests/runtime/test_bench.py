@@ -67,6 +67,9 @@ def test_bench_smoke(tiny_bundles, tmp_path):
     assert res["config"]["adaptive"] is True and res["config"]["hugepages"] is True  # the default
     spec_run = next(r for r in res["runs"] if r["arm"] == "model-k3")
     assert spec_run["draft_prefill_ms"] > 0 and spec_run["ttft_ms"] <= spec_run["prefill_ms"]
+    agree = res["greedy_agreement"]
+    assert set(agree) == {a for a in arms if a != "target"} and all(len(v) == 2 for v in agree.values())
+    assert "output = target-only, token for token" in r.stdout
     # greedy arms produce identical tokens (the bench checks losslessness as a side effect)
     greedy = {}
     for run in res["runs"]:
