@@ -5,8 +5,8 @@ Graph contract (docs/bundle.md):
            attention_mask       int64 [B, P + T]       all ones; its length tells the graph
                                                         the committed length P (write position)
            past_key_values.{i}.key / .value   [B, Hkv, S_max, D]
-           num_logits_to_keep   int64 [1]              optional (ort lowering): logits for the last
-                                                        n positions only; default (not fed): all T
+           num_logits_to_keep   int64 [1]              optional (ort lowering), n >= 1: logits for the
+                                                        last n positions only; default (not fed): all T
   outputs  logits               float32 [B, n, V]      n = min(num_logits_to_keep, T); verification
                                                         needs all T, a prompt chunk only its last
            present.{i}.key / .value           [B, Hkv, S_max, D]
@@ -102,14 +102,15 @@ def build_graph(arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions) -> onn
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total_sequence_length"]),
     ]
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "logits_length", arch.vocab])]
+    out_len = "logits_length" if em.keep else "sequence_length"
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", out_len, arch.vocab])]
     if opts.eagle:
         inputs.insert(1, helper.make_tensor_value_info(EAGLE_INPUT, TensorProto.FLOAT, ["batch", "sequence_length", arch.hidden]))
     if opts.hidden_out:
         outputs.append(helper.make_tensor_value_info(opts.hidden_out, TensorProto.FLOAT, ["batch", "sequence_length", arch.hidden]))
     if em.keep:
         # an initializer that is also a graph input is overridable: callers that do not feed it
-        # (onnxruntime-genai, the export's own parity check) get every position, as before
+        # (onnxruntime-genai, plain InferenceSession users) get every position, as before
         inputs.append(helper.make_tensor_value_info(LOGITS_KEEP, TensorProto.INT64, [1]))
     for i in range(arch.layers):
         for kv in ("key", "value"):
@@ -262,7 +263,8 @@ class _Emitter:
             # Share the embedding initializer: Gemm(transB=1) on [B*T, H] avoids a transposed copy.
             x2 = g.op("Reshape", [x, g.i64(-1, self.a.hidden)])
             y2 = g.op("Gemm", [x2, "embed_tokens"], "lm_head", transB=1)
-            shape = g.op("Shape", [x], end=2)  # [B, n]
+            # [B, n] (the standard lowering has no Slice: its graph stays as TensorRT has run it)
+            shape = g.op("Shape", [x], end=2) if self.keep else g.op("Shape", ["input_ids"])
             out_shape = g.op("Concat", [shape, g.i64(self.a.vocab)], axis=0)
             logits = g.op("Reshape", [y2, out_shape])
         else:

@@ -48,6 +48,25 @@ def test_logits_to_keep_returns_the_last_rows(family, lowering, tmp_path):
     np.testing.assert_allclose(kept.forward(ids[:3]), full.forward(ids[:3]), atol=1e-5, rtol=0)  # keep=None: all rows
 
 
+def test_logits_to_keep_leaves_hidden_out_whole(tmp_path):
+    """An EAGLE target outputs every position's features even when only one logits row is kept."""
+    model = tiny_model("llama")
+    arch = arch_from_model(model, S_MAX)
+    graph = build_graph(arch, numpy_weights(model), GraphOptions(max_seq_len=S_MAX, hidden_out="hidden_states"))
+    name, _ = save_graph(graph, tmp_path)
+    entry = ModelEntry(vocab_size=arch.vocab, hidden_size=arch.hidden, max_tokens_per_call=17,
+                       io=IONames(hidden_out="hidden_states", logits_to_keep=LOGITS_KEEP),
+                       kv=KVLayout(arch.layers, arch.kv_heads, arch.head_dim, "float32", S_MAX))
+    dec = Decoder(OrtBackend(tmp_path / name, entry), keep_hidden=True)
+    ids = np.random.default_rng(4).integers(3, 128, size=9)
+    assert dec.forward(ids, keep=2).shape == (2, arch.vocab)
+    assert dec.hidden.shape == (9, arch.hidden)
+    feats = dec.features[:9].copy()
+    dec.reset()
+    dec.forward(ids)
+    np.testing.assert_allclose(dec.features[:9], feats, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("lowering", ["ort", "standard"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_parity_multitoken_and_rewind(family, lowering, tmp_path):

@@ -6,9 +6,9 @@ import onnxruntime as ort
 from specrt.runtime.backends.ort import session_options
 
 
-def _logits(graph, so):
+def _logits(graph, so, keep=None):
     s = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
-    feeds = {}
+    feeds = {} if keep is None else {"num_logits_to_keep": np.array([keep], np.int64)}
     for i in s.get_inputs():
         shape = [d if isinstance(d, int) else 1 for d in i.shape]
         if i.name == "input_ids":
@@ -29,3 +29,14 @@ def test_parallel_prepacking_is_set_and_exact(tiny_bundles):
     for model in ("target", "draft"):
         graph = tiny_bundles["int8"] / model / "model.onnx"
         assert np.array_equal(_logits(graph, so), _logits(graph, serial)), model
+
+
+def test_logits_to_keep_default_is_every_row(tiny_bundles):
+    """Consumers that never feed num_logits_to_keep (onnxruntime-genai, a plain session) get
+    all T rows from its default; fed n they get the last n."""
+    graph = tiny_bundles["int8"] / "target" / "model.onnx"
+    so = session_options(2)
+    unfed, fed_all, fed_one = _logits(graph, so), _logits(graph, so, keep=4), _logits(graph, so, keep=1)
+    assert unfed.shape[:2] == (1, 4) and fed_one.shape[:2] == (1, 1)
+    np.testing.assert_array_equal(unfed, fed_all)
+    np.testing.assert_allclose(fed_one[0, -1], unfed[0, -1], atol=1e-5, rtol=0)
