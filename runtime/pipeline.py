@@ -52,7 +52,11 @@ class Pipeline:
         load_draft = man.draft is not None and draft in ("model", "auto")
         self.target = self._decoder(man.target, device, threads, "target", keep_hidden=self.eagle and load_draft)
         if load_draft:
-            self.draft_decoder = self._decoder(man.draft, device, threads, "draft")
+            # a self-draft (quantized copy of the target, same KV layout) works in the target's
+            # own KV buffers: its rows of committed tokens are the target's (ModelDrafter)
+            self_draft = man.draft.recipe in SELF_DRAFT_PRECISION
+            self.draft_decoder = self._decoder(man.draft, device, threads, "draft",
+                                               kv_from=self.target.backend if self_draft else None)
         if draft in ("model", "auto") and man.draft is None:
             raise BundleError(f"bundle {self.folder} has no draft model; use draft='none' or 'ngram'")
         self.default_draft = draft
@@ -67,12 +71,13 @@ class Pipeline:
         self.max_k = man.target.max_tokens_per_call - 1
         self.last: Result | None = None
 
-    def _decoder(self, entry, device, threads, name, keep_hidden: bool = False) -> Decoder:
+    def _decoder(self, entry, device, threads, name, keep_hidden: bool = False, kv_from=None) -> Decoder:
         if device == "trt":
             return Decoder(self._trt_backend(entry, name), name, keep_hidden)
         try:
             backend = OrtBackend(self.folder / entry.graph, entry, device=device, threads=threads,
-                                 global_pool=self.global_pool, hugepages=self.hugepages)
+                                 global_pool=self.global_pool, hugepages=self.hugepages,
+                                 kv_from=kv_from if isinstance(kv_from, OrtBackend) else None)
         except Exception as e:  # onnxruntime raises its own exception types on a bad graph
             if isinstance(e, (BundleError, ValueError)):
                 raise
@@ -106,7 +111,8 @@ class Pipeline:
             if self.draft_decoder is None:
                 raise BundleError(f"bundle {self.folder} has no draft model (or it was not loaded); "
                                   "use draft='none' or 'ngram'")
-            # a self-draft (quantized copy of the target) keeps the target's K/V rows of committed tokens
+            # a self-draft (quantized copy of the target) keeps the target's K/V rows of committed
+            # tokens: shares its buffers on the host, else copies the rows
             kv_source = self.target if self.manifest.draft.recipe in SELF_DRAFT_PRECISION else None
             model = (EagleDrafter(self.draft_decoder, self.target) if self.eagle
                      else ModelDrafter(self.draft_decoder, kv_source))

@@ -96,9 +96,14 @@ class OrtBackend(FeatureBuffers):
         max_tokens_per_call: int | None = None,
         prefill_tokens: int = PREFILL_TOKENS,
         hugepages: bool = False,
+        kv_from: OrtBackend | None = None,
     ):
         """hugepages: move the memory this session allocates (prepacked weights, KV, buffers) onto
-        2 MiB pages once it is built (runtime/hugepages.py; CPU, Linux >= 6.1)."""
+        2 MiB pages once it is built (runtime/hugepages.py; CPU, Linux >= 6.1).
+        kv_from: bind that backend's KV buffers instead of allocating (a self-draft over its
+        target's cache: both on the host with the same KV layout, else ignored). The two then
+        write the same rows; the caller keeps each below the other's committed length (see
+        ModelDrafter)."""
         providers, self.device_type = pick_providers(device)
         before = anonymous_pages() if hugepages and self.device_type == "cpu" else None
         so = session_options(threads, spin, global_pool)
@@ -117,19 +122,15 @@ class OrtBackend(FeatureBuffers):
         shape = [1, kv.kv_heads, kv.max_seq_len, kv.head_dim]
         io_names = entry.io
         self.io = self.session.io_binding()
-        self._kv: list = []  # keeps OrtValues (and their host arrays) alive
+        shared = (kv_from is not None and self.device_type == "cpu" and kv_from.device_type == "cpu"
+                  and len(kv_from._kv) == 2 * kv.layers
+                  and all(h is not None and list(h.shape) == shape and h.dtype == dtype for h, _ in kv_from._kv))
+        # (host array or None, OrtValue) per layer and K/V; keeps both alive
+        self._kv: list = kv_from._kv if shared else [self._kv_buffer(shape, dtype) for _ in range(2 * kv.layers)]
         for i in range(kv.layers):
-            for past, present in ((io_names.past_key, io_names.present_key), (io_names.past_value, io_names.present_value)):
-                if self.device_type == "cpu":
-                    # fill() touches every page now: RSS is the full KV size from load on
-                    # (np.zeros would commit pages lazily and RSS would grow during generation)
-                    host = np.empty(shape, dtype=dtype)
-                    host.fill(0)
-                    val = ort.OrtValue.ortvalue_from_numpy(host)
-                    self._kv.append((host, val))
-                else:
-                    val = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, self.device_type, 0)
-                    self._kv.append((None, val))
+            for j, (past, present) in enumerate(((io_names.past_key, io_names.present_key),
+                                                 (io_names.past_value, io_names.present_value))):
+                val = self._kv[2 * i + j][1]
                 self.io.bind_ortvalue_input(past.format(i=i), val)
                 self.io.bind_ortvalue_output(present.format(i=i), val)
         self._ids = np.zeros((1, self.max_prefill_t), dtype=np.int64)
@@ -168,9 +169,24 @@ class OrtBackend(FeatureBuffers):
         self.session.run_with_iobinding(io)
         return self._logits[: n * self.vocab].reshape(n, self.vocab)
 
+    def _kv_buffer(self, shape, dtype):
+        if self.device_type == "cpu":
+            # fill() touches every page now: RSS is the full KV size from load on
+            # (np.zeros would commit pages lazily and RSS would grow during generation)
+            host = np.empty(shape, dtype=dtype)
+            host.fill(0)
+            return host, ort.OrtValue.ortvalue_from_numpy(host)
+        return None, ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, self.device_type, 0)
+
+    def shares_kv(self, other) -> bool:
+        return self._kv is getattr(other, "_kv", None)
+
     def copy_kv_rows(self, src, n: int, start: int = 0) -> bool:
         """Overwrite KV rows [start, n) of every layer with `src`'s (another OrtBackend with the
-        same KV layout, both on the host). Returns False, copying nothing, where that does not hold."""
+        same KV layout, both on the host). Returns False, copying nothing, where that does not
+        hold; True at once where the two share their buffers (the rows are already there)."""
+        if self.shares_kv(src):
+            return True
         if (self.device_type != "cpu" or getattr(src, "device_type", None) != "cpu"
                 or len(self._kv) != len(src._kv)
                 or any(d.shape != s.shape or d.dtype != s.dtype for (d, _), (s, _) in zip(self._kv, src._kv, strict=True))):

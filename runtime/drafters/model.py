@@ -14,20 +14,33 @@ class ModelDrafter:
     def __init__(self, decoder: Decoder, kv_source: Decoder | None = None):
         """kv_source: the target, when the draft is a quantized copy of it (self-draft). The
         draft's cache then holds the target's own K/V rows for every committed token: the
-        prompt's are copied instead of computed (the int8 draft's prompt pass cost more than
+        prompt's are taken instead of computed (the int8 draft's prompt pass cost more than
         the fp32 target's: 79 vs 64 ms for 40 tokens), and after each round the accepted rows
         replace the draft's. The draft computes rows only for its own proposals, and it drafts
-        from the target's exact context (acceptance 0.888 -> 0.905, mean of 10 chat prompts). Proposals stay
-        proposals: verification is exact whatever the draft's cache holds."""
+        from the target's exact context (acceptance 0.888 -> 0.905, mean of 10 chat prompts).
+        Proposals stay proposals: verification is exact whatever the draft's cache holds.
+
+        On the host the two decoders share one set of KV buffers (`OrtBackend(kv_from=...)`):
+        "taking" rows is then only moving the draft's length pointer, and the draft writes
+        nothing but rows at or past the target's length, which the next verification call
+        overwrites before it reads them. That is the invariant that keeps the target exact, so
+        every draft write below goes through `_own_rows_only`."""
         self.dec = decoder
         self.kv_source = kv_source
+        shares = getattr(decoder.backend, "shares_kv", None)
+        self.shared = kv_source is not None and shares is not None and shares(kv_source.backend)
         self._synced = 0  # cache rows [0, _synced) are the kv_source's
 
     def begin(self, prompt) -> None:
         self.dec.reset()
         self._synced = 0
-        n = len(prompt) - 1  # the last prompt token is fed by the first propose
-        if n > 0 and not self._sync(n):
+        # The target has the whole prompt by now (Speculator.prefill): take all its rows, and the
+        # first propose feeds only the first new token. Without a kv_source the last prompt
+        # token is fed by the first propose.
+        if self.kv_source is not None and self._sync(min(len(prompt), self.kv_source.length)):
+            return
+        if len(prompt) > 1:
+            self._own_rows_only()
             self.dec.prefill(prompt[:-1])
 
     def _sync(self, n: int, start: int = 0) -> bool:
@@ -66,10 +79,18 @@ class ModelDrafter:
 
     def _catch_up(self, seq) -> np.ndarray:
         """Feed the committed tokens the cache lacks; -> logits row for the next token."""
+        self._own_rows_only()
         return self.dec.prefill(seq[self.dec.length :])
 
     def _step(self, tok) -> np.ndarray:
         return self.dec.forward(tok)[0]
+
+    def _own_rows_only(self) -> None:
+        """With shared buffers, rows below the target's length are the target's: take them
+        (free) rather than write over them."""
+        if self.shared and self.dec.length < self.kv_source.length:
+            if not self._sync(self.kv_source.length, self.dec.length):
+                raise RuntimeError("draft behind the target on a shared KV cache")
 
     def commit(self, seq_len: int) -> None:
         # Cache rows hold seq[:n] + proposals[:k-1]; the valid prefix is the committed part.

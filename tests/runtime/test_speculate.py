@@ -244,21 +244,55 @@ def test_first_token_goes_out_before_the_draft_reads_the_prompt(tiny_bundles):
     assert st.draft_prefill_ms > 0 and st.prefill_ms > st.ttft_ms
 
 
-def test_self_draft_cache_holds_the_targets_rows(tiny_bundles):
-    """A self-draft starts from the target's prompt K/V and takes the target's rows of every
-    accepted token: its cache equals the target's over the committed tokens; output stays exact."""
+def _target_rows(pipe, n):
+    return [np.concatenate([a[:, :, :n].copy() for a in pipe.target.backend.kv_host(layer)])
+            for layer in range(pipe.manifest.target.kv.layers)]
+
+
+def test_self_draft_shares_the_targets_kv_and_never_writes_its_rows(tiny_bundles):
+    """On the host a self-draft works in the target's own KV buffers: no copy, no second cache.
+    It may only write rows at or past the target's length (the next verification overwrites
+    them), so after a speculative run the target's rows are still the target's: equal to a
+    target-only run's, and the output is exact."""
     from specrt.runtime.speculate import Stats
 
     pipe = specrt.load(tiny_bundles["int8"])
     drafter = pipe.drafter("model")
-    assert drafter.kv_source is pipe.target
+    assert drafter.kv_source is pipe.target and drafter.shared
+    assert pipe.draft_decoder.backend.shares_kv(pipe.target.backend)
     assert specrt.load(tiny_bundles["good"]).drafter("model").kv_source is None  # a separate model: own cache
+    want = target_only(pipe, PROMPTS[1], 30)
+    n = pipe.target.length
+    rows_target_only = _target_rows(pipe, n)
+    for adaptive in (False, True):  # fixed k, and adaptive k (k = 0 rounds and early stops)
+        st = Stats()
+        got = [t for c in pipe.stream_ids(PROMPTS[1], max_new_tokens=30, k=3, adaptive=adaptive, stats=st) for t in c]
+        assert got == want
+        assert st.draft_prefill_ms < 50  # taken, not computed
+        assert pipe.target.length == n
+        for a, b in zip(_target_rows(pipe, n), rows_target_only, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)  # an int8 draft row would differ by ~1e-2
+
+
+def test_self_draft_with_its_own_cache_copies_the_targets_rows(tiny_bundles):
+    """Where the buffers cannot be shared (device memory), the self-draft copies the target's
+    prompt rows and the rows of every accepted token instead: its cache equals the target's over
+    the committed tokens; output stays exact."""
+    from specrt.runtime.backends.ort import OrtBackend
+    from specrt.runtime.decoder import Decoder
+    from specrt.runtime.speculate import Stats
+
+    pipe = specrt.load(tiny_bundles["int8"])
+    man = pipe.manifest
+    pipe.draft_decoder = Decoder(OrtBackend(tiny_bundles["int8"] / man.draft.graph, man.draft), "draft")
+    drafter = pipe.drafter("model")
+    assert drafter.kv_source is pipe.target and not drafter.shared
     want = target_only(pipe, PROMPTS[1], 30)
     st = Stats()
     assert [t for c in pipe.stream_ids(PROMPTS[1], max_new_tokens=30, k=3, stats=st) for t in c] == want
     assert st.draft_prefill_ms < 50  # copied, not computed
     n = pipe.target.length  # committed tokens - 1
     assert pipe.draft_decoder.length >= n - 1
-    for layer in (0, pipe.manifest.target.kv.layers - 1):
+    for layer in (0, man.target.kv.layers - 1):
         for d, t in zip(pipe.draft_decoder.backend.kv_host(layer), pipe.target.backend.kv_host(layer), strict=True):
             np.testing.assert_array_equal(d[:, :, :n - 1], t[:, :, :n - 1])
