@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import cost_cache
 from .adaptive import AcceptanceModel, AdaptivePolicy, Calibration, Costs, PolicySet, measure_costs
 from .backends.ort import OrtBackend
 from .decoder import Decoder
@@ -33,12 +34,15 @@ class Result:
 class Pipeline:
     def __init__(self, folder: str | Path, *, draft: str = "model", device: str = "cpu",
                  threads: int | None = None, k: int | None = None, global_pool: bool = False, adaptive: bool = False,
-                 hugepages: bool = True):
+                 hugepages: bool = True, cost_cache: bool = True):
         """global_pool: one onnxruntime thread pool for the whole process (faster; but every other
         onnxruntime session in the process must then disable per-session threads).
         hugepages: put the sessions' memory on 2 MiB pages after loading (CPU; ~1-4% faster steps
         for ~0.3-1.7 s more load; repaid after ~1,500-4,000 tokens, so on for services, which is what
-        embeds this class; `specrt generate` turns it off; runtime/hugepages.py)."""
+        embeds this class; `specrt generate` turns it off; runtime/hugepages.py).
+        cost_cache: start adaptive k from this bundle's call-cost probe kept on disk for this
+        machine, probing only where there is none (runtime/cost_cache.py); the bench probes
+        every run."""
         self.folder = Path(folder)
         self.manifest = load_manifest(self.folder)
         man = self.manifest
@@ -47,6 +51,7 @@ class Pipeline:
         self.tokenizer = Tokenizer(self.folder, man.tokenizer)
         self.global_pool = global_pool
         self.hugepages = hugepages
+        self.device, self.threads, self.cost_cache = device, threads, cost_cache
         self.eagle = man.draft is not None and bool(man.draft.io.hidden_in)  # draft reads target features
         self.draft_decoder = None
         load_draft = man.draft is not None and draft in ("model", "auto")
@@ -120,9 +125,18 @@ class Pipeline:
         raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
 
     def costs(self) -> Costs:
-        """Call costs on this machine, measured once (first adaptive request)."""
+        """Call costs on this machine: the cached probe, else measured once (first adaptive
+        request) and cached."""
         if self._costs is None:
-            self._costs = measure_costs(self.target, self.draft_decoder, self.max_k + 1)
+            key = None
+            if self.cost_cache:
+                key = cost_cache.key(self.folder, self.manifest, device=self.device, threads=self.threads,
+                                     extra=f"draft={self.draft_decoder is not None} pool={self.global_pool}")
+                self._costs = cost_cache.load(key)
+            if self._costs is None:
+                self._costs = measure_costs(self.target, self.draft_decoder, self.max_k + 1)
+                if key:
+                    cost_cache.save(key, self._costs)
         return self._costs
 
     def policy(self, draft: str, greedy: bool = True) -> AdaptivePolicy | PolicySet:

@@ -102,6 +102,19 @@ def tiny_head(target_dir: Path, out: Path, seed: int = 0) -> Path:
     return save_head(head, out, target_sha256="", config=model.config)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cost_cache(tmp_path_factory):
+    """Cost probes (runtime/cost_cache.py) go to a temporary folder, never to ~/.cache; the CLI
+    subprocesses inherit it."""
+    old = os.environ.get("SPECRT_CACHE_DIR")
+    os.environ["SPECRT_CACHE_DIR"] = str(tmp_path_factory.mktemp("specrt-cache"))
+    yield
+    if old is None:
+        os.environ.pop("SPECRT_CACHE_DIR", None)
+    else:
+        os.environ["SPECRT_CACHE_DIR"] = old
+
+
 @pytest.fixture(scope="session")
 def tiny_bundles(tiny_dirs, tmp_path_factory):
     """Bundles over the tiny target: good draft (the same model), bad draft, self-int4, self-int8, none, and an

@@ -70,7 +70,7 @@ def probe_costs(pipe: Pipeline, ks: list[int]) -> dict:
 def run_bench(cfg: BenchConfig, progress=None) -> dict:
     items = [it for w in cfg.workloads for it in load_workload(w)[: cfg.limit]]
     pipe = Pipeline(cfg.bundle, draft="model" if _has_draft(cfg.bundle) else "none", global_pool=cfg.global_pool,
-                    hugepages=cfg.hugepages)
+                    hugepages=cfg.hugepages, cost_cache=False)  # the run's own probe: c and v of this run
     for it in items:
         it["ids"] = pipe.tokenizer.encode(it["prompt"])
     arms = ["target"] + [f"{d}-k{k}" for d in cfg.drafts for k in cfg.ks]

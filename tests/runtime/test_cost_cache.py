@@ -1,0 +1,49 @@
+"""The adaptive policy's call-cost probe, kept on disk per bundle and machine (runtime/cost_cache.py)."""
+
+import pytest
+
+import specrt
+from specrt.runtime import cost_cache, pipeline
+from specrt.runtime.adaptive import Costs
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECRT_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _no_probe(*a, **k):
+    raise AssertionError("probed although a cached probe exists")
+
+
+def test_probe_once_then_reuse(tiny_bundles, cache, monkeypatch):
+    first = specrt.load(tiny_bundles["int8"]).costs()
+    files = list(cache.glob("costs-*.json"))
+    assert len(files) == 1
+    monkeypatch.setattr(pipeline, "measure_costs", _no_probe)
+    again = specrt.load(tiny_bundles["int8"]).costs()  # a new process would do the same
+    assert again.target_ms == first.target_ms and again.draft_ms == first.draft_ms
+    assert again is not first and again.scale == 1.0
+
+
+def test_other_setup_or_bad_file_probes_again(tiny_bundles, cache, monkeypatch):
+    specrt.load(tiny_bundles["int8"]).costs()
+    probed = []
+    monkeypatch.setattr(pipeline, "measure_costs", lambda *a, **k: probed.append(1) or Costs({1: 5.0, 2: 6.0}, 1.0))
+    specrt.load(tiny_bundles["int8"], draft="ngram").costs()  # no draft model loaded: another key
+    assert probed == [1]
+    for f in cache.glob("costs-*.json"):
+        f.write_text("{not json")
+    assert specrt.load(tiny_bundles["int8"]).costs().target_ms == {1: 5.0, 2: 6.0}  # re-probed, no error
+    assert probed == [1, 1]
+    specrt.load(tiny_bundles["int8"], cost_cache=False).costs()  # the bench's setting: always its own probe
+    assert probed == [1, 1, 1]
+
+
+def test_unwritable_cache_dir_is_not_an_error(tiny_bundles, tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("SPECRT_CACHE_DIR", str(blocker / "sub"))  # cannot be created
+    assert specrt.load(tiny_bundles["int8"]).costs().target_ms[1] > 0
+    assert cost_cache.load("0" * 24) is None
