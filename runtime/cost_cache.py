@@ -16,17 +16,26 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
+import tempfile
 from pathlib import Path
 
 from .adaptive import Costs
 
 
-def cache_dir() -> Path:
+def cache_dir() -> Path | None:
+    """$SPECRT_CACHE_DIR, else $XDG_CACHE_HOME/specrt, else ~/.cache/specrt; None where there is
+    no home to put it in (a container user without a passwd entry): no cache then."""
     if os.environ.get("SPECRT_CACHE_DIR"):
         return Path(os.environ["SPECRT_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specrt"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "specrt"
+    try:
+        return Path.home() / ".cache" / "specrt"
+    except (RuntimeError, KeyError):
+        return None
 
 
 def _cpu() -> str:
@@ -37,34 +46,63 @@ def _cpu() -> str:
         return platform.processor()
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # what this process may use (cgroups, taskset)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _file(path: Path) -> str:
+    try:
+        st = path.stat()
+        return f"{path.name}:{st.st_size}:{st.st_mtime_ns}"
+    except OSError:
+        return path.name
+
+
 def key(folder: Path, manifest, *, device: str, threads: int | None, extra: str = "") -> str:
+    """What changes the probe's shape: the bundle (path, creation time, graph and weight files as
+    they are on disk), this machine's CPU and usable cores, threads, device, onnxruntime, and
+    `extra` (the caller's session settings)."""
     import onnxruntime as ort
 
-    parts = [str(Path(folder).resolve()), manifest.created, manifest.target.graph,
-             manifest.draft.graph if manifest.draft else "", _cpu(), str(os.cpu_count()), str(threads),
-             device, ort.__version__, extra]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+    folder = Path(folder).resolve()
+    entries = [e for e in (manifest.target, manifest.draft) if e is not None]
+    parts = [folder, manifest.created, *(_file(folder / f) for e in entries for f in (e.graph, e.data) if f),
+             _cpu(), platform.machine(), _cores(), threads, device, ort.__version__, extra]
+    return hashlib.sha256("\n".join(str(x) for x in parts).encode()).hexdigest()[:24]
 
 
 def load(k: str) -> Costs | None:
+    d = cache_dir()
+    if d is None:
+        return None
     try:
-        d = json.loads((cache_dir() / f"costs-{k}.json").read_text())
-        if d.get("key") != k:
+        data = json.loads((d / f"costs-{k}.json").read_text())
+        if data.get("key") != k:
             return None
-        target_ms = {int(t): float(v) for t, v in d["target_ms"].items()}
-        if 1 not in target_ms or not all(v > 0 for v in target_ms.values()):
+        target_ms = {int(t): float(v) for t, v in data["target_ms"].items()}
+        draft_ms = float(data["draft_ms"])
+        if (1 not in target_ms or not all(math.isfinite(v) and v > 0 for v in target_ms.values())
+                or not (math.isfinite(draft_ms) and draft_ms >= 0)):
             return None
-        return Costs(target_ms, float(d["draft_ms"]))
+        return Costs(target_ms, draft_ms)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
 def save(k: str, costs: Costs) -> None:
     d = cache_dir()
+    if d is None:
+        return
+    tmp = None
     try:
         d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".costs-{k}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"key": k, "target_ms": costs.target_ms, "draft_ms": costs.draft_ms}))
-        tmp.replace(d / f"costs-{k}.json")
+        with tempfile.NamedTemporaryFile("w", dir=d, prefix=f".costs-{k}.", suffix=".tmp", delete=False) as f:
+            tmp = Path(f.name)
+            json.dump({"key": k, "target_ms": costs.target_ms, "draft_ms": costs.draft_ms}, f)
+        tmp.replace(d / f"costs-{k}.json")  # atomic: readers see the old file or the new one
     except OSError:
-        pass
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)

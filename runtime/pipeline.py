@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cost_cache
+from . import cost_cache as probe_cache
 from .adaptive import AcceptanceModel, AdaptivePolicy, Calibration, Costs, PolicySet, measure_costs
 from .backends.ort import OrtBackend
 from .decoder import Decoder
@@ -59,9 +59,9 @@ class Pipeline:
         if load_draft:
             # a self-draft (quantized copy of the target, same KV layout) works in the target's
             # own KV buffers: its rows of committed tokens are the target's (ModelDrafter)
-            self_draft = man.draft.recipe in SELF_DRAFT_PRECISION
+            share = man.draft.recipe in SELF_DRAFT_PRECISION and not self.eagle
             self.draft_decoder = self._decoder(man.draft, device, threads, "draft",
-                                               kv_from=self.target.backend if self_draft else None)
+                                               kv_from=self.target.backend if share else None)
         if draft in ("model", "auto") and man.draft is None:
             raise BundleError(f"bundle {self.folder} has no draft model; use draft='none' or 'ngram'")
         self.default_draft = draft
@@ -130,13 +130,22 @@ class Pipeline:
         if self._costs is None:
             key = None
             if self.cost_cache:
-                key = cost_cache.key(self.folder, self.manifest, device=self.device, threads=self.threads,
-                                     extra=f"draft={self.draft_decoder is not None} pool={self.global_pool}")
-                self._costs = cost_cache.load(key)
+                try:  # a cache problem of any kind means a fresh probe, never a failed request
+                    key = probe_cache.key(
+                        self.folder, self.manifest, threads=self.threads,
+                        device=getattr(self.target.backend, "device_type", self.device),
+                        extra=(f"draft={self.draft_decoder is not None} pool={self.global_pool} "
+                               f"hugepages={self.hugepages}"))
+                    self._costs = probe_cache.load(key)
+                except Exception:
+                    key = None
             if self._costs is None:
                 self._costs = measure_costs(self.target, self.draft_decoder, self.max_k + 1)
                 if key:
-                    cost_cache.save(key, self._costs)
+                    try:
+                        probe_cache.save(key, self._costs)
+                    except Exception:
+                        pass
         return self._costs
 
     def policy(self, draft: str, greedy: bool = True) -> AdaptivePolicy | PolicySet:

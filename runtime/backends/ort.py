@@ -127,6 +127,7 @@ class OrtBackend(FeatureBuffers):
                   and all(h is not None and list(h.shape) == shape and h.dtype == dtype for h, _ in kv_from._kv))
         # (host array or None, OrtValue) per layer and K/V; keeps both alive
         self._kv: list = kv_from._kv if shared else [self._kv_buffer(shape, dtype) for _ in range(2 * kv.layers)]
+        self.kv_owner = kv_from if shared else None  # whose cache this backend writes into
         for i in range(kv.layers):
             for j, (past, present) in enumerate(((io_names.past_key, io_names.present_key),
                                                  (io_names.past_value, io_names.present_value))):

@@ -27,8 +27,11 @@ class ModelDrafter:
         every draft write below goes through `_own_rows_only`."""
         self.dec = decoder
         self.kv_source = kv_source
-        shares = getattr(decoder.backend, "shares_kv", None)
-        self.shared = kv_source is not None and shares is not None and shares(kv_source.backend)
+        owner = getattr(decoder.backend, "kv_owner", None)
+        if owner is not None and (kv_source is None or kv_source.backend is not owner):
+            raise ValueError("this draft decoder writes into another model's KV buffers: pass that "
+                             "model's decoder as kv_source")
+        self.shared = owner is not None
         self._synced = 0  # cache rows [0, _synced) are the kv_source's
 
     def begin(self, prompt) -> None:
@@ -39,8 +42,8 @@ class ModelDrafter:
         # token is fed by the first propose.
         if self.kv_source is not None and self._sync(min(len(prompt), self.kv_source.length)):
             return
+        assert not self.shared, "a shared cache always syncs"
         if len(prompt) > 1:
-            self._own_rows_only()
             self.dec.prefill(prompt[:-1])
 
     def _sync(self, n: int, start: int = 0) -> bool:

@@ -47,3 +47,44 @@ def test_unwritable_cache_dir_is_not_an_error(tiny_bundles, tmp_path, monkeypatc
     monkeypatch.setenv("SPECRT_CACHE_DIR", str(blocker / "sub"))  # cannot be created
     assert specrt.load(tiny_bundles["int8"]).costs().target_ms[1] > 0
     assert cost_cache.load("0" * 24) is None
+
+
+def test_foreign_or_invalid_entries_are_probed_again(tiny_bundles, cache, monkeypatch):
+    import json
+
+    specrt.load(tiny_bundles["int8"]).costs()
+    (f,) = cache.glob("costs-*.json")
+    good = json.loads(f.read_text())
+    probed = []
+    monkeypatch.setattr(pipeline, "measure_costs", lambda *a, **k: probed.append(1) or Costs({1: 5.0}, 1.0))
+    for bad in ({**good, "key": "x" * 24}, {**good, "draft_ms": float("nan")}, {**good, "draft_ms": -1.0},
+                {**good, "target_ms": {"2": 3.0}}):
+        f.write_text(json.dumps(bad))
+        assert specrt.load(tiny_bundles["int8"]).costs().target_ms == {1: 5.0}
+    assert len(probed) == 4
+
+
+def test_the_key_follows_the_setup(tiny_bundles):
+    from specrt.runtime.manifest import load_manifest
+
+    man = load_manifest(tiny_bundles["int8"])
+    base = cost_cache.key(tiny_bundles["int8"], man, device="cpu", threads=None)
+    assert base == cost_cache.key(tiny_bundles["int8"], man, device="cpu", threads=None)
+    for other in (dict(device="cuda", threads=None), dict(device="cpu", threads=1),
+                  dict(device="cpu", threads=None, extra="pool=True")):
+        assert cost_cache.key(tiny_bundles["int8"], man, **other) != base
+    assert cost_cache.key(tiny_bundles["int4"], load_manifest(tiny_bundles["int4"]), device="cpu", threads=None) != base
+
+
+def test_no_home_means_no_cache_not_an_error(tiny_bundles, monkeypatch):
+    from pathlib import Path
+
+    for var in ("SPECRT_CACHE_DIR", "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.delenv(var, raising=False)
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert cost_cache.cache_dir() is None
+    assert specrt.load(tiny_bundles["int8"]).costs().target_ms[1] > 0  # probed, nothing written

@@ -264,14 +264,30 @@ def test_self_draft_shares_the_targets_kv_and_never_writes_its_rows(tiny_bundles
     want = target_only(pipe, PROMPTS[1], 30)
     n = pipe.target.length
     rows_target_only = _target_rows(pipe, n)
-    for adaptive in (False, True):  # fixed k, and adaptive k (k = 0 rounds and early stops)
+    # fixed k, adaptive k (k = 0 rounds and early stops), auto (n-gram rounds in between)
+    for draft, adaptive in (("model", False), ("model", True), ("auto", False), ("auto", True)):
         st = Stats()
-        got = [t for c in pipe.stream_ids(PROMPTS[1], max_new_tokens=30, k=3, adaptive=adaptive, stats=st) for t in c]
+        got = [t for c in pipe.stream_ids(PROMPTS[1], max_new_tokens=30, k=3, draft=draft, adaptive=adaptive,
+                                          stats=st) for t in c]
         assert got == want
         assert st.draft_prefill_ms < 50  # taken, not computed
         assert pipe.target.length == n
         for a, b in zip(_target_rows(pipe, n), rows_target_only, strict=True):
             np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)  # an int8 draft row would differ by ~1e-2
+    # a shorter prompt next, then sampling: still the target's own rows and exact
+    short = target_only(pipe, PROMPTS[0], 12)
+    m = pipe.target.length
+    rows_short = _target_rows(pipe, m)
+    assert [t for c in pipe.stream_ids(PROMPTS[0], max_new_tokens=12, k=3) for t in c] == short
+    for a, b in zip(_target_rows(pipe, m), rows_short, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    sampled = [t for c in pipe.stream_ids(PROMPTS[1], max_new_tokens=20, k=3, temperature=0.8, seed=3) for t in c]
+    assert len(sampled) >= 1
+    # a draft decoder on the target's buffers is only usable with the target as its kv_source
+    from specrt.runtime.drafters import ModelDrafter
+
+    with pytest.raises(ValueError, match="kv_source"):
+        ModelDrafter(pipe.draft_decoder)
 
 
 def test_self_draft_with_its_own_cache_copies_the_targets_rows(tiny_bundles):
