@@ -6,10 +6,8 @@ rounds online (`Costs.observe` rescales the whole curve). A service probes once;
 `specrt generate --adaptive` paid the probe on every run, longer than its generation. The probe's
 *shape* (how a wider call compares with a step, and the draft with the target) is a property of
 the bundle on this machine, so it is kept: `~/.cache/specrt/costs-<key>.json` (or
-$SPECRT_CACHE_DIR). The key covers what changes the shape: the bundle (path, creation time, graph
-files), the CPU model and core count, threads, device and the onnxruntime version. A file that
-is missing, unreadable or from another key is simply probed again; nothing here can fail a
-request.
+$SPECRT_CACHE_DIR). The key covers what changes the shape (`key`). A file that is missing,
+unreadable, invalid or from another key is simply probed again; nothing here can fail a request.
 """
 
 from __future__ import annotations
@@ -38,12 +36,13 @@ def cache_dir() -> Path | None:
         return None
 
 
-def _cpu() -> str:
+def cpu_model() -> str:
+    """/proc/cpuinfo's model name ("" where there is none); also what the bench records."""
     try:
         with open("/proc/cpuinfo") as f:
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
-        return platform.processor()
+        return ""
 
 
 def _cores() -> int:
@@ -70,7 +69,7 @@ def key(folder: Path, manifest, *, device: str, threads: int | None, extra: str 
     folder = Path(folder).resolve()
     entries = [e for e in (manifest.target, manifest.draft) if e is not None]
     parts = [folder, manifest.created, *(_file(folder / f) for e in entries for f in (e.graph, e.data) if f),
-             _cpu(), platform.machine(), _cores(), threads, device, ort.__version__, extra]
+             cpu_model() or platform.processor(), platform.machine(), _cores(), threads, device, ort.__version__, extra]
     return hashlib.sha256("\n".join(str(x) for x in parts).encode()).hexdigest()[:24]
 
 
@@ -103,6 +102,6 @@ def save(k: str, costs: Costs) -> None:
             tmp = Path(f.name)
             json.dump({"key": k, "target_ms": costs.target_ms, "draft_ms": costs.draft_ms}, f)
         tmp.replace(d / f"costs-{k}.json")  # atomic: readers see the old file or the new one
-    except OSError:
+    except (OSError, TypeError, ValueError):
         if tmp is not None:
             tmp.unlink(missing_ok=True)

@@ -49,7 +49,7 @@ class Decoder:
         if hidden is not None and np.shape(hidden) != (T, self.backend.hidden_size):
             raise ValueError(f"{self.name}: hidden must be [{T}, {self.backend.hidden_size}], got {np.shape(hidden)}")
         # hidden=None on a feature-taking graph reuses the backend's buffer (cost probes only)
-        logits = self.backend.run(tokens, pos, hidden, keep) if keep is not None else self.backend.run(tokens, pos, hidden)
+        logits = self.backend.run(tokens, pos, hidden, keep)
         if self.features is not None:
             self.features[pos : pos + T] = self.backend.hidden
         self.kv.advance(T)

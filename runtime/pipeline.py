@@ -53,15 +53,16 @@ class Pipeline:
         self.hugepages = hugepages
         self.device, self.threads, self.cost_cache = device, threads, cost_cache
         self.eagle = man.draft is not None and bool(man.draft.io.hidden_in)  # draft reads target features
+        # a quantized copy of the target (same KV layout): its cache holds the target's rows
+        self.self_draft = man.draft is not None and man.draft.recipe in SELF_DRAFT_PRECISION and not self.eagle
         self.draft_decoder = None
         load_draft = man.draft is not None and draft in ("model", "auto")
         self.target = self._decoder(man.target, device, threads, "target", keep_hidden=self.eagle and load_draft)
         if load_draft:
             # a self-draft (quantized copy of the target, same KV layout) works in the target's
             # own KV buffers: its rows of committed tokens are the target's (ModelDrafter)
-            share = man.draft.recipe in SELF_DRAFT_PRECISION and not self.eagle
             self.draft_decoder = self._decoder(man.draft, device, threads, "draft",
-                                               kv_from=self.target.backend if share else None)
+                                               kv_from=self.target.backend if self.self_draft else None)
         if draft in ("model", "auto") and man.draft is None:
             raise BundleError(f"bundle {self.folder} has no draft model; use draft='none' or 'ngram'")
         self.default_draft = draft
@@ -82,7 +83,7 @@ class Pipeline:
         try:
             backend = OrtBackend(self.folder / entry.graph, entry, device=device, threads=threads,
                                  global_pool=self.global_pool, hugepages=self.hugepages,
-                                 kv_from=kv_from if isinstance(kv_from, OrtBackend) else None)
+                                 kv_from=kv_from)
         except Exception as e:  # onnxruntime raises its own exception types on a bad graph
             if isinstance(e, (BundleError, ValueError)):
                 raise
@@ -118,7 +119,7 @@ class Pipeline:
                                   "use draft='none' or 'ngram'")
             # a self-draft (quantized copy of the target) keeps the target's K/V rows of committed
             # tokens: shares its buffers on the host, else copies the rows
-            kv_source = self.target if self.manifest.draft.recipe in SELF_DRAFT_PRECISION else None
+            kv_source = self.target if self.self_draft else None
             model = (EagleDrafter(self.draft_decoder, self.target) if self.eagle
                      else ModelDrafter(self.draft_decoder, kv_source))
             return model if draft == "model" else AutoDrafter(model, NgramDrafter(max_proposal=self.max_k))
@@ -142,10 +143,7 @@ class Pipeline:
             if self._costs is None:
                 self._costs = measure_costs(self.target, self.draft_decoder, self.max_k + 1)
                 if key:
-                    try:
-                        probe_cache.save(key, self._costs)
-                    except Exception:
-                        pass
+                    probe_cache.save(key, self._costs)  # never raises: no cache then
         return self._costs
 
     def policy(self, draft: str, greedy: bool = True) -> AdaptivePolicy | PolicySet:

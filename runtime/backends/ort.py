@@ -122,9 +122,8 @@ class OrtBackend(FeatureBuffers):
         shape = [1, kv.kv_heads, kv.max_seq_len, kv.head_dim]
         io_names = entry.io
         self.io = self.session.io_binding()
-        shared = (kv_from is not None and self.device_type == "cpu" and kv_from.device_type == "cpu"
-                  and len(kv_from._kv) == 2 * kv.layers
-                  and all(h is not None and list(h.shape) == shape and h.dtype == dtype for h, _ in kv_from._kv))
+        shared = (kv_from is not None and self.device_type == "cpu"
+                  and kv_from.host_kv_layout() == [(tuple(shape), np.dtype(dtype))] * (2 * kv.layers))
         # (host array or None, OrtValue) per layer and K/V; keeps both alive
         self._kv: list = kv_from._kv if shared else [self._kv_buffer(shape, dtype) for _ in range(2 * kv.layers)]
         self.kv_owner = kv_from if shared else None  # whose cache this backend writes into
@@ -179,6 +178,12 @@ class OrtBackend(FeatureBuffers):
             return host, ort.OrtValue.ortvalue_from_numpy(host)
         return None, ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, self.device_type, 0)
 
+    def host_kv_layout(self) -> list | None:
+        """[(shape, dtype)] of every K/V buffer where they live on the host, else None."""
+        if self.device_type != "cpu":
+            return None
+        return [(h.shape, h.dtype) for h, _ in self._kv]
+
     def shares_kv(self, other) -> bool:
         return self._kv is getattr(other, "_kv", None)
 
@@ -188,9 +193,8 @@ class OrtBackend(FeatureBuffers):
         hold; True at once where the two share their buffers (the rows are already there)."""
         if self.shares_kv(src):
             return True
-        if (self.device_type != "cpu" or getattr(src, "device_type", None) != "cpu"
-                or len(self._kv) != len(src._kv)
-                or any(d.shape != s.shape or d.dtype != s.dtype for (d, _), (s, _) in zip(self._kv, src._kv, strict=True))):
+        layout = self.host_kv_layout()
+        if layout is None or not hasattr(src, "host_kv_layout") or src.host_kv_layout() != layout:
             return False
         for (dst, _), (s, _) in zip(self._kv, src._kv, strict=True):
             dst[:, :, start:n] = s[:, :, start:n]

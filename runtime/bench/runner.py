@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cost_cache import cpu_model
 from ..pipeline import Pipeline
 from ..speculate import Stats
 from . import peer
@@ -275,10 +276,5 @@ def _machine() -> dict:
 
     import onnxruntime as ort
 
-    cpu = ""
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "onnxruntime": ort.__version__,
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(), "onnxruntime": ort.__version__,
             "platform": platform.platform(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
