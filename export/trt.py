@@ -11,6 +11,7 @@ from pathlib import Path
 
 import onnx
 
+from ..runtime.backends.trt import gpu_tag
 from ..runtime.manifest import ModelEntry, TRTPlan
 
 # First TensorRT release whose ONNX parser imports each op the standard lowering emits
@@ -93,17 +94,6 @@ def engine_from_onnx(onnx_path: Path, entry: ModelEntry, *, workspace_gb: float 
     if plan is None:
         raise RuntimeError(f"TensorRT failed to build an engine for {onnx_path}")
     return bytes(plan), prof
-
-
-def gpu_tag() -> str:
-    """'<name>-sm<major><minor>' of device 0 (plans are specific to GPU and TensorRT version)."""
-    from cuda.bindings import runtime as cudart
-
-    err, prop = cudart.cudaGetDeviceProperties(0)
-    if int(err) != 0:
-        raise RuntimeError(f"cudaGetDeviceProperties failed: {err}")
-    name = prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name)
-    return f"{name.replace(' ', '_')}-sm{prop.major}{prop.minor}"
 
 
 def save_engine(bundle: Path, role: str, entry: ModelEntry) -> TRTPlan:

@@ -3,19 +3,23 @@
     import specrt
     pipe = specrt.load("engines/default")
     res = pipe.generate("Explain KV caches.", max_new_tokens=128)
+
+Any number of threads may call `generate` / `stream` on one pipeline (asyncio: `agenerate` /
+`astream`); the engine batches their work and each gets the output it would get alone.
 """
 
 from .decoder import NonFiniteLogits
+from .engine import EngineBusy, EngineClosed, Stats
 from .kv import ContextOverflow
 from .manifest import BundleError, Manifest, load_manifest
 from .pipeline import Pipeline, Result, load
 from .sampling import InvalidSampling, SamplingConfig
-from .speculate import Stats
 
 # Errors that are the user's to fix: the CLI prints them without a traceback.
 USER_ERRORS = (BundleError, ContextOverflow, InvalidSampling, NonFiniteLogits, ValueError)
 
 __all__ = [
     "load", "Pipeline", "Result", "Stats", "SamplingConfig", "Manifest", "load_manifest",
-    "BundleError", "ContextOverflow", "InvalidSampling", "NonFiniteLogits", "USER_ERRORS",
+    "BundleError", "ContextOverflow", "InvalidSampling", "NonFiniteLogits", "USER_ERRORS", "EngineBusy",
+    "EngineClosed",
 ]

@@ -24,8 +24,10 @@ threshold follows the draft and the machine instead of being hard-coded.
 The acceptance model and the calibration table live as long as the Pipeline (per drafter
 kind, greedy and sampling apart): what earlier requests taught about this draft is the prior
 of the next one. A routing drafter (`auto`: an n-gram copy when the context has one, else the
-model) gets one policy per route (`PolicySet`): the two differ in cost and in how acceptance
-falls with position, and a shared state chose k for neither.
+model) gets one policy per route (a request's `policies` {route: policy}, runtime/policies.py):
+the two differ in cost and in how acceptance falls with position, and a shared state chose k
+for neither. Under load the scheduler caps these per-request choices with the batch plan
+(runtime/engine/plan.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,16 @@ class Costs:
     target_ms: dict[int, float]  # T -> ms of one target call of T tokens, as probed
     draft_ms: float  # one draft step (T = 1)
     scale: float = 1.0  # online correction of the probed target times (EMA of observed / probed)
+    rows_ms: dict[int, float] = field(default_factory=dict)  # b -> one target call of b rows x 1 token
+    draft_rows_ms: dict[int, float] = field(default_factory=dict)  # b -> one draft call of b rows x 1 token
+
+    def target_rows_ms(self, b: int) -> float:
+        """One batched target call of b rows (one token each); b = 1 is a plain step."""
+        return self.scale * _interp(self.rows_ms or {1: self.target_ms[1]}, b)
+
+    def draft_step_ms(self, b: int) -> float:
+        """One batched draft call of b rows; without a batched probe, b single steps."""
+        return _interp(self.draft_rows_ms, b) if self.draft_rows_ms else b * self.draft_ms
 
     @property
     def c(self) -> float:
@@ -67,30 +79,64 @@ class Costs:
             self.draft_ms = (1 - weight) * self.draft_ms + weight * draft_ms / proposed
 
 
-def measure_costs(target, draft, max_t: int, context: int = 128, reps: int = 7) -> Costs:
-    """Median call times at a mid context, widths interleaved round-robin so a burst of load
-    hits all of them alike. target/draft: runtime Decoders."""
+def _interp(curve: dict[int, float], x: int) -> float:
+    """Piecewise linear through the probed points; linear growth per row beyond the last."""
+    known = sorted(curve)
+    if x <= known[-1]:
+        return float(np.interp(x, known, [curve[k] for k in known]))
+    if len(known) == 1:
+        return curve[known[0]] * x / known[0]
+    a, b = known[-2], known[-1]
+    return curve[b] + (x - b) * (curve[b] - curve[a]) / (b - a)
+
+
+def measure_costs(target, draft, slot: int, max_t: int, rows: int = 1, busy=(), context: int = 128,
+                  reps: int = 7) -> Costs:
+    """Median call times at a mid context, every shape interleaved round-robin so a burst of
+    load hits all of them alike. target/draft: pool models (runtime/backends/ort.py); slot: a
+    slot nobody is using; busy: slots in use, which batched probes cover at their spare row
+    (runtime/kvpool.py). Rows attend to whatever the buffers hold: only time is measured, and
+    nothing moves a track's length. rows: batched shapes up to this many rows."""
     widths = sorted({1, 2, 3, 5, 9, max_t} & set(range(1, max_t + 1)))
-    decs = [(target, T) for T in widths] + ([(draft, 1)] if draft is not None else [])
-    times: dict = {d: [] for d in decs}
-    # A self-draft sharing the target's KV buffers writes the same rows here: harmless, as only
-    # time is measured and every request starts with the target's prefill.
-    for dec in {id(d): d for d, _ in decs}.values():
-        dec.reset()
-        dec.prefill(np.arange(context) % (dec.vocab - 10) + 5)
-    for _ in range(reps):
-        for dec, T in decs:
-            ids = np.arange(T) % (dec.vocab - 10) + 5
+    batch = sorted({1, 2, 4, 8, 16, rows} & set(range(1, rows + 1))) if target.batch_rows else []
+    busy = set(busy)
+
+    def pasts(model, b):
+        return np.array([model.pool.spare_row(s) if s in busy else context for s in range(b)])
+
+    shapes = [("t", T) for T in widths] + [("tb", b) for b in batch if b > 1]
+    if draft is not None:
+        shapes += [("d", 1)] + ([("db", b) for b in batch if b > 1] if draft.batch_rows else [])
+    times: dict = {sh: [] for sh in shapes}
+    for _ in range(reps + 1):  # the first pass warms up
+        for sh in shapes:
+            kind, n = sh
+            ids = np.arange(n) % (target.vocab - 10) + 5
             t0 = time.perf_counter()
-            dec.forward(ids)
-            times[(dec, T)].append(1000 * (time.perf_counter() - t0))
-            dec.rewind(context)
-    for dec, _ in decs:
-        dec.reset()
+            if kind == "t":
+                target.run(slot, ids, context)
+            elif kind == "d":
+                draft.run(slot, ids, context)
+            else:
+                model = target if kind == "tb" else draft
+                model.run_rows(0, ids, pasts(model, n))
+            times[sh].append(1000 * (time.perf_counter() - t0))
+
+    def med(sh):
+        return float(np.median(times[sh][1:]))
+
     # a wider call is never cheaper: noise that says otherwise is flattened out
-    med = np.maximum.accumulate([float(np.median(times[(target, T)])) for T in widths])
-    target_ms = {T: float(m) for T, m in zip(widths, med, strict=True)}
-    return Costs(target_ms, float(np.median(times[(draft, 1)])) if draft is not None else 0.0)
+    m = np.maximum.accumulate([med(("t", T)) for T in widths])
+    target_ms = {T: float(v) for T, v in zip(widths, m, strict=True)}
+    rows_ms = {1: target_ms[1], **{b: med(("tb", b)) for b in batch if b > 1}}
+    draft_ms = med(("d", 1)) if draft is not None else 0.0
+    draft_rows = {1: draft_ms, **{b: med(("db", b)) for b in batch if b > 1}} if draft is not None and draft.batch_rows else {}
+    return Costs(target_ms, draft_ms, rows_ms=_monotone(rows_ms), draft_rows_ms=_monotone(draft_rows))
+
+
+def _monotone(curve: dict[int, float]) -> dict[int, float]:
+    ks = sorted(curve)
+    return dict(zip(ks, (float(v) for v in np.maximum.accumulate([curve[k] for k in ks])), strict=True))
 
 
 @dataclass
@@ -217,36 +263,3 @@ class AdaptivePolicy:
             self.cal.update(confs, accepted)
         if verify_ms is not None:
             self.costs.observe(proposed, draft_ms or 0.0, verify_ms)
-
-
-class PolicySet:
-    """One AdaptivePolicy per route of a routing drafter; the Speculator selects the route
-    (`drafter.route(seq)`) before asking for k, and everything after goes to that policy."""
-
-    def __init__(self, policies: dict[str, AdaptivePolicy]):
-        self.policies = policies
-        self.active = next(iter(policies))
-
-    def select(self, route: str) -> None:
-        self.active = route
-
-    @property
-    def current(self) -> AdaptivePolicy:
-        return self.policies[self.active]
-
-    @property
-    def costs(self) -> Costs:
-        return self.current.costs
-
-    @property
-    def early_stop(self) -> bool:
-        return self.current.early_stop
-
-    def choose_k(self) -> int:
-        return self.current.choose_k()
-
-    def continue_after(self, j: int, confs: list[float]) -> bool:
-        return self.current.continue_after(j, confs)
-
-    def update(self, *args, **kw):
-        self.current.update(*args, **kw)

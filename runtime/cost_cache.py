@@ -83,10 +83,13 @@ def load(k: str) -> Costs | None:
             return None
         target_ms = {int(t): float(v) for t, v in data["target_ms"].items()}
         draft_ms = float(data["draft_ms"])
-        if (1 not in target_ms or not all(math.isfinite(v) and v > 0 for v in target_ms.values())
+        rows_ms = {int(b): float(v) for b, v in data.get("rows_ms", {}).items()}
+        draft_rows_ms = {int(b): float(v) for b, v in data.get("draft_rows_ms", {}).items()}
+        curves = [*target_ms.values(), *rows_ms.values(), *draft_rows_ms.values()]
+        if (1 not in target_ms or not all(math.isfinite(v) and v > 0 for v in curves)
                 or not (math.isfinite(draft_ms) and draft_ms >= 0)):
             return None
-        return Costs(target_ms, draft_ms)
+        return Costs(target_ms, draft_ms, rows_ms=rows_ms, draft_rows_ms=draft_rows_ms)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -100,7 +103,8 @@ def save(k: str, costs: Costs) -> None:
         d.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=d, prefix=f".costs-{k}.", suffix=".tmp", delete=False) as f:
             tmp = Path(f.name)
-            json.dump({"key": k, "target_ms": costs.target_ms, "draft_ms": costs.draft_ms}, f)
+            json.dump({"key": k, "target_ms": costs.target_ms, "draft_ms": costs.draft_ms,
+                       "rows_ms": costs.rows_ms, "draft_rows_ms": costs.draft_rows_ms}, f)
         tmp.replace(d / f"costs-{k}.json")  # atomic: readers see the old file or the new one
     except (OSError, TypeError, ValueError):
         if tmp is not None:

@@ -71,18 +71,6 @@ class Decoder:
             logits = self.forward(tokens[s : s + chunk], keep=1)
         return logits[-1]
 
-    def adopt_rows(self, other: Decoder, n: int, start: int = 0) -> bool:
-        """Take `other`'s KV rows [start, n) (rows [0, start) are kept) and set the cache length
-        to n, without running the model. Only meaningful between copies of one model (a
-        self-draft and its target); the caller decides that. False (nothing changed) where the
-        backends cannot copy."""
-        copy = getattr(self.backend, "copy_kv_rows", None)
-        if copy is None or not 0 <= start <= min(n, self.length) or n > other.length or not copy(other.backend, n, start):
-            return False
-        self.kv.rewind(start)
-        self.kv.advance(n - start)
-        return True
-
     def rewind(self, pos: int) -> None:
         self.kv.rewind(pos)
 

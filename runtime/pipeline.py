@@ -1,24 +1,32 @@
-"""`specrt.load(bundle)` -> Pipeline: immutable model parts (sessions, buffers, tokenizer) loaded
-once; each `generate` / `stream` call is a request with its own sampling settings and stats."""
+"""`specrt.load(bundle)` -> Pipeline: the bundle's models loaded once over a KV pool of
+`max_batch` slots, an engine thread that serves every request, and the client calls
+(`generate`, `stream`, `agenerate`, `astream`) that any number of threads or an asyncio loop
+may use at once. Each request gets the output it would get alone.
+
+Who does what: `runtime/loader.py` builds the models and pools; `runtime/engine/` runs the
+requests; `runtime/policies.py` keeps what adaptive k learns across requests; this file
+checks requests and turns token streams into text (`runtime/textstream.py`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cost_cache as probe_cache
-from .adaptive import AcceptanceModel, AdaptivePolicy, Calibration, Costs, PolicySet, measure_costs
-from .backends.ort import OrtBackend
-from .decoder import Decoder
 from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
+from .engine import Engine, Request, Scheduler, Stats
 from .kv import ContextOverflow
-from .manifest import SELF_DRAFT_PRECISION, BundleError, load_manifest
+from .loader import DRAFTS, load_parts
+from .manifest import BundleError
+from .policies import PolicyStore
 from .sampling import SamplingConfig
-from .speculate import Speculator, Stats
-from .tokenizer import Tokenizer
+from .textstream import TextStream
 
-DRAFTS = ("model", "none", "ngram", "auto")
+DEFAULT_MAX_BATCH = 4  # KV slots allocated at load (~94 MB each for the default bundle)
 
 
 @dataclass
@@ -34,135 +42,68 @@ class Result:
 class Pipeline:
     def __init__(self, folder: str | Path, *, draft: str = "model", device: str = "cpu",
                  threads: int | None = None, k: int | None = None, global_pool: bool = False, adaptive: bool = False,
-                 hugepages: bool = True, cost_cache: bool = True):
-        """global_pool: one onnxruntime thread pool for the whole process (faster; but every other
+                 hugepages: bool = True, cost_cache: bool = True, max_batch: int = DEFAULT_MAX_BATCH,
+                 max_queue: int = 64, plan_batches: bool = True):
+        """max_batch: KV slots, i.e. requests decoded at once (allocated now: see
+        `kv_bytes_per_slot`); max_queue: requests that may wait for a slot, beyond which calls
+        raise EngineBusy. plan_batches: adaptive requests draft only where it pays inside the
+        batch (runtime/engine/plan.py); off, each drafts as it would alone.
+        global_pool: one onnxruntime thread pool for the whole process (faster; but every other
         onnxruntime session in the process must then disable per-session threads).
-        hugepages: put the sessions' memory on 2 MiB pages after loading (CPU; ~1-4% faster steps
-        for ~0.3-1.7 s more load; repaid after ~1,500-4,000 tokens, so on for services, which is what
-        embeds this class; `specrt generate` turns it off; runtime/hugepages.py).
-        cost_cache: start adaptive k from this bundle's call-cost probe kept on disk for this
-        machine, probing only where there is none (runtime/cost_cache.py); the bench probes
-        every run."""
-        self.folder = Path(folder)
-        self.manifest = load_manifest(self.folder)
-        man = self.manifest
+        hugepages: put the sessions' memory on 2 MiB pages after loading (CPU; faster steps for
+        more load time, docs/benchmarks.md §1: on for services, which embed this class; `specrt
+        generate` turns it off). cost_cache: start adaptive k from this bundle's call-cost probe
+        kept on disk for this machine (runtime/cost_cache.py)."""
         if draft not in DRAFTS:
             raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
-        self.tokenizer = Tokenizer(self.folder, man.tokenizer)
-        self.global_pool = global_pool
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        self.parts = p = load_parts(folder, draft=draft, device=device, threads=threads, global_pool=global_pool,
+                                    hugepages=hugepages, max_batch=max_batch)
+        if draft in ("model", "auto") and p.draft is None:
+            raise BundleError(f"bundle {p.folder} has no draft model; use draft='none' or 'ngram'")
+        self.folder, self.manifest, self.tokenizer = p.folder, p.manifest, p.tokenizer
         self.hugepages = hugepages
-        self.device, self.threads, self.cost_cache = device, threads, cost_cache
-        self.eagle = man.draft is not None and bool(man.draft.io.hidden_in)  # draft reads target features
-        # a quantized copy of the target (same KV layout): its cache holds the target's rows
-        self.self_draft = man.draft is not None and man.draft.recipe in SELF_DRAFT_PRECISION and not self.eagle
-        self.draft_decoder = None
-        load_draft = man.draft is not None and draft in ("model", "auto")
-        self.target = self._decoder(man.target, device, threads, "target", keep_hidden=self.eagle and load_draft)
-        if load_draft:
-            # a self-draft (quantized copy of the target, same KV layout) works in the target's
-            # own KV buffers: its rows of committed tokens are the target's (ModelDrafter)
-            self.draft_decoder = self._decoder(man.draft, device, threads, "draft",
-                                               kv_from=self.target.backend if self.self_draft else None)
-        if draft in ("model", "auto") and man.draft is None:
-            raise BundleError(f"bundle {self.folder} has no draft model; use draft='none' or 'ngram'")
+        self.max_seq_len = p.manifest.target.kv.max_seq_len
+        self.max_k = p.manifest.target.max_tokens_per_call - 1
         self.default_draft = draft
+        man = p.manifest
         # k: the caller's, else what the exporter recommends for this draft, else 4
         self.default_k = k if k is not None else (man.draft.default_k if man.draft and man.draft.default_k else 4)
         self.default_adaptive = adaptive
-        self._costs: Costs | None = None
-        # per drafter kind and greedy/sampling (their confidences differ): acceptance per position
-        # and P(accept | confidence), learned across requests
-        self._learned: dict[tuple[str, bool], tuple[AcceptanceModel, Calibration]] = {}
-        self.max_seq_len = man.target.kv.max_seq_len
-        self.max_k = man.target.max_tokens_per_call - 1
-        self.last: Result | None = None
+        self.store = PolicyStore(p, self.max_k, threads=threads, device=device, global_pool=global_pool,
+                                 hugepages=hugepages, cost_cache=cost_cache)
+        self.scheduler = Scheduler(p.target, p.draft, features=p.features, make_drafter=self._drafter,
+                                   policies=self.store.policies, plan_batches=plan_batches)
+        self.engine = Engine(self.scheduler, max_queue=max_queue, before_admit=self._before_admit)
+        self._local = threading.local()
 
-    def _decoder(self, entry, device, threads, name, keep_hidden: bool = False, kv_from=None) -> Decoder:
-        if device == "trt":
-            return Decoder(self._trt_backend(entry, name), name, keep_hidden)
-        try:
-            backend = OrtBackend(self.folder / entry.graph, entry, device=device, threads=threads,
-                                 global_pool=self.global_pool, hugepages=self.hugepages,
-                                 kv_from=kv_from)
-        except Exception as e:  # onnxruntime raises its own exception types on a bad graph
-            if isinstance(e, (BundleError, ValueError)):
-                raise
-            raise BundleError(f"cannot load {name} graph {self.folder / entry.graph}: {str(e)[:300]}") from None
-        return Decoder(backend, name, keep_hidden)
-
-    def _trt_backend(self, entry, name):
-        from .backends.trt import TrtBackend
-
-        plans = entry.trt_plans
-        if not plans:
-            raise BundleError(f"bundle {self.folder} has no TensorRT plan for the {name}; "
-                              "export with --lowering standard --trt on this GPU")
-        try:
-            from specrt.export.trt import gpu_tag
-
-            tag = gpu_tag()
-            plan = next((p for p in plans if p.gpu == tag), None)
-        except ImportError:
-            plan = plans[0] if len(plans) == 1 else None
-        if plan is None:
-            raise BundleError(f"no TensorRT plan of the {name} matches this GPU; plans: {[p.gpu for p in plans]}")
-        return TrtBackend(self.folder / plan.file, entry)
-
-    def drafter(self, draft: str):
-        if draft == "none":
+    # --- engine hooks (engine thread) --------------------------------------------------------
+    def _drafter(self, r: Request):
+        p = self.parts
+        if r.draft == "none":
             return None
-        if draft == "ngram":
+        if r.draft == "ngram":
             return NgramDrafter(max_proposal=self.max_k)
-        if draft in ("model", "auto"):
-            if self.draft_decoder is None:
-                raise BundleError(f"bundle {self.folder} has no draft model (or it was not loaded); "
-                                  "use draft='none' or 'ngram'")
-            # a self-draft (quantized copy of the target) keeps the target's K/V rows of committed
-            # tokens: shares its buffers on the host, else copies the rows
-            kv_source = self.target if self.self_draft else None
-            model = (EagleDrafter(self.draft_decoder, self.target) if self.eagle
-                     else ModelDrafter(self.draft_decoder, kv_source))
-            return model if draft == "model" else AutoDrafter(model, NgramDrafter(max_proposal=self.max_k))
-        raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
+        if p.draft is None:
+            raise BundleError(f"bundle {self.folder} has no draft model (or it was not loaded); "
+                              "use draft='none' or 'ngram'")
+        if p.eagle:
+            model = EagleDrafter(p.draft, r.slot, p.features[r.slot])
+        else:
+            model = ModelDrafter(p.draft, r.slot, "target" if p.shared_kv else None)
+        return model if r.draft == "model" else AutoDrafter(model, NgramDrafter(max_proposal=self.max_k))
 
-    def costs(self) -> Costs:
-        """Call costs on this machine: the cached probe, else measured once (first adaptive
-        request) and cached."""
-        if self._costs is None:
-            key = None
-            if self.cost_cache:
-                try:  # a cache problem of any kind means a fresh probe, never a failed request
-                    key = probe_cache.key(
-                        self.folder, self.manifest, threads=self.threads,
-                        device=getattr(self.target.backend, "device_type", self.device),
-                        extra=(f"draft={self.draft_decoder is not None} pool={self.global_pool} "
-                               f"hugepages={self.hugepages}"))
-                    self._costs = probe_cache.load(key)
-                except Exception:
-                    key = None
-            if self._costs is None:
-                self._costs = measure_costs(self.target, self.draft_decoder, self.max_k + 1)
-                if key:
-                    probe_cache.save(key, self._costs)  # never raises: no cache then
-        return self._costs
+    def _before_admit(self, r: Request) -> None:
+        if r.adaptive and r.draft != "none" and self.scheduler.costs is None:
+            self.scheduler.costs = self.store.costs()
 
-    def policy(self, draft: str, greedy: bool = True) -> AdaptivePolicy | PolicySet:
-        """A fresh policy per request over the learned state of this drafter kind; `auto` gets
-        one per route (its n-gram rounds learn apart, its model rounds share the model's state)."""
-        if draft == "auto":
-            return PolicySet({"ngram": self._policy("auto:ngram", True, greedy),
-                              "model": self._policy("model", False, greedy)})
-        return self._policy(draft, draft == "ngram", greedy)
-
-    def _policy(self, key: str, lookup: bool, greedy: bool) -> AdaptivePolicy:
-        base = self.costs()
-        # a copy per request (it is updated online); a lookup costs next to nothing
-        draft_ms = 0.01 * base.target_ms[1] if lookup else base.draft_ms
-        costs = Costs(dict(base.target_ms), draft_ms=draft_ms)
-        if (key, greedy) not in self._learned:
-            self._learned[(key, greedy)] = (AcceptanceModel(self.max_k), Calibration())
-        acc, cal = self._learned[(key, greedy)]
-        return AdaptivePolicy(costs, self.max_k, acceptance=acc, calibration=cal)
+    # --- requests ----------------------------------------------------------------------------
+    def costs(self):
+        """Call costs on this machine (the cached probe, else measured now). Probing runs model
+        calls: do not call it while requests are running (the engine calls it for the first
+        adaptive request)."""
+        return self.store.costs()
 
     def check_request(self, n_prompt: int, max_new_tokens: int, k: int):
         if n_prompt == 0:
@@ -178,64 +119,160 @@ class Pipeline:
                 f"{max(0, self.max_seq_len - n_prompt)}, or re-export with a larger --max-seq-len"
             )
 
-    def stream_ids(self, prompt_ids: list[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
-                   top_k: int = 0, top_p: float = 1.0, seed: int | None = 0, k: int | None = None,
-                   draft: str | None = None, stats: Stats | None = None,
-                   ignore_eos: bool = False, adaptive: bool | None = None) -> Iterator[list[int]]:
-        """Token-level generation: yields committed chunks of new token ids.
-        ignore_eos: run to max_new_tokens (benchmarks)."""
+    def request(self, prompt_ids: list[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
+                top_k: int = 0, top_p: float = 1.0, seed: int | None = 0, k: int | None = None,
+                draft: str | None = None, stats: Stats | None = None, ignore_eos: bool = False,
+                adaptive: bool | None = None) -> Request:
+        """A checked request (not yet submitted). ignore_eos: run to max_new_tokens (benchmarks)."""
         cfg = SamplingConfig(temperature, top_k, top_p)
         k = self.default_k if k is None else k
         self.check_request(len(prompt_ids), max_new_tokens, k)
         draft = draft or self.default_draft
+        if draft not in DRAFTS:
+            raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
+        if draft in ("model", "auto") and self.parts.draft is None:
+            raise BundleError(f"bundle {self.folder} has no draft model (or it was not loaded); "
+                              "use draft='none' or 'ngram'")
         adaptive = self.default_adaptive if adaptive is None else adaptive
-        policy = self.policy(draft, cfg.greedy) if adaptive and draft != "none" else None
-        spec = Speculator(self.target, self.drafter(draft), policy)
-        yield from spec.run(list(prompt_ids), cfg, k=k, max_new_tokens=max_new_tokens,
-                            eos_ids=set() if ignore_eos else self.tokenizer.eos_ids, seed=seed, stats=stats)
+        return Request(list(prompt_ids), cfg, max_new_tokens, frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids),
+                       k=k if draft != "none" else 0, draft=draft, adaptive=adaptive and draft != "none", seed=seed,
+                       stats=stats)
+
+    def stream_ids(self, prompt_ids: list[int], **kw) -> Iterator[list[int]]:
+        """Token-level generation: yields committed chunks of new token ids. Closing the
+        iterator early cancels the request (its slot is free at the next step)."""
+        r = self.request(prompt_ids, **kw)
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        r.sink = lambda kind, value: events.put((kind, value))
+        self.engine.submit(r)
+        return self._drain(r, events)
+
+    def _drain(self, r: Request, events) -> Iterator[list[int]]:
+        finished = False
+        try:
+            while True:
+                kind, value = events.get()
+                if kind == "tokens":
+                    yield value
+                elif kind == "done":
+                    finished = True
+                    return
+                else:
+                    finished = True
+                    raise value
+        finally:
+            if not finished:  # cancel, and wait the step it takes: the slot is free and the stats final
+                self.engine.cancel(r)
+                while events.get()[0] == "tokens":
+                    pass
 
     def stream(self, prompt: str, *, chat: bool = True, stop: list[str] | None = None, **kw) -> Iterator[str]:
-        """Yields text pieces as tokens are committed; the full Result is in `self.last` after.
-        With stop strings, text that could be the start of one is held back until resolved."""
+        """Yields text pieces as tokens are committed; the full Result is in `self.last` after
+        (per thread). With stop strings, text that could be the start of one is held back until
+        resolved."""
+        stats = kw.pop("stats", None) or Stats()
         ids = self.tokenizer.encode(prompt, chat=chat)
-        stats = Stats()
-        out: list[int] = []
-        dec = self.tokenizer.stream()
-        stops = [s for s in (stop or []) if s]
-        hold = max((len(s) for s in stops), default=1) - 1
-        full, emitted = "", 0
+        text = TextStream(self.tokenizer, stop)
         gen = self.stream_ids(ids, stats=stats, **kw)
         try:
             for chunk in gen:
-                out.extend(chunk)
-                full += dec.push(chunk)
-                cut = _find_stop(full, stops, max(0, emitted - hold))
-                if cut is not None:
-                    full = full[:cut]
+                piece = text.push(chunk)
+                if piece:
+                    yield piece
+                if text.stopped:
                     stats.stop_reason = "stop"
                     break
-                safe = len(full) - hold
-                if safe > emitted:
-                    yield full[emitted:safe]
-                    emitted = safe
             else:
-                full += dec.flush()
+                text.flush()
         finally:
             gen.close()
-            self.last = Result(full, out, stats)
-        if len(full) > emitted:  # not in `finally`: a closed generator must not yield
-            yield full[emitted:]
+            self._local.last = Result(text.full, text.ids, stats)
+        tail = text.tail()
+        if tail:  # not in `finally`: a closed generator must not yield
+            yield tail
 
     def generate(self, prompt: str, **kw) -> Result:
         for _ in self.stream(prompt, **kw):
             pass
         return self.last
 
+    @property
+    def last(self) -> Result | None:
+        """The Result of this thread's last `stream` / `generate`."""
+        return getattr(self._local, "last", None)
 
-def _find_stop(text: str, stops: list[str], start: int) -> int | None:
-    """Earliest index >= start where any stop string begins in text."""
-    hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
-    return min(hits) if hits else None
+    # --- asyncio -----------------------------------------------------------------------------
+    async def astream_ids(self, prompt_ids: list[int], **kw) -> AsyncIterator[list[int]]:
+        r = self.request(prompt_ids, **kw)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        r.sink = lambda kind, value: loop.call_soon_threadsafe(events.put_nowait, (kind, value))
+        self.engine.submit(r)
+        finished = False
+        try:
+            while True:
+                kind, value = await events.get()
+                if kind == "tokens":
+                    yield value
+                elif kind == "done":
+                    finished = True
+                    return
+                else:
+                    finished = True
+                    raise value
+        finally:
+            if not finished:
+                self.engine.cancel(r)
+                while (await events.get())[0] == "tokens":
+                    pass
+
+    async def astream(self, prompt: str, *, chat: bool = True, stop: list[str] | None = None,
+                      result: list | None = None, **kw) -> AsyncIterator[str]:
+        """As `stream`, for asyncio; `result` (a list) receives the Result at the end."""
+        stats = kw.pop("stats", None) or Stats()
+        ids = self.tokenizer.encode(prompt, chat=chat)
+        text = TextStream(self.tokenizer, stop)
+        gen = self.astream_ids(ids, stats=stats, **kw)
+        try:
+            async for chunk in gen:
+                piece = text.push(chunk)
+                if piece:
+                    yield piece
+                if text.stopped:
+                    stats.stop_reason = "stop"
+                    break
+            else:
+                text.flush()
+        finally:
+            await gen.aclose()
+            if result is not None:
+                result.append(Result(text.full, text.ids, stats))
+        tail = text.tail()
+        if tail:
+            yield tail
+
+    async def agenerate(self, prompt: str, **kw) -> Result:
+        out: list = []
+        async for _ in self.astream(prompt, result=out, **kw):
+            pass
+        return out[0]
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def counters(self) -> dict:
+        return self.engine.counters()
+
+    @property
+    def kv_bytes_per_slot(self) -> int:
+        return self.parts.kv_bytes_per_slot
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def load(folder: str | Path = "engines/default", **kw) -> Pipeline:

@@ -182,7 +182,8 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
         prompt = sys.stdin.read()
     engines = engines or _engines_default()
     try:
-        pipe = load(engines, draft=draft, device=device, threads=threads, k=k, global_pool=True, hugepages=hugepages)
+        pipe = load(engines, draft=draft, device=device, threads=threads, k=k, global_pool=True, hugepages=hugepages,
+                    max_batch=1)  # one request: one KV slot
         kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                   seed=seed, k=k if draft != "none" else 0, chat=chat, stop=list(stop), adaptive=adaptive)
         if as_json:
@@ -234,9 +235,12 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
 @click.option("--markdown", "md", type=click.Path(), default=None, help="update the generated section of this file")
 @click.option("--hugepages/--no-hugepages", default=True, show_default=True,
               help="our sessions on 2 MiB pages, as a service's Pipeline (the default); off: as `specrt generate`")
+@click.option("--concurrency", default=None,
+              help="comma-separated levels (e.g. 1,2,4,8,16): closed-loop load on one engine, arms off / fixed k / policy")
 def bench(engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_tokens, repeats, limit, peer, peer_draft,
-          rss, out, md, hugepages):
-    """Target-only vs speculative (vs onnxruntime-genai), interleaved in one run."""
+          rss, out, md, hugepages, concurrency):
+    """Target-only vs speculative (vs onnxruntime-genai), interleaved in one run; with
+    --concurrency, many requests at once on one engine."""
     from specrt.runtime import USER_ERRORS
     from specrt.runtime.bench import report
     from specrt.runtime.bench.runner import BenchConfig, run_bench
@@ -244,6 +248,9 @@ def bench(engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_tokens
     wl = [Path(w) for w in workloads] or sorted(Path("configs/workloads").glob("*.jsonl"))
     if not wl:
         _fail("no workloads: pass --workload FILE (JSONL with a 'prompt' field per line)")
+    if concurrency:
+        _bench_load(engines, wl, concurrency, ks, max_new_tokens, repeats, limit, out, hugepages)
+        return
     cfg = BenchConfig(
         bundle=Path(engines or _engines_default()), workloads=wl,
         ks=[int(x) for x in ks.split(",") if x], drafts=[d for d in drafts.split(",") if d],
@@ -272,6 +279,38 @@ def bench(engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_tokens
     if md:
         report.update_markdown(results, Path(md))
         click.echo(f"updated {md}")
+
+
+def _bench_load(engines, wl, concurrency, ks, max_new_tokens, repeats, limit, out, hugepages):
+    from specrt.runtime import USER_ERRORS
+    from specrt.runtime.bench.load import LoadConfig, run_load, table
+    from specrt.runtime.bench.runner import load_workload
+
+    try:
+        levels = [int(x) for x in concurrency.split(",") if x]
+        k = [int(x) for x in ks.split(",") if x]
+    except ValueError:
+        _fail(f"--concurrency and --k take comma-separated integers, got {concurrency!r} and {ks!r}")
+    if not levels or min(levels) < 1:
+        _fail(f"--concurrency levels must be >= 1, got {concurrency!r}")
+    prompts = [it["prompt"] for w in wl for it in load_workload(w)[:limit]]
+    cfg = LoadConfig(Path(engines or _engines_default()), prompts, levels=levels, max_new_tokens=max_new_tokens,
+                     k=k[0] if len(k) == 1 else None, repeats=max(1, repeats), hugepages=hugepages)
+
+    def progress(i, n, what):
+        click.echo(f"\r[{i + 1}/{n}] {what:<50}", nl=False, err=True)
+
+    try:
+        results = run_load(cfg, progress)
+    except (RuntimeError, *USER_ERRORS) as e:
+        _fail(str(e))
+    click.echo("", err=True)
+    click.echo(table(results))
+    results["command"] = " ".join(["specrt"] + sys.argv[1:]) if sys.argv and "specrt" in sys.argv[0] else ""
+    Path(out).mkdir(parents=True, exist_ok=True)
+    path = Path(out) / "load.json"
+    path.write_text(json.dumps(results, indent=1))
+    click.echo(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -108,10 +108,15 @@ def test_non_finite_logits_is_reported(tiny_bundles, monkeypatch):
     from specrt.runtime import NonFiniteLogits
 
     pipe = specrt.load(tiny_bundles["good"])
-    real = pipe.target.backend.run
-    monkeypatch.setattr(pipe.target.backend, "run", lambda t, p, h=None, keep=None: real(t, p, h, keep) * np.float32("nan"))
+    target = pipe.parts.target
+    real = target.run
+    monkeypatch.setattr(target, "run", lambda s, t, p, h=None, keep=None: real(s, t, p, h, keep) * np.float32("nan"))
     with pytest.raises(NonFiniteLogits, match="non-finite"):
         pipe.generate("w5", max_new_tokens=4, chat=False)
+    assert pipe.counters()["running"] == 0  # the request ended; the engine is still serving
+    monkeypatch.setattr(target, "run", real)
+    assert pipe.generate("w5", max_new_tokens=4, chat=False).stats.new_tokens > 0
+    pipe.close()
 
 
 def test_inspect_eagle_bundle(tiny_bundles):

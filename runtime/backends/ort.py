@@ -1,14 +1,24 @@
-"""onnxruntime backend: one InferenceSession + IOBinding over buffers allocated once.
+"""onnxruntime backend: one InferenceSession whose IO bindings point into buffers allocated once.
 
-Buffers (allocated in __init__, never reallocated):
-  KV       one OrtValue per layer and K/V, [1, Hkv, S_max, D], on the EP's device, bound as both
-           past_key_values.{i}.* input and present.{i}.* output (in-place update).
-  ids      int64 [1, max_T] host; rows [0, T) bound as input_ids [1, T].
-  mask     int64 [1, S_max] host, all ones; its first P+T entries bound as attention_mask.
-  logits   float32 [max_T * V] host; bound as logits [1, T, V]; `run` returns a view of it.
-  hidden   float32 [max_T, H] host, when the graph has them: the final-norm hidden states output
-           (`hidden` after a call) and the EAGLE draft's feature input (`run(..., hidden=)`).
-Rebinding ids/mask/logits per call only points onnxruntime at a prefix of these buffers.
+`OrtModel` runs one graph over a `KVPool` (runtime/kvpool.py). Buffers, never reallocated:
+  KV       the pool's [slots, Hkv, S_max, D] per layer and K/V; a call over slots [lo, lo + b)
+           binds rows [lo, lo + b) as both past_key_values.{i}.* and present.{i}.* (in place).
+           One IOBinding per slot range, made on first use and kept: a call rebinds only ids,
+           mask and logits.
+  ids      int64 [rows] host; the call's tokens.
+  mask     int64 [slots * S_max] host; a call of b rows binds [b, W] of it (row r: P_r + T ones,
+           then zeros: right padding, from which GQA reads each row's own past length).
+  logits   float32 [rows * V] host; bound as logits [b, T, V]; `run*` return views of it.
+  hidden   float32 [rows, H] host, when the graph has them: the final-norm hidden states output
+           (`hidden` after a call) and the EAGLE draft's feature input.
+rows = max(slots, widest prompt chunk). Two call shapes:
+  run(slot, tokens[T], past)       one sequence, T tokens (prefill chunk, verification);
+  run_rows(lo, tokens[b], pasts[b]) b sequences of one token each, one call (`batch_rows`:
+      the `ort` lowering, whose GroupQueryAttention takes B > 1 rows at T = 1 with ragged
+      pasts; it rejects B > 1 with T > 1 and a past, and the standard lowering's TensorScatter
+      takes one write offset for all rows of this graph).
+`OrtBackend` is the one-sequence form (a one-slot pool of its own) that `Decoder` drives:
+export validation, graph tests and single-sequence tools.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..hugepages import anonymous_pages, collapse
+from ..kvpool import KVPool
 from ..manifest import ModelEntry
 from .features import FeatureBuffers
 
@@ -83,123 +94,136 @@ def pick_providers(device: str) -> tuple[list[str], str]:
     return ["CPUExecutionProvider"], "cpu"
 
 
-class OrtBackend(FeatureBuffers):
+class OrtModel(FeatureBuffers):
     def __init__(
         self,
         graph: str | Path,
         entry: ModelEntry,
+        pool: KVPool,
         *,
-        device: str = "cpu",
+        track: str = "model",
         threads: int | None = None,
-        spin: bool = True,
         global_pool: bool = False,
-        max_tokens_per_call: int | None = None,
         prefill_tokens: int = PREFILL_TOKENS,
-        hugepages: bool = False,
-        kv_from: OrtBackend | None = None,
     ):
-        """hugepages: move the memory this session allocates (prepacked weights, KV, buffers) onto
-        2 MiB pages once it is built (runtime/hugepages.py; CPU, Linux >= 6.1).
-        kv_from: bind that backend's KV buffers instead of allocating (a self-draft over its
-        target's cache: both on the host with the same KV layout, else ignored). The two then
-        write the same rows; the caller keeps each below the other's committed length (see
-        ModelDrafter)."""
-        providers, self.device_type = pick_providers(device)
-        before = anonymous_pages() if hugepages and self.device_type == "cpu" else None
-        so = session_options(threads, spin, global_pool)
+        """pool: the KV buffers this graph reads and writes (its `entry.kv` layout; a self-draft
+        passes its target's pool). track: this model's name in the pool's length bookkeeping."""
+        if pool.layout != entry.kv:
+            raise ValueError(f"{graph}: KV layout {entry.kv} does not match the pool's {pool.layout}")
+        providers, self.device_type = pick_providers(pool.device)
+        if self.device_type != pool.device:
+            raise ValueError(f"KV pool on {pool.device!r} but the session runs on {self.device_type!r}")
+        so = session_options(threads, global_pool=global_pool)
         self.session = ort.InferenceSession(str(graph), so, providers=providers)
-        self.entry = entry
-        kv = entry.kv
+        self.entry, self.pool, self.track = entry, pool, pool.track(track)
+        self.name = track
         self.vocab = entry.vocab_size
-        self.max_seq_len = kv.max_seq_len
-        self.max_t = max_tokens_per_call or entry.max_tokens_per_call
-        self._init_features(entry, self.max_t)
+        self.max_seq_len = entry.kv.max_seq_len
+        self.max_t = entry.max_tokens_per_call
         # prompt chunks may be wider than a verification call: one call streams the weights once
         # (a 40-token prompt was 3 calls of <= 17). Graphs with EAGLE feature IO keep max_t.
-        feature_io = self.takes_hidden or self.has_hidden_out
-        self.max_prefill_t = self.max_t if feature_io else max(self.max_t, prefill_tokens)
-        dtype = _NP[kv.dtype]
-        shape = [1, kv.kv_heads, kv.max_seq_len, kv.head_dim]
-        io_names = entry.io
-        self.io = self.session.io_binding()
-        shared = (kv_from is not None and self.device_type == "cpu"
-                  and kv_from.host_kv_layout() == [(tuple(shape), np.dtype(dtype))] * (2 * kv.layers))
-        # (host array or None, OrtValue) per layer and K/V; keeps both alive
-        self._kv: list = kv_from._kv if shared else [self._kv_buffer(shape, dtype) for _ in range(2 * kv.layers)]
-        self.kv_owner = kv_from if shared else None  # whose cache this backend writes into
-        for i in range(kv.layers):
-            for j, (past, present) in enumerate(((io_names.past_key, io_names.present_key),
-                                                 (io_names.past_value, io_names.present_value))):
-                val = self._kv[2 * i + j][1]
-                self.io.bind_ortvalue_input(past.format(i=i), val)
-                self.io.bind_ortvalue_output(present.format(i=i), val)
-        self._ids = np.zeros((1, self.max_prefill_t), dtype=np.int64)
-        self._mask = np.ones((1, kv.max_seq_len), dtype=np.int64)
-        self._logits = np.empty(self.max_prefill_t * self.vocab, dtype=np.float32)
+        self.max_prefill_t = self.max_t if (entry.io.hidden_in or entry.io.hidden_out) else max(self.max_t, prefill_tokens)
+        self.batch_rows = entry.lowering == "ort"
+        rows = max(pool.slots, self.max_prefill_t)
+        self._init_features(entry, rows)
+        self._ids = np.zeros(rows, dtype=np.int64)
+        self._mask = np.zeros(pool.slots * entry.kv.max_seq_len, dtype=np.int64)
+        self._logits = np.empty(rows * self.vocab, dtype=np.float32)
         self._logits.fill(0)  # commit the pages now: RSS stays flat during generation
-        self._names = (io_names.input_ids, io_names.attention_mask, io_names.logits)
-        self._keep = np.zeros(1, dtype=np.int64) if io_names.logits_to_keep else None
-        self.hugepage_bytes = collapse(anonymous_pages() - before) if before is not None else 0
+        self._keep = np.zeros(1, dtype=np.int64) if entry.io.logits_to_keep else None
+        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
 
-    def run(self, tokens: np.ndarray, past_len: int, hidden: np.ndarray | None = None,
+    def _binding(self, lo: int, b: int):
+        """The IOBinding for slots [lo, lo + b), its KV bound once."""
+        io = self._bindings.get((lo, b))
+        if io is None:
+            io = self.session.io_binding()
+            pool, names = self.pool, self.entry.io
+            shape = [b, *pool.slot_shape]
+            for i in range(pool.layout.layers):
+                for j, (past, present) in enumerate(((names.past_key, names.present_key),
+                                                     (names.past_value, names.present_value))):
+                    ptr = pool.ptrs[2 * i + j] + lo * pool.slot_bytes
+                    io.bind_input(past.format(i=i), pool.device, 0, pool.dtype, shape, ptr)
+                    io.bind_output(present.format(i=i), pool.device, 0, pool.dtype, shape, ptr)
+            self._bindings[(lo, b)] = io
+        return io
+
+    def run(self, slot: int, tokens: np.ndarray, past_len: int, hidden: np.ndarray | None = None,
             keep: int | None = None) -> np.ndarray:
-        """tokens int64 [T] (T <= max_prefill_t) at positions [past_len, past_len + T) -> logits
-        [n, V] of the last n = min(keep, T) positions (all T when keep is None or the graph has
-        no `logits_to_keep` input). hidden [T, H]: feature input of an EAGLE draft (ignored by
-        graphs without one)."""
+        """tokens int64 [T] (T <= max_prefill_t) at positions [past_len, past_len + T) of `slot`
+        -> logits [n, V] of the last n = min(keep, T) positions (all T when keep is None or the
+        graph has no `logits_to_keep` input). hidden [T, H]: feature input of an EAGLE draft
+        (ignored by graphs without one). Lengths are the caller's (the pool's tracks)."""
         T = len(tokens)
-        self._ids[0, :T] = tokens
-        ids, mask, logits = self._names
-        io = self.io
-        io.bind_input(ids, "cpu", 0, np.int64, [1, T], self._ids.ctypes.data)
-        io.bind_input(mask, "cpu", 0, np.int64, [1, past_len + T], self._mask.ctypes.data)
-        n = T
-        if self._keep is not None:
-            n = T if keep is None else max(1, min(keep, T))
-            self._keep[0] = n
-            io.bind_input(self.entry.io.logits_to_keep, "cpu", 0, np.int64, [1], self._keep.ctypes.data)
-        io.bind_output(logits, "cpu", 0, np.float32, [1, n, self.vocab], self._logits.ctypes.data)
-        if self._h_in is not None:
-            if hidden is not None:
-                self._h_in[:T] = hidden
-            io.bind_input(self.entry.io.hidden_in, "cpu", 0, np.float32, [1, T, self.hidden_size], self._h_in.ctypes.data)
-        if self._h_out is not None:
-            io.bind_output(self.entry.io.hidden_out, "cpu", 0, np.float32, [1, T, self.hidden_size], self._h_out.ctypes.data)
-            self.hidden = self._h_out[:T]
+        if not 0 < T <= self.max_prefill_t or past_len + T > self.max_seq_len:
+            raise ValueError(f"{self.name}: {T} tokens at {past_len} do not fit a call "
+                             f"(1..{self.max_prefill_t} tokens, S_max {self.max_seq_len})")
+        self._ids[:T] = tokens
+        mask = self._mask[: past_len + T]
+        mask.fill(1)
+        io = self._binding(slot, 1)
+        n = T if self._keep is None or keep is None else max(1, min(keep, T))
+        self._bind_call(io, [1, T], [1, past_len + T], mask, n, hidden)
         self.session.run_with_iobinding(io)
         return self._logits[: n * self.vocab].reshape(n, self.vocab)
 
-    def _kv_buffer(self, shape, dtype):
-        if self.device_type == "cpu":
-            # fill() touches every page now: RSS is the full KV size from load on
-            # (np.zeros would commit pages lazily and RSS would grow during generation)
-            host = np.empty(shape, dtype=dtype)
-            host.fill(0)
-            return host, ort.OrtValue.ortvalue_from_numpy(host)
-        return None, ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, self.device_type, 0)
+    def run_rows(self, lo: int, tokens: np.ndarray, pasts: np.ndarray, hidden: np.ndarray | None = None) -> np.ndarray:
+        """One token for each of slots [lo, lo + b): tokens int64 [b] at positions pasts [b]
+        -> logits [b, V]. hidden [b, H]: an EAGLE draft's features. `batch_rows` graphs only."""
+        b = len(tokens)
+        if not self.batch_rows and b > 1:
+            raise ValueError(f"{self.name}: this graph's lowering runs one sequence per call")
+        pasts = np.asarray(pasts, dtype=np.int64)
+        W = int(pasts.max()) + 1
+        if W > self.max_seq_len:
+            raise ValueError(f"{self.name}: a row at position {W - 1} is past S_max {self.max_seq_len}")
+        self._ids[:b] = tokens
+        mask = self._mask[: b * W].reshape(b, W)
+        np.less(np.arange(W), (pasts + 1)[:, None], out=mask, casting="unsafe")
+        io = self._binding(lo, b)
+        self._bind_call(io, [b, 1], [b, W], mask, 1, hidden)
+        self.session.run_with_iobinding(io)
+        return self._logits[: b * self.vocab].reshape(b, self.vocab)
 
-    def host_kv_layout(self) -> list | None:
-        """[(shape, dtype)] of every K/V buffer where they live on the host, else None."""
-        if self.device_type != "cpu":
-            return None
-        return [(h.shape, h.dtype) for h, _ in self._kv]
+    def _bind_call(self, io, ids_shape, mask_shape, mask, n, hidden):
+        names = self.entry.io
+        B, T = ids_shape
+        io.bind_input(names.input_ids, "cpu", 0, np.int64, ids_shape, self._ids.ctypes.data)
+        io.bind_input(names.attention_mask, "cpu", 0, np.int64, mask_shape, mask.ctypes.data)
+        if self._keep is not None:
+            self._keep[0] = n
+            io.bind_input(names.logits_to_keep, "cpu", 0, np.int64, [1], self._keep.ctypes.data)
+        io.bind_output(names.logits, "cpu", 0, np.float32, [B, n, self.vocab], self._logits.ctypes.data)
+        rows = B * T
+        if self._h_in is not None:
+            if hidden is not None:
+                self._h_in[:rows] = np.reshape(hidden, (rows, self.hidden_size))
+            io.bind_input(names.hidden_in, "cpu", 0, np.float32, [B, T, self.hidden_size], self._h_in.ctypes.data)
+        if self._h_out is not None:
+            io.bind_output(names.hidden_out, "cpu", 0, np.float32, [B, T, self.hidden_size], self._h_out.ctypes.data)
+            self.hidden = self._h_out[:rows]
 
-    def shares_kv(self, other) -> bool:
-        return self._kv is getattr(other, "_kv", None)
 
-    def copy_kv_rows(self, src, n: int, start: int = 0) -> bool:
-        """Overwrite KV rows [start, n) of every layer with `src`'s (another OrtBackend with the
-        same KV layout, both on the host). Returns False, copying nothing, where that does not
-        hold; True at once where the two share their buffers (the rows are already there)."""
-        if self.shares_kv(src):
-            return True
-        layout = self.host_kv_layout()
-        if layout is None or not hasattr(src, "host_kv_layout") or src.host_kv_layout() != layout:
-            return False
-        for (dst, _), (s, _) in zip(self._kv, src._kv, strict=True):
-            dst[:, :, start:n] = s[:, :, start:n]
-        return True
+class OrtBackend(OrtModel):
+    """One sequence over a one-slot pool of its own: the backend `Decoder` drives (export
+    validation, graph tests, single-sequence tools)."""
+
+    def __init__(self, graph: str | Path, entry: ModelEntry, *, device: str = "cpu", threads: int | None = None,
+                 global_pool: bool = False, prefill_tokens: int = PREFILL_TOKENS, hugepages: bool = False):
+        """hugepages: move the memory this session allocates (prepacked weights, KV, buffers) onto
+        2 MiB pages once it is built (runtime/hugepages.py; CPU, Linux >= 6.1)."""
+        _, dev = pick_providers(device)
+        before = anonymous_pages() if hugepages and dev == "cpu" else None
+        super().__init__(graph, entry, KVPool(entry.kv, 1, dev), threads=threads, global_pool=global_pool,
+                         prefill_tokens=prefill_tokens)
+        if before is not None:
+            collapse(anonymous_pages() - before)
+
+    def run(self, tokens: np.ndarray, past_len: int, hidden: np.ndarray | None = None,
+            keep: int | None = None) -> np.ndarray:
+        return super().run(0, tokens, past_len, hidden, keep)
 
     def kv_host(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Host views of one layer's K and V buffers (CPU only; for tests and debugging)."""
-        return self._kv[2 * layer][0], self._kv[2 * layer + 1][0]
+        """Host views [1, Hkv, S_max, D] of one layer's K and V buffers (CPU; tests, debugging)."""
+        return self.pool.host[2 * layer], self.pool.host[2 * layer + 1]

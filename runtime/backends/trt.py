@@ -38,6 +38,16 @@ def _ck(result):
     return vals[0] if len(vals) == 1 else vals
 
 
+def gpu_tag() -> str:
+    """'<name>-sm<major><minor>' of device 0 (plans are specific to GPU and TensorRT version)."""
+    cudart = _cuda()
+    err, prop = cudart.cudaGetDeviceProperties(0)
+    if int(err) != 0:
+        raise RuntimeError(f"cudaGetDeviceProperties failed: {err}")
+    name = prop.name.decode() if isinstance(prop.name, bytes) else str(prop.name)
+    return f"{name.replace(' ', '_')}-sm{prop.major}{prop.minor}"
+
+
 class TrtBackend(FeatureBuffers):
     def __init__(self, plan: str | Path, entry: ModelEntry, max_tokens_per_call: int | None = None):
         try:

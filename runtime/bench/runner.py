@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from ..cost_cache import cpu_model
+from ..engine import Stats
 from ..pipeline import Pipeline
-from ..speculate import Stats
 from . import peer
 from .stats import alpha_from_expected, interleave, median_spread, paired_ratio, predicted_speedup
 
@@ -62,7 +62,7 @@ def probe_costs(pipe: Pipeline, ks: list[int]) -> dict:
     from), as JSON-friendly numbers: target ms per call width, draft ms, c and v(k+1)."""
     costs = pipe.costs()
     out = {"target_ms": dict(costs.target_ms), "v": {k + 1: costs.v(k + 1) for k in ks}}
-    if pipe.draft_decoder is not None:
+    if pipe.parts.draft is not None:
         out["draft_ms"] = {1: costs.draft_ms}
         out["c"] = costs.c
     return out
@@ -71,7 +71,8 @@ def probe_costs(pipe: Pipeline, ks: list[int]) -> dict:
 def run_bench(cfg: BenchConfig, progress=None) -> dict:
     items = [it for w in cfg.workloads for it in load_workload(w)[: cfg.limit]]
     pipe = Pipeline(cfg.bundle, draft="model" if _has_draft(cfg.bundle) else "none", global_pool=cfg.global_pool,
-                    hugepages=cfg.hugepages, cost_cache=False)  # the run's own probe: c and v of this run
+                    hugepages=cfg.hugepages, cost_cache=False,  # the run's own probe: c and v of this run
+                    max_batch=1)  # one request at a time, as `specrt generate` (--concurrency: bench/load.py)
     for it in items:
         it["ids"] = pipe.tokenizer.encode(it["prompt"])
     arms = ["target"] + [f"{d}-k{k}" for d in cfg.drafts for k in cfg.ks]
@@ -241,7 +242,7 @@ bundle, draft, k, n, prompt, huge = sys.argv[1], sys.argv[2], int(sys.argv[3]), 
 def rss_mb():
     with open('/proc/self/statm') as f:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
-pipe = specrt.load(bundle, draft=draft, hugepages=huge)
+pipe = specrt.load(bundle, draft=draft, hugepages=huge, max_batch=1)
 ids = pipe.tokenizer.encode(prompt)
 n = min(n, pipe.max_seq_len - len(ids))
 samples, done = [], 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .base import Proposal
 from .model import ModelDrafter
 from .ngram import NgramDrafter
 
@@ -10,35 +11,26 @@ class AutoDrafter:
     def __init__(self, model: ModelDrafter, ngram: NgramDrafter, min_match: int = 2):
         self.model, self.ngram = model, ngram
         self.min_match = min_match  # shortest n-gram continuation worth verifying instead of the model's
-        self.name = "model"  # drafter of the last proposal (for stats)
-        self.confs: list[float] = []
         self._routed: tuple[int, object] | None = None  # (len(seq), n-gram continuation or None)
 
-    def begin(self, prompt) -> None:
-        self.model.begin(prompt)
-        self._routed = None
-
     def route(self, seq) -> str:
-        """Decide this round's sub-drafter before k is chosen (adaptive k keeps one policy per
+        """This round's sub-drafter, decided before k is chosen (adaptive k keeps one policy per
         route): 'ngram' when the context continues an earlier match by >= min_match tokens."""
         toks = self.ngram.lookup(seq, self.ngram.max_proposal)
         self._routed = (len(seq), toks if len(toks) >= self.min_match else None)
         return "ngram" if self._routed[1] is not None else "model"
 
-    def propose(self, seq, k: int, cfg, rng, policy=None):
-        if self._routed is not None and self._routed[0] == len(seq):  # route() ran this round
-            toks = self._routed[1][:k] if self._routed[1] is not None else None
-        else:
-            toks = self.ngram.lookup(seq, k)
-            toks = toks if len(toks) >= min(self.min_match, k) else None
+    def start(self, seq, k: int, cfg, rng, policy=None):
+        if self._routed is None or self._routed[0] != len(seq):
+            self.route(seq)
+        toks = self._routed[1]
         self._routed = None
-        if toks is not None:
-            self.name, self.confs = "ngram", []
-            return toks, None
-        self.name = "model"
-        out = self.model.propose(seq, k, cfg, rng, policy)
-        self.confs = self.model.confs
-        return out
+        if toks is not None and len(toks[:k]) >= min(self.min_match, k):
+            return Proposal(toks[:k], None, [], "ngram")
+        return self.model.start(seq, k, cfg, rng, policy)
+
+    def take(self, logits, hidden=None):
+        return self.model.take(logits, hidden)
 
     def commit(self, seq_len: int) -> None:
         self.model.commit(seq_len)

@@ -1,8 +1,8 @@
 """Draft with an EAGLE head: a one-layer model over the target's own features.
 
 The head's cache row p holds the pair (f_p, x_{p+1}) — f_p the target's final-norm hidden state
-at position p (the target decoder records them: `Decoder(keep_hidden=True)`), x_{p+1} the token
-it chose. From the pair at p the head predicts f̂_{p+1}, hence logits for x_{p+2}; further draft
+at position p (the engine records them per slot: `features [S_max, H]`), x_{p+1} the token it
+chose. From the pair at p the head predicts f̂_{p+1}, hence logits for x_{p+2}; further draft
 steps feed it its own f̂. Rows built from predicted features are dropped at commit, and the next
 round rebuilds them from the target's real features of the accepted tokens: the first draft call
 of a round feeds accepted + 1 pairs at once (<= k + 1 rows, one call).
@@ -12,52 +12,49 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..decoder import Decoder
+from .base import DraftCall
 from .model import ModelDrafter
 
 
 class EagleDrafter(ModelDrafter):
     name = "model"  # a model draft for stats and policies; the recipe is in the bundle manifest
 
-    def __init__(self, decoder: Decoder, target: Decoder):
-        be = decoder.backend
-        if not decoder.takes_hidden or not be.has_hidden_out or target.features is None:
-            raise ValueError("EagleDrafter needs an EAGLE draft graph (feature input and output) and a target "
-                             "decoder with keep_hidden=True")
-        if be.hidden_size != target.features.shape[1]:
-            raise ValueError(f"EAGLE draft width {be.hidden_size} != target hidden size {target.features.shape[1]}")
-        super().__init__(decoder)
-        self.target = target
+    def __init__(self, model, slot: int, features: np.ndarray):
+        """features [S_max, H]: the target's final-norm hidden states of this slot (row p =
+        position p; rows past the target's length are stale)."""
+        if not model.takes_hidden or not model.has_hidden_out:
+            raise ValueError("EagleDrafter needs an EAGLE draft graph (feature input and output)")
+        if model.hidden_size != features.shape[1]:
+            raise ValueError(f"EAGLE draft width {model.hidden_size} != target hidden size {features.shape[1]}")
+        super().__init__(model, slot)
+        self.features = features
         self._real = 0  # cache rows [0, _real) were built from the target's real features
 
-    def begin(self, prompt) -> None:
-        """Build the prompt's pairs now (the target has prefilled it; `Speculator.run` calls this
-        once the first token is out), so the first round costs what every round costs."""
-        self.dec.reset()
-        self._real = 0
-        if len(prompt) > 1:
-            self._feed(prompt, 0, len(prompt) - 1)
-
-    def _feed(self, seq, start: int, stop: int) -> np.ndarray:
-        """Pairs (f_p, seq[p+1]) for p in [start, stop) from the target's real features."""
-        dec, feats = self.dec, self.target.features
-        dec.rewind(start)
-        logits = None
-        for s in range(start, stop, dec.max_t):
-            e = min(s + dec.max_t, stop)
-            logits = dec.forward(seq[s + 1 : e + 1], feats[s:e])
-        self._real = stop
-        return logits
-
-    def _catch_up(self, seq) -> np.ndarray:
+    def start(self, seq, k, cfg, rng, policy=None) -> DraftCall:
         # committed len(seq) = n; the target has features for positions [0, n - 1). Re-feed at
         # least the last pair (its logits start this proposal), and never keep a row that was
         # built from predicted features.
         n = len(seq)
-        return self._feed(seq, min(self.dec.length, self._real, n - 2), n - 1)[-1]
+        s = max(0, min(self.length, self._real, n - 2))
+        self.pool.rewind(self.track, self.slot, s)
+        self._k, self._cfg, self._rng, self._policy = k, cfg, rng, policy
+        self._want_conf = policy is not None and policy.early_stop
+        self._toks, self._q, self._confs = [], [], []
+        toks = np.asarray(seq[s + 1 : n], dtype=np.int64)
+        c = self.model.max_t
+        self._pending = [DraftCall(toks[i : i + c], self.features[s + i : s + i + len(toks[i : i + c])])
+                         for i in range(0, len(toks), c)]
+        self._real = n - 1
+        return self._pending.pop(0)
 
-    def _step(self, tok) -> np.ndarray:
-        return self.dec.forward(tok, self.dec.hidden[-1:])[0]
+    def take(self, logits, hidden=None):
+        self._hidden = hidden
+        if self._pending:
+            return self._pending.pop(0)
+        return super().take(logits)
+
+    def _next_call(self, tok: int) -> DraftCall:
+        return DraftCall(np.array([tok], dtype=np.int64), self._hidden[None, :])
 
     def commit(self, seq_len: int) -> None:
-        self.dec.rewind(min(self.dec.length, self._real))
+        self.pool.rewind(self.track, self.slot, min(self.length, self._real))

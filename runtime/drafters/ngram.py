@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from .base import Proposal
+
 
 class NgramDrafter:
     name = "ngram"
@@ -17,9 +19,6 @@ class NgramDrafter:
         if not 1 <= n_min <= n_max:
             raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}, {n_max}")
         self.n_min, self.n_max, self.max_proposal = n_min, n_max, max_proposal
-
-    def begin(self, prompt) -> None:
-        pass
 
     def lookup(self, seq, k: int) -> np.ndarray:
         """Longest n (n_max..n_min) whose last-n pattern occurred earlier; its continuation."""
@@ -34,8 +33,11 @@ class NgramDrafter:
                 return arr[start : start + k].copy()
         return arr[:0].copy()
 
-    def propose(self, seq, k: int, cfg=None, rng=None, policy=None):
-        return self.lookup(seq, k), None
+    def route(self, seq) -> str:
+        return self.name
+
+    def start(self, seq, k: int, cfg=None, rng=None, policy=None) -> Proposal:
+        return Proposal(self.lookup(seq, k), None, [], self.name)
 
     def commit(self, seq_len: int) -> None:
         pass

@@ -1,8 +1,12 @@
 """Adaptive k and confidence early stop: decisions follow the cost model."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from specrt.runtime.adaptive import AcceptanceModel, AdaptivePolicy, Calibration, Costs
+from specrt.runtime.policies import PolicyStore
+from specrt.runtime.sampling import SamplingConfig
 
 COSTS = Costs({1: 30.0, 2: 31.0, 3: 32.0, 5: 34.0, 9: 42.0, 17: 48.0}, draft_ms=3.0)  # c = 0.1
 
@@ -80,46 +84,83 @@ def test_observed_call_times_rescale_every_width():
     assert costs.v(17) == pytest.approx(2.0)
 
 
-def test_policy_set_learns_each_route_apart():
+def _store(base: Costs, monkeypatch) -> PolicyStore:
+    """A PolicyStore over stand-in parts whose cost probe returns `base` (no models, no cache)."""
+    from specrt.runtime import policies
+
+    pool = SimpleNamespace(slots=1, in_use=lambda: [])
+    parts = SimpleNamespace(draft=object(), target=SimpleNamespace(pool=pool))
+    monkeypatch.setattr(policies, "measure_costs", lambda *a, **k: base)
+    return PolicyStore(parts, 8, threads=None, device="cpu", global_pool=False, hugepages=False, cost_cache=False)
+
+
+def test_auto_request_learns_each_route_apart(monkeypatch):
     """auto: n-gram rounds (free, long exact copies) and model rounds (costly, short) must not
-    share one acceptance model, or k is chosen for neither."""
-    import dataclasses
-
-    from specrt.runtime.adaptive import PolicySet
-
-    cheap = dataclasses.replace(COSTS, draft_ms=0.3)
-    ps = PolicySet({"ngram": AdaptivePolicy(cheap, max_k=8, early_stop=False),
-                    "model": AdaptivePolicy(dataclasses.replace(COSTS, draft_ms=15.0), max_k=8, early_stop=False)})
+    share one acceptance model, or k is chosen for neither. A request gets one policy per route;
+    what they learn is the prior of later requests (model rounds shared with `model` requests,
+    n-gram copies of `auto` apart from an `ngram` request's, greedy apart from sampling)."""
+    store = _store(Costs(COSTS.target_ms, draft_ms=15.0), monkeypatch)
+    greedy, sampled = SamplingConfig(0.0), SamplingConfig(1.0)
+    pols = store.policies(SimpleNamespace(draft="auto", cfg=greedy))
+    assert set(pols) == {"ngram", "model"}
+    for p in pols.values():
+        p.early_stop = False
     for _ in range(40):
-        ps.select("ngram")
-        ps.update(8, 8, [])  # copies always accepted
-        ps.select("model")
-        ps.update(4, 0, [])  # the model always rejected
-    ps.select("ngram")
-    assert ps.choose_k() == 8 and ps.costs.draft_ms < 1
-    ps.select("model")
-    assert ps.choose_k() == 0 and not ps.early_stop
+        pols["ngram"].update(8, 8, [])  # copies always accepted
+        pols["model"].update(4, 0, [])  # the model always rejected
+    assert pols["ngram"].choose_k() == 8 and pols["ngram"].costs.draft_ms < 1  # a lookup is next to free
+    assert pols["model"].choose_k() == 0 and pols["model"].costs.draft_ms == 15.0
+    # the next auto request starts from what this one learned, with costs of its own
+    again = store.policies(SimpleNamespace(draft="auto", cfg=greedy))
+    assert again["ngram"].acc is pols["ngram"].acc and again["model"].acc is pols["model"].acc
+    assert again["model"].costs is not pols["model"].costs
+    assert again["ngram"].choose_k() == 8 and again["model"].choose_k() == 0
+    assert store.policies(SimpleNamespace(draft="model", cfg=greedy))["model"].acc is pols["model"].acc
+    ngram = store.policies(SimpleNamespace(draft="ngram", cfg=greedy))
+    assert set(ngram) == {"ngram"} and ngram["ngram"].acc is not pols["ngram"].acc
+    assert store.policies(SimpleNamespace(draft="auto", cfg=sampled))["model"].acc is not pols["model"].acc
 
 
 def test_auto_drafter_routes_before_k_and_keeps_the_route():
     import numpy as np
 
-    from specrt.runtime.drafters import AutoDrafter, NgramDrafter
+    from specrt.runtime.drafters import AutoDrafter, DraftCall, NgramDrafter, Proposal
 
-    class Model:
-        name, confs = "model", []
+    class Model:  # a model drafter that proposes 7s after one draft call
+        name = "model"
 
-        def begin(self, prompt):
-            pass
+        def __init__(self):
+            self.commits = []
 
-        def propose(self, seq, k, cfg, rng, policy=None):
-            return np.full(k, 7, dtype=np.int64), None
+        def start(self, seq, k, cfg, rng, policy=None):
+            self.k = k
+            return DraftCall(np.array([seq[-1]], dtype=np.int64), keep=1)
 
-    auto = AutoDrafter(Model(), NgramDrafter(max_proposal=8))
+        def take(self, logits, hidden=None):
+            return Proposal(np.full(self.k, 7, dtype=np.int64), None, [], "model")
+
+        def commit(self, seq_len):
+            self.commits.append(seq_len)
+
+    model = Model()
+    auto = AutoDrafter(model, NgramDrafter(max_proposal=8))
     seq = [1, 5, 9, 33, 2, 5, 9]  # "5 9" seen before: continues with 33 2 5 9
     assert auto.route(seq) == "ngram"
-    toks, _ = auto.propose(seq, 3, None, None)
-    assert auto.name == "ngram" and toks.tolist() == [33, 2, 5]
+    out = auto.start(seq, 3, None, None)
+    assert isinstance(out, Proposal) and out.drafter == "ngram" and out.tokens.tolist() == [33, 2, 5]
     assert auto.route([1, 2, 3]) == "model"
-    toks, _ = auto.propose([1, 2, 3], 2, None, None)
-    assert auto.name == "model" and toks.tolist() == [7, 7]
+    call = auto.start([1, 2, 3], 2, None, None)
+    assert isinstance(call, DraftCall)  # the model's call, run by the scheduler
+    out = auto.take(np.zeros(4, np.float32))
+    assert out.drafter == "model" and out.tokens.tolist() == [7, 7]
+    auto.commit(5)
+    assert model.commits == [5]  # the model's cache follows every commit, n-gram rounds included
+    # a continuation shorter than min_match is not worth verifying instead of the model's
+    assert auto.route([3, 5, 5]) == "model"  # "5" seen before, continues with just [5]
+    assert isinstance(auto.start([3, 5, 5], 4, None, None), DraftCall)
+    # the route decided before k is the one start() uses, even where k cuts the copy short
+    seq = [1, 5, 9, 33, 2, 5, 9]
+    assert auto.route(seq) == "ngram"
+    assert auto.start(seq, 1, None, None).tokens.tolist() == [33]
+    # without route() first, start() routes by itself
+    assert auto.start(seq, 2, None, None).tokens.tolist() == [33, 2]

@@ -3,7 +3,7 @@
 import pytest
 
 import specrt
-from specrt.runtime import cost_cache, pipeline
+from specrt.runtime import cost_cache, policies
 from specrt.runtime.adaptive import Costs
 
 
@@ -21,16 +21,25 @@ def test_probe_once_then_reuse(tiny_bundles, cache, monkeypatch):
     first = specrt.load(tiny_bundles["int8"]).costs()
     files = list(cache.glob("costs-*.json"))
     assert len(files) == 1
-    monkeypatch.setattr(pipeline, "measure_costs", _no_probe)
-    again = specrt.load(tiny_bundles["int8"]).costs()  # a new process would do the same
+    monkeypatch.setattr(policies, "measure_costs", _no_probe)
+    pipe = specrt.load(tiny_bundles["int8"])  # a new process would do the same
+    # the engine fetches the costs for the first adaptive request (a failed probe there would
+    # only turn adaptive k off, so the test looks at what the scheduler got)
+    assert pipe.scheduler.costs is None
+    list(pipe.stream_ids([1, 5, 9, 33, 7], max_new_tokens=8, adaptive=True))
+    again = pipe.scheduler.costs
+    assert again is not None and ("model", True) in pipe.store._learned  # the request ran adaptive
     assert again.target_ms == first.target_ms and again.draft_ms == first.draft_ms
+    assert again.rows_ms == first.rows_ms and again.draft_rows_ms == first.draft_rows_ms  # batched shapes too
+    assert len(first.rows_ms) > 1 and len(first.draft_rows_ms) > 1  # a pool of several slots was probed
     assert again is not first and again.scale == 1.0
+    assert pipe.costs() is again and pipe.store.costs() is again  # probed (or loaded) once per pipeline
 
 
 def test_other_setup_or_bad_file_probes_again(tiny_bundles, cache, monkeypatch):
     specrt.load(tiny_bundles["int8"]).costs()
     probed = []
-    monkeypatch.setattr(pipeline, "measure_costs", lambda *a, **k: probed.append(1) or Costs({1: 5.0, 2: 6.0}, 1.0))
+    monkeypatch.setattr(policies, "measure_costs", lambda *a, **k: probed.append(1) or Costs({1: 5.0, 2: 6.0}, 1.0))
     specrt.load(tiny_bundles["int8"], draft="ngram").costs()  # no draft model loaded: another key
     assert probed == [1]
     for f in cache.glob("costs-*.json"):
@@ -56,7 +65,7 @@ def test_foreign_or_invalid_entries_are_probed_again(tiny_bundles, cache, monkey
     (f,) = cache.glob("costs-*.json")
     good = json.loads(f.read_text())
     probed = []
-    monkeypatch.setattr(pipeline, "measure_costs", lambda *a, **k: probed.append(1) or Costs({1: 5.0}, 1.0))
+    monkeypatch.setattr(policies, "measure_costs", lambda *a, **k: probed.append(1) or Costs({1: 5.0}, 1.0))
     for bad in ({**good, "key": "x" * 24}, {**good, "draft_ms": float("nan")}, {**good, "draft_ms": -1.0},
                 {**good, "target_ms": {"2": 3.0}}):
         f.write_text(json.dumps(bad))

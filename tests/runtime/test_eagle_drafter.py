@@ -5,12 +5,13 @@ import numpy as np
 import pytest
 
 import specrt
-from specrt.runtime.backends.ort import OrtBackend
+from specrt.runtime.backends.ort import OrtBackend, OrtModel
 from specrt.runtime.decoder import Decoder
-from specrt.runtime.drafters import AutoDrafter, EagleDrafter
+from specrt.runtime.drafters import AutoDrafter, DraftCall, EagleDrafter, Proposal
+from specrt.runtime.engine.request import DECODE, PREFILL
+from specrt.runtime.kvpool import KVPool
 from specrt.runtime.manifest import load_manifest
 from specrt.runtime.sampling import SamplingConfig
-from specrt.runtime.speculate import Speculator, Stats
 
 GREEDY = SamplingConfig(0.0)
 
@@ -21,7 +22,9 @@ def eagle(tiny_bundles):
     man = load_manifest(folder)
     fresh = (Decoder(OrtBackend(folder / man.target.graph, man.target), "t", keep_hidden=True),
              Decoder(OrtBackend(folder / man.draft.graph, man.draft), "d"))
-    return specrt.load(folder), fresh
+    pipe = specrt.load(folder)
+    yield pipe, fresh
+    pipe.close()
 
 
 def scratch_proposal(fresh, seq, k):
@@ -41,56 +44,115 @@ def scratch_proposal(fresh, seq, k):
     return out
 
 
-def check_now(model_drafter, fresh, seq, k, rng):
-    got, _ = model_drafter.propose(seq, k, GREEDY, rng)
-    assert list(got) == scratch_proposal(fresh, seq, k), len(seq)
+def propose(drafter, model, slot, seq, k, rng):
+    """Run one proposal by hand, as the scheduler does for a request alone (one call at a time)."""
+    out = drafter.start(seq, k, GREEDY, rng)
+    while isinstance(out, DraftCall):
+        pos = model.pool.length(model.track, slot)
+        logits = model.run(slot, out.tokens, pos, out.hidden, out.keep)
+        model.pool.advance(model.track, slot, len(out.tokens))
+        out = drafter.take(logits[-1], model.hidden[-1].copy())
+    assert isinstance(out, Proposal)
+    return out
+
+
+def check_now(model_drafter, pipe, slot, fresh, seq, k, rng):
+    got = propose(model_drafter, pipe.parts.draft, slot, seq, k, rng)
+    assert list(got.tokens) == scratch_proposal(fresh, seq, k), len(seq)
     model_drafter.commit(len(seq))  # as if nothing was accepted
+
+
+def admitted(pipe, **kw):
+    """A request admitted by the pipeline's scheduler and driven step by step from here
+    (nothing is submitted to the engine thread, which therefore never starts). The step with
+    the prompt's last chunk gives the first token, then runs the first round.
+    -> (request, the draft track's length when the first token went out)"""
+    r = pipe.request(max_new_tokens=200, ignore_eos=True, **kw)
+    at_first = []
+    r.sink = lambda kind, value: at_first or at_first.append(pipe.parts.draft.pool.length("draft", r.slot))
+    waiting = [r]
+    pipe.scheduler.step(lambda: waiting.pop() if waiting else None)
+    while r.state == PREFILL:  # a prompt wider than the target's widest call: one chunk per step
+        pipe.scheduler.step()
+    assert r.state == DECODE and r.stats.rounds == 1
+    return r, at_first[0]
+
+
+def stop(pipe, r):
+    r.cancelled = True
+    pipe.scheduler.step()  # retires it: the slot is free for the next test
+
+
+def step(pipe, r):
+    pipe.scheduler.step()
+    assert r.state == DECODE  # still running: the checks below look at a live slot
 
 
 @pytest.mark.parametrize("k", [1, 3, 8])
 @pytest.mark.parametrize("prompt_len", [1, 23])  # 23 > max_t: the prompt's pairs go in chunks
 def test_proposals_equal_scratch_after_rounds(eagle, k, prompt_len):
     pipe, fresh = eagle
-    drafter = pipe.drafter("model")
-    assert isinstance(drafter, EagleDrafter)
-    spec, plain = Speculator(pipe.target, drafter), Speculator(pipe.target, None)
+    assert pipe.parts.eagle and not pipe.parts.shared_kv and pipe.parts.draft.pool is not pipe.parts.target.pool
     rng = np.random.default_rng(0)
-    prompt = [1] + list(np.random.default_rng(k).integers(3, 128, size=prompt_len - 1))
-    seq = prompt + [spec.prefill(prompt, GREEDY, rng)]
-    assert pipe.draft_decoder.length == len(prompt) - 1  # prompt pairs built at prefill
-    for r in range(6):
-        seq += spec.round(seq, k, GREEDY, rng, Stats())
-        assert pipe.draft_decoder.length <= len(seq) - 2  # only rows built from real features survive
-        check_now(drafter, fresh, seq, k, rng)
-        if r % 2:  # target-only steps the drafter does not see: it must catch up several pairs
-            for _ in range(3 + r):
-                seq += plain.round(seq, 0, GREEDY, rng, Stats())
-            check_now(drafter, fresh, seq, k, rng)
-    assert pipe.target.length == len(seq) - 1
+    prompt = [1] + [int(t) for t in np.random.default_rng(k).integers(3, 128, size=prompt_len - 1)]
+    r, at_first = admitted(pipe, prompt_ids=prompt, k=k, draft="model")
+    drafter, slot = r.drafter, r.slot
+    assert isinstance(drafter, EagleDrafter)
+    assert at_first == 0  # the first token went out before the draft read the prompt
+    draft_len = lambda: pipe.parts.draft.pool.length("draft", slot)  # noqa: E731
+    try:
+        for i in range(6):
+            if i:
+                rounds = r.stats.rounds
+                step(pipe, r)
+                assert r.stats.rounds == rounds + 1
+            assert r.stats.k_history[-1] == k  # a speculative round of k
+            assert draft_len() <= len(r.seq) - 2  # only rows built from real features survive
+            check_now(drafter, pipe, slot, fresh, r.seq, k, rng)
+            if i % 2:  # target-only steps: the drafter must catch up several pairs afterwards
+                r.k = 0  # plain rounds as adaptive k = 0 makes them (the drafter sees their commits)
+                if i == 3:
+                    r.drafter = None  # or steps the drafter does not see at all
+                for _ in range(3 + i):
+                    step(pipe, r)
+                r.k, r.drafter = k, drafter
+                assert r.stats.k_history[-1] == 0
+                check_now(drafter, pipe, slot, fresh, r.seq, k, rng)
+        assert pipe.parts.target.pool.length("target", slot) == len(r.seq) - 1
+    finally:
+        stop(pipe, r)
+    assert not pipe.scheduler.running and pipe.parts.target.pool.free_slots == pipe.parts.target.pool.slots
 
 
 def test_auto_catches_up_after_ngram_rounds(eagle):
     pipe, fresh = eagle
-    auto = pipe.drafter("auto")
-    assert isinstance(auto, AutoDrafter) and isinstance(auto.model, EagleDrafter)
-    spec = Speculator(pipe.target, auto)
-    rng, st = np.random.default_rng(0), Stats()
+    rng = np.random.default_rng(0)
     prompt = [1, 5, 9, 33, 7, 5, 9, 33, 7, 5, 9]
-    seq = prompt + [spec.prefill(prompt, GREEDY, rng)]
-    for _ in range(12):
-        seq += spec.round(seq, 4, GREEDY, rng, st)
-        check_now(auto.model, fresh, seq, 4, rng)
-    assert set(st.drafter_rounds) == {"ngram", "model"}, st.drafter_rounds
+    r, _ = admitted(pipe, prompt_ids=prompt, k=4, draft="auto")
+    auto = r.drafter
+    assert isinstance(auto, AutoDrafter) and isinstance(auto.model, EagleDrafter)
+    try:
+        for i in range(12):
+            if i:
+                step(pipe, r)
+            check_now(auto.model, pipe, r.slot, fresh, r.seq, 4, rng)
+    finally:
+        stop(pipe, r)
+    assert set(r.stats.drafter_rounds) == {"ngram", "model"}, r.stats.drafter_rounds
 
 
 def test_needs_features_from_the_target(eagle, tiny_bundles):
-    pipe, _ = eagle
+    pipe, fresh = eagle
     folder = tiny_bundles["int4"]
     man = load_manifest(folder)
-    plain = Decoder(OrtBackend(folder / man.draft.graph, man.draft))
+    plain = OrtModel(folder / man.draft.graph, man.draft, KVPool(man.draft.kv, 1), track="draft")
+    feats = pipe.parts.features[0]
     with pytest.raises(ValueError, match="EAGLE"):
-        EagleDrafter(plain, pipe.target)
+        EagleDrafter(plain, 0, feats)
+    with pytest.raises(ValueError, match="width"):
+        EagleDrafter(pipe.parts.draft, 0, np.zeros((feats.shape[0], feats.shape[1] + 1), np.float32))
     with pytest.raises(ValueError, match="hidden-state output"):
         Decoder(OrtBackend(folder / man.target.graph, man.target), keep_hidden=True)
+    draft = fresh[1]
     with pytest.raises(ValueError, match="hidden must be"):
-        pipe.draft_decoder.forward([5, 6], np.zeros((1, pipe.draft_decoder.backend.hidden_size), np.float32))
+        draft.forward([5, 6], np.zeros((1, draft.backend.hidden_size), np.float32))

@@ -1,8 +1,10 @@
 import numpy as np
 import pytest
 
-from specrt.runtime.drafters import NgramDrafter
+from specrt.runtime.drafters import NgramDrafter, Proposal
 from specrt.runtime.kv import ContextOverflow, KVCache
+from specrt.runtime.kvpool import KVPool
+from specrt.runtime.manifest import KVLayout
 
 
 def test_kv_pointer():
@@ -17,6 +19,33 @@ def test_kv_pointer():
         kv.advance(9)
 
 
+def test_kv_pool_tracks_per_slot():
+    """The pool's pointers: one length per track and slot, the same rules as KVCache, plus
+    adopting another track's rows and the spare row of a slot."""
+    pool = KVPool(KVLayout(layers=1, kv_heads=1, head_dim=2, max_seq_len=10, dtype="float32"), 3, allocate=False)
+    t, d = pool.track("target"), pool.track("draft")
+    assert pool.track("target") == t  # idempotent
+    assert [pool.alloc(), pool.alloc()] == [0, 1] and pool.free_slots == 1
+    assert pool.reserve(t, 1, 4) == 0
+    pool.advance(t, 1, 4)
+    assert pool.length(t, 1) == 4 and pool.length(t, 0) == 0 and pool.length(d, 1) == 0  # per slot, per track
+    pool.rewind(t, 1, 2)
+    with pytest.raises(ValueError):
+        pool.rewind(t, 1, 3)  # forward "rewind" would expose stale rows
+    with pytest.raises(ContextOverflow, match="max_seq_len 10"):
+        pool.advance(t, 1, 9)
+    pool.adopt(d, 1, 2, t)  # the draft takes the target's rows: only its length moves
+    assert pool.length(d, 1) == 2
+    with pytest.raises(ValueError, match="adopt"):
+        pool.adopt(d, 1, 3, t)  # more rows than the source has
+    pool.advance(d, 1, 3)
+    assert pool.spare_row(1) == 5 and pool.spare_row(2) == 0  # past every track's rows
+    pool.free(1)
+    assert pool.length(t, 1) == pool.length(d, 1) == 0 and pool.alloc() == 1  # lowest free slot again
+    with pytest.raises(ValueError, match="already free"):
+        pool.free(2)
+
+
 def test_ngram_longest_most_recent_match():
     d = NgramDrafter(n_min=1, n_max=3, max_proposal=4)
     seq = [5, 6, 7, 8, 9, 1, 5, 6, 7, 2, 3, 5, 6, 7]
@@ -25,6 +54,7 @@ def test_ngram_longest_most_recent_match():
     np.testing.assert_array_equal(d.lookup(seq, 2), [2, 3])
     assert len(d.lookup([1, 2, 3], 4)) == 0  # no repeat: nothing proposed
     np.testing.assert_array_equal(d.lookup([4, 9, 4], 3), [9, 4])  # falls back to n = 1
-    toks, q = d.propose(seq, 3)
-    assert q is None and len(toks) == 3
-
+    prop = d.start(seq, 3)  # a finished proposal: no model call
+    assert isinstance(prop, Proposal)
+    assert prop.q is None and len(prop.tokens) == 3 and prop.drafter == "ngram" and d.route(seq) == "ngram"
+    np.testing.assert_array_equal(prop.tokens, [2, 3, 5])

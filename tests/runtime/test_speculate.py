@@ -1,13 +1,17 @@
 """End to end on tiny exported models: speculation is lossless."""
 
+import queue
+
 import numpy as np
 import pytest
 from scipy import stats as sps
 
 import specrt
 from specrt.runtime.adaptive import Costs
-from specrt.runtime.backends.ort import OrtBackend
+from specrt.runtime.backends.ort import OrtBackend, OrtModel
 from specrt.runtime.decoder import Decoder
+from specrt.runtime.engine import Stats
+from specrt.runtime.kvpool import KVPool
 from specrt.runtime.manifest import load_manifest
 from specrt.runtime.sampling import SamplingConfig, probs
 
@@ -17,11 +21,37 @@ PROMPTS = [[1, 5, 9, 33, 7], [1, 100, 4, 4, 4, 90, 12, 60], [1, 3]]
 @pytest.fixture(scope="module")
 def pipes(tiny_bundles):
     out = {name: specrt.load(path, draft="model" if name != "none" else "none") for name, path in tiny_bundles.items()}
-    return out
+    yield out
+    for pipe in out.values():
+        pipe.close()
 
 
 def target_only(pipe, prompt, n):
     return [t for c in pipe.stream_ids(prompt, max_new_tokens=n, draft="none", k=0) for t in c]
+
+
+def run(pipe, prompt, on_tokens=None, **kw):
+    """One request through the engine; on_tokens(request) runs on the engine thread at each
+    committed chunk, while the request's slot and KV tracks are live. -> (tokens, Stats)"""
+    r = pipe.request(prompt, **kw)
+    events = queue.SimpleQueue()
+
+    def sink(kind, value):
+        if kind == "tokens" and on_tokens is not None:
+            on_tokens(r)
+        events.put((kind, value))
+
+    r.sink = sink
+    pipe.engine.submit(r)
+    out = []
+    while True:
+        kind, value = events.get(timeout=120)
+        if kind == "tokens":
+            out += value
+        elif kind == "error":
+            raise value
+        else:
+            return out, value
 
 
 # every drafter mode, fixed k and adaptive k (with confidence early stop)
@@ -41,8 +71,6 @@ def test_greedy_speculative_equals_target_only(pipes, bundle, draft, adaptive, k
 
 
 def test_good_draft_accepts_everything_bad_draft_does_not(pipes):
-    from specrt.runtime.speculate import Stats
-
     s_good, s_bad = Stats(), Stats()
     list(pipes["good"].stream_ids(PROMPTS[0], max_new_tokens=40, k=4, stats=s_good))
     list(pipes["bad"].stream_ids(PROMPTS[0], max_new_tokens=40, k=4, stats=s_bad))
@@ -56,8 +84,6 @@ def test_good_draft_accepts_everything_bad_draft_does_not(pipes):
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_greedy_ngram_without_draft_model(pipes, adaptive, k):
     pipe = pipes["none"]
-    from specrt.runtime.speculate import Stats
-
     st = Stats()
     want = target_only(pipe, REPETITIVE, 40)
     got = [t for c in pipe.stream_ids(REPETITIVE, max_new_tokens=40, k=k, draft="ngram", adaptive=adaptive, stats=st) for t in c]
@@ -70,12 +96,12 @@ def test_default_k_comes_from_the_manifest(pipes, tiny_bundles):
 
     assert pipes["int8"].default_k == RECOMMENDED_K["self-int8"]  # written by the exporter
     assert pipes["good"].default_k == 4  # a separate draft: unset in the manifest, runtime default
-    assert specrt.load(tiny_bundles["int8"], k=3).default_k == 3  # the caller's k wins
+    with specrt.load(tiny_bundles["int8"], k=3) as pipe:
+        assert pipe.default_k == 3  # the caller's k wins
     # a request without k runs at the default: with a perfect draft every round proposes it
-    from specrt.runtime.speculate import Stats
-
     st = Stats()
-    list(specrt.load(tiny_bundles["good"], k=6).stream_ids(PROMPTS[1], max_new_tokens=30, ignore_eos=True, stats=st))
+    with specrt.load(tiny_bundles["good"], k=6) as pipe:
+        list(pipe.stream_ids(PROMPTS[1], max_new_tokens=30, ignore_eos=True, stats=st))
     assert st.k_history[:3] == [6, 6, 6]
 
 
@@ -105,16 +131,16 @@ def test_k_larger_than_room_left(pipes):
 
 
 def _second_token_dist(pipe, prompt, cfg):
-    """Exact target distribution of the 2nd new token: sum_x p(x) p(. | x), via the target graph."""
-    dec = pipe.target
-    dec.reset()
+    """Exact target distribution of the 2nd new token: sum_x p(x) p(. | x), via the target graph
+    (a session of its own: the pipeline's pool stays the engine's)."""
+    man = pipe.manifest
+    dec = Decoder(OrtBackend(pipe.folder / man.target.graph, man.target))
     p1 = probs(dec.prefill(prompt), cfg)
     base = dec.length
     total = np.zeros_like(p1)
     for x in np.flatnonzero(p1 > 0):
         dec.rewind(base)
         total += p1[x] * probs(dec.forward([x])[0], cfg)
-    dec.reset()
     return total
 
 
@@ -131,14 +157,14 @@ def test_sampling_distribution_matches_target(pipes, bundle, draft, adaptive, cf
     # tiny draft and target cost the same here; pretend drafting and verifying are nearly free
     # so the adaptive policy keeps speculating (and early-stopping) with a draft it has learned
     # (across these requests) is mostly wrong, instead of falling back to plain steps
-    monkeypatch.setattr(pipe, "_costs", Costs({1: 10.0, 2: 10.05, 9: 10.4}, draft_ms=0.05))
+    cheap = Costs({1: 10.0, 2: 10.05, 9: 10.4}, draft_ms=0.05)
+    monkeypatch.setattr(pipe.store, "_costs", cheap)  # what every request's policies start from
+    monkeypatch.setattr(pipe.scheduler, "costs", cheap)
     monkeypatch.setattr(pipe.tokenizer, "eos_ids", set())  # EOS is just another token here
     prompt = [1, 5, 9, 33, 7, 5, 9]
     want = _second_token_dist(pipe, prompt, cfg)
     n = 3000
     counts = np.zeros_like(want)
-    from specrt.runtime.speculate import Stats
-
     proposed = 0
     for seed in range(n):
         st = Stats()
@@ -168,28 +194,55 @@ def test_seed_reproduces_sampling(pipes):
 
 
 def test_kv_rewind_random_accept_patterns(tiny_bundles):
-    """Random verify/accept/rewind rounds; afterwards the cache gives the logits of a fresh run."""
+    """Random verify/accept/rewind rounds on two slots of one pool, with batched one-token calls
+    over a range of slots (a free one in the middle) in between; at every round each slot's
+    cache gives the logits of a fresh run."""
     folder = tiny_bundles["none"]
     man = load_manifest(folder)
-    dec = Decoder(OrtBackend(folder / man.target.graph, man.target))
+    pool = KVPool(man.target.kv, 3)
+    model = OrtModel(folder / man.target.graph, man.target, pool, track="target")
+    assert model.batch_rows
     fresh = Decoder(OrtBackend(folder / man.target.graph, man.target))
-    rng = np.random.default_rng(0)
-    seq = [int(t) for t in rng.integers(3, 128, size=6)]
-    dec.prefill(seq[:-1])
-    for _ in range(30):
-        k = int(rng.integers(0, dec.max_t))
-        proposal = [int(t) for t in rng.integers(3, 128, size=k)]
-        rows = dec.forward([seq[-1]] + proposal).copy()  # verification-shaped call
-        accepted = int(rng.integers(0, k + 1))
+
+    def ref(tokens):
         fresh.reset()
-        ref = fresh.prefill(seq + proposal[:accepted])
-        np.testing.assert_allclose(rows[accepted], ref, atol=1e-4)
+        return fresh.prefill(tokens)
+
+    rng = np.random.default_rng(0)
+    seqs = {}
+    for slot in (0, 2):  # slot 1 stays free: batched calls over [0, 3) write filler at its spare row
+        seqs[slot] = [int(t) for t in rng.integers(3, 128, size=6 + slot)]
+        model.run(slot, np.array(seqs[slot][:-1]), 0, keep=1)
+        pool.advance("target", slot, len(seqs[slot]) - 1)
+    batched = 0
+    for _ in range(40):
+        if rng.random() < 0.3:  # a plain step for both: one token each, one call
+            pasts = [pool.length("target", 0), pool.spare_row(1), pool.length("target", 2)]
+            logits = model.run_rows(0, np.array([seqs[0][-1], 7, seqs[2][-1]]), np.array(pasts)).copy()
+            batched += 1
+            for slot in (0, 2):
+                pool.advance("target", slot, 1)
+                np.testing.assert_allclose(logits[slot], ref(seqs[slot]), atol=1e-4)
+                seqs[slot].append(int(rng.integers(3, 128)))
+            continue
+        slot = int(rng.choice([0, 2]))
+        seq = seqs[slot]
+        k = int(rng.integers(0, model.max_t))
+        proposal = [int(t) for t in rng.integers(3, 128, size=k)]
+        pos = pool.reserve("target", slot, k + 1)
+        assert pos == len(seq) - 1
+        rows = model.run(slot, np.array([seq[-1]] + proposal), pos).copy()  # verification-shaped call
+        pool.advance("target", slot, k + 1)
+        accepted = int(rng.integers(0, k + 1))
+        np.testing.assert_allclose(rows[accepted], ref(seq + proposal[:accepted]), atol=1e-4)
         seq += proposal[:accepted] + [int(rng.integers(3, 128))]
-        dec.rewind(len(seq) - 1)
-    assert dec.length == len(seq) - 1
+        pool.rewind("target", slot, len(seq) - 1)
+    assert batched > 3
+    for slot in (0, 2):
+        assert pool.length("target", slot) == len(seqs[slot]) - 1
 
 
-def test_prompt_chunks_wider_than_a_verification_call(tiny_bundles):
+def test_prompt_chunks_wider_than_a_verification_call(pipes, tiny_bundles, monkeypatch):
     """On onnxruntime a prompt goes in chunks of up to max_prefill_t (one weight stream per
     chunk), with the same logits and cache as chunks of max_t; graphs with EAGLE feature IO
     keep max_t."""
@@ -199,8 +252,8 @@ def test_prompt_chunks_wider_than_a_verification_call(tiny_bundles):
     assert wide.max_prefill_t > wide.max_t == 9
     ids = (np.arange(40) * 7) % 50 + 3
     calls = []
-    run = wide.backend.run
-    wide.backend.run = lambda t, p, h=None, keep=None: (calls.append((len(t), keep)), run(t, p, h, keep))[1]
+    real = wide.backend.run
+    wide.backend.run = lambda t, p, h=None, keep=None: (calls.append((len(t), keep)), real(t, p, h, keep))[1]
     got = wide.prefill(ids).copy()
     assert calls == [(40, 1)]  # one chunk, and only its last row through the LM head
     wide.reset()
@@ -210,6 +263,17 @@ def test_prompt_chunks_wider_than_a_verification_call(tiny_bundles):
         wide.forward(np.arange(65) % 50)
     eagle = load_manifest(tiny_bundles["eagle"])
     assert OrtBackend(tiny_bundles["eagle"] / eagle.target.graph, eagle.target).max_prefill_t == eagle.target.max_tokens_per_call
+    # the engine's prefill: the same one chunk on the pool model, its first token that row's argmax
+    pipe = pipes["none"]
+    target = pipe.parts.target
+    assert target.max_prefill_t == wide.max_prefill_t
+    assert pipes["eagle"].parts.target.max_prefill_t == eagle.target.max_tokens_per_call
+    calls.clear()
+    real_pool = target.run
+    monkeypatch.setattr(target, "run", lambda slot, t, p, h=None, keep=None:
+                        (calls.append((len(t), keep)), real_pool(slot, t, p, h, keep))[1])
+    out, st = run(pipe, [int(t) for t in ids], max_new_tokens=1, draft="none")
+    assert calls == [(40, 1)] and out == [int(got.argmax())] and st.prompt_tokens == 40
 
 
 def fresh_row(folder, man, ids):
@@ -221,94 +285,156 @@ def fresh_row(folder, man, ids):
 
 
 def test_auto_adaptive_learns_ngram_and_model_rounds_apart(tiny_bundles):
-    pipe = specrt.load(tiny_bundles["good"])
-    want = target_only(pipe, REPETITIVE, 40)
-    got = [t for c in pipe.stream_ids(REPETITIVE, max_new_tokens=40, draft="auto", adaptive=True) for t in c]
-    assert got == want
-    assert {("auto:ngram", True), ("model", True)} <= set(pipe._learned)
-    assert pipe._learned[("auto:ngram", True)][0].tried.sum() > 0  # the prompt repeats: copies were tried
+    with specrt.load(tiny_bundles["good"]) as pipe:
+        want = target_only(pipe, REPETITIVE, 40)
+        st = Stats()
+        got = [t for c in pipe.stream_ids(REPETITIVE, max_new_tokens=40, draft="auto", adaptive=True, stats=st)
+               for t in c]
+        assert got == want
+        learned = pipe.store._learned
+        assert {("auto:ngram", True), ("model", True)} <= set(learned)
+        assert learned[("auto:ngram", True)][0].tried.sum() > 0  # the prompt repeats: copies were tried
+        assert learned[("auto:ngram", True)][0] is not learned[("model", True)][0]
+        assert st.drafter_rounds.get("ngram", 0) > 0
 
 
 def test_first_token_goes_out_before_the_draft_reads_the_prompt(tiny_bundles):
     """TTFT is the target's prefill alone; the draft's prompt prefill follows the first token
     and is counted in decode time (and reported as draft_prefill_ms)."""
-    from specrt.runtime.speculate import Stats
+    with specrt.load(tiny_bundles["good"]) as pipe:
+        draft = pipe.parts.draft
+        assert draft.pool is not pipe.parts.target.pool  # a separate model: it computes the prompt itself
+        want = target_only(pipe, PROMPTS[1], 20)
+        seen = []  # (new tokens so far, draft rows) at each committed chunk
+        got, st = run(pipe, PROMPTS[1], max_new_tokens=20, k=4,
+                      on_tokens=lambda r: seen.append((r.produced, draft.pool.length(draft.track, r.slot))))
+        assert got == want
+        assert seen[0] == (1, 0)  # the first token went out before the draft had seen the prompt
+        assert all(rows >= len(PROMPTS[1]) for _, rows in seen[1:])  # then it read it
+        assert st.draft_prefill_ms > 0 and st.prefill_ms >= st.draft_prefill_ms
+        assert st.decode_ms >= st.draft_prefill_ms  # counted in decode time, not in TTFT
+        # a request that asks for one token never runs the draft
+        _, one = run(pipe, PROMPTS[1], max_new_tokens=1, k=4)
+        assert one.draft_prefill_ms == 0 and one.rounds == 0
 
-    pipe = specrt.load(tiny_bundles["good"])
-    want = target_only(pipe, PROMPTS[1], 20)
-    st = Stats()
-    gen = pipe.stream_ids(PROMPTS[1], max_new_tokens=20, k=4, stats=st)
-    first = next(gen)
-    assert pipe.draft_decoder.length == 0  # the draft has not seen the prompt yet
-    assert first + [t for c in gen for t in c] == want
-    assert st.draft_prefill_ms > 0 and st.prefill_ms > st.ttft_ms
 
-
-def _target_rows(pipe, n):
-    return [np.concatenate([a[:, :, :n].copy() for a in pipe.target.backend.kv_host(layer)])
+def _target_rows(pipe, slot, n):
+    """The target's K and V rows [0, n) of one slot, every layer (copies)."""
+    pool = pipe.parts.target.pool
+    return [np.stack([pool.host[2 * layer][slot, :, :n].copy(), pool.host[2 * layer + 1][slot, :, :n].copy()])
             for layer in range(pipe.manifest.target.kv.layers)]
 
 
-def test_self_draft_shares_the_targets_kv_and_never_writes_its_rows(tiny_bundles):
-    """On the host a self-draft works in the target's own KV buffers: no copy, no second cache.
-    It may only write rows at or past the target's length (the next verification overwrites
-    them), so after a speculative run the target's rows are still the target's: equal to a
-    target-only run's, and the output is exact."""
-    from specrt.runtime.speculate import Stats
+def _scramble(pool, slot, seed):
+    """Noise over a slot's rows: whatever matches a reference afterwards was written since."""
+    noise = np.random.default_rng(seed)
+    for a in pool.host:
+        a[slot] = noise.standard_normal(a[slot].shape).astype(a.dtype)
 
+
+class _Widths:
+    """Records the width of every call a pool model makes (the engine thread calls it)."""
+
+    def __init__(self, model, monkeypatch):
+        self.widths = []
+        run, rows = model.run, model.run_rows
+        monkeypatch.setattr(model, "run", lambda slot, t, *a, **k: (self.widths.append(len(t)), run(slot, t, *a, **k))[1])
+        monkeypatch.setattr(model, "run_rows", lambda lo, t, *a, **k: (self.widths.append(1), rows(lo, t, *a, **k))[1])
+
+
+def test_self_draft_is_a_track_on_the_targets_pool_and_never_writes_its_rows(tiny_bundles, monkeypatch):
+    """A self-draft works in the target's own KV buffers: a second track on the target's pool,
+    no copy, no second cache. It takes the committed rows (never computes the prompt) and may
+    only write rows at or past the target's length (the next verification overwrites them), so
+    after a speculative run the target's rows are still the target's: equal to a target-only
+    run's, and the output is exact."""
     pipe = specrt.load(tiny_bundles["int8"])
-    drafter = pipe.drafter("model")
-    assert drafter.kv_source is pipe.target and drafter.shared
-    assert pipe.draft_decoder.backend.shares_kv(pipe.target.backend)
-    assert specrt.load(tiny_bundles["good"]).drafter("model").kv_source is None  # a separate model: own cache
-    want = target_only(pipe, PROMPTS[1], 30)
-    n = pipe.target.length
-    rows_target_only = _target_rows(pipe, n)
+    p = pipe.parts
+    assert p.shared_kv and p.draft.pool is p.target.pool and p.draft.track != p.target.track
+    assert p.kv_bytes_per_slot == p.target.pool.bytes_per_slot()  # one cache per slot
+    with specrt.load(tiny_bundles["good"]) as other:  # a separate model: a pool of its own
+        assert not other.parts.shared_kv and other.parts.draft.pool is not other.parts.target.pool
+        assert other.kv_bytes_per_slot == 2 * other.parts.target.pool.bytes_per_slot()
+    pool = p.target.pool
+    widths = _Widths(p.draft, monkeypatch).widths
+    slots = []
+    on_tokens = lambda r: slots.append(r.slot)  # noqa: E731
+    want, _ = run(pipe, PROMPTS[1], on_tokens, max_new_tokens=30, draft="none", ignore_eos=True)
+    slot = slots[0]
+    n = len(PROMPTS[1]) + 30 - 1  # the committed tokens the target has fed
+    rows_target_only = _target_rows(pipe, slot, n)
     # fixed k, adaptive k (k = 0 rounds and early stops), auto (n-gram rounds in between)
-    for draft, adaptive in (("model", False), ("model", True), ("auto", False), ("auto", True)):
-        st = Stats()
-        got = [t for c in pipe.stream_ids(PROMPTS[1], max_new_tokens=30, k=3, draft=draft, adaptive=adaptive,
-                                          stats=st) for t in c]
-        assert got == want
-        assert st.draft_prefill_ms < 50  # taken, not computed
-        assert pipe.target.length == n
-        for a, b in zip(_target_rows(pipe, n), rows_target_only, strict=True):
+    for i, (draft, adaptive) in enumerate((("model", False), ("model", True), ("auto", False), ("auto", True))):
+        _scramble(pool, slot, i)
+        widths.clear()
+        slots.clear()
+        got, st = run(pipe, PROMPTS[1], on_tokens, max_new_tokens=30, k=3, draft=draft, adaptive=adaptive,
+                      ignore_eos=True)
+        assert got == want and set(slots) == {slot}
+        assert st.draft_tokens > 0 and widths and max(widths) == 1  # drafted, never computed the prompt
+        assert st.draft_prefill_ms == 0  # taken, not computed
+        for a, b in zip(_target_rows(pipe, slot, n), rows_target_only, strict=True):
             np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)  # an int8 draft row would differ by ~1e-2
     # a shorter prompt next, then sampling: still the target's own rows and exact
-    short = target_only(pipe, PROMPTS[0], 12)
-    m = pipe.target.length
-    rows_short = _target_rows(pipe, m)
-    assert [t for c in pipe.stream_ids(PROMPTS[0], max_new_tokens=12, k=3) for t in c] == short
-    for a, b in zip(_target_rows(pipe, m), rows_short, strict=True):
+    short, _ = run(pipe, PROMPTS[0], max_new_tokens=12, draft="none", ignore_eos=True)
+    m = len(PROMPTS[0]) + 12 - 1
+    rows_short = _target_rows(pipe, slot, m)
+    _scramble(pool, slot, 9)
+    assert run(pipe, PROMPTS[0], on_tokens, max_new_tokens=12, k=3, ignore_eos=True)[0] == short
+    for a, b in zip(_target_rows(pipe, slot, m), rows_short, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
-    sampled = [t for c in pipe.stream_ids(PROMPTS[1], max_new_tokens=20, k=3, temperature=0.8, seed=3) for t in c]
-    assert len(sampled) >= 1
-    # a draft decoder on the target's buffers is only usable with the target as its kv_source
-    from specrt.runtime.drafters import ModelDrafter
-
-    with pytest.raises(ValueError, match="kv_source"):
-        ModelDrafter(pipe.draft_decoder)
+    sampled, st = run(pipe, PROMPTS[1], max_new_tokens=20, k=3, temperature=0.8, seed=3)
+    assert len(sampled) >= 1 and max(widths) == 1
+    pipe.close()
 
 
-def test_self_draft_with_its_own_cache_copies_the_targets_rows(tiny_bundles):
-    """Where the buffers cannot be shared (device memory), the self-draft copies the target's
-    prompt rows and the rows of every accepted token instead: its cache equals the target's over
-    the committed tokens; output stays exact."""
-    from specrt.runtime.backends.ort import OrtBackend
-    from specrt.runtime.decoder import Decoder
-    from specrt.runtime.speculate import Stats
+@pytest.mark.parametrize("bundle", ["good", "bad"])
+def test_separate_draft_keeps_its_own_pool_in_step(tiny_bundles, bundle, monkeypatch):
+    """A separate draft has a pool of its own with the target's slot numbering; it computes the
+    prompt itself (after the first token) and catches up on what it has not seen. At every
+    commit its valid rows are its own computation of the committed tokens: a row left from a
+    rejected proposal or misaligned after n-gram rounds would differ. (`good` is the target's
+    own weights, so there its rows are the target's too.)"""
+    folder = tiny_bundles[bundle]
+    man = load_manifest(folder)
+    fresh = Decoder(OrtBackend(folder / man.draft.graph, man.draft))
+    layers = range(man.draft.kv.layers)
+    with specrt.load(folder) as pipe:
+        p = pipe.parts
+        assert p.draft.pool is not p.target.pool and p.draft.pool.slots == p.target.pool.slots
+        widths = _Widths(p.draft, monkeypatch).widths
+        want, _ = run(pipe, REPETITIVE, max_new_tokens=30, draft="none", ignore_eos=True)
+        seen = []
 
-    pipe = specrt.load(tiny_bundles["int8"])
-    man = pipe.manifest
-    pipe.draft_decoder = Decoder(OrtBackend(tiny_bundles["int8"] / man.draft.graph, man.draft), "draft")
-    drafter = pipe.drafter("model")
-    assert drafter.kv_source is pipe.target and not drafter.shared
-    want = target_only(pipe, PROMPTS[1], 30)
-    st = Stats()
-    assert [t for c in pipe.stream_ids(PROMPTS[1], max_new_tokens=30, k=3, stats=st) for t in c] == want
-    assert st.draft_prefill_ms < 50  # copied, not computed
-    n = pipe.target.length  # committed tokens - 1
-    assert pipe.draft_decoder.length >= n - 1
-    for layer in (0, man.target.kv.layers - 1):
-        for d, t in zip(pipe.draft_decoder.backend.kv_host(layer), pipe.target.backend.kv_host(layer), strict=True):
-            np.testing.assert_array_equal(d[:, :, :n - 1], t[:, :, :n - 1])
+        def snapshot(r):  # the draft's valid rows, against a fresh computation (and the target's)
+            d = p.draft.pool.length(p.draft.track, r.slot)
+            assert d <= len(r.seq) - 1 == p.target.pool.length("target", r.slot)
+            seen.append(d)
+            if d == 0:
+                return
+            fresh.reset()
+            fresh.prefill(r.seq[:d])
+            for layer in layers:
+                for j, ref in enumerate(fresh.backend.kv_host(layer)):
+                    got = p.draft.pool.host[2 * layer + j][r.slot, :, :d]
+                    np.testing.assert_allclose(got, ref[0, :, :d], atol=1e-4, rtol=0)
+                    if bundle == "good":
+                        np.testing.assert_allclose(got, p.target.pool.host[2 * layer + j][r.slot, :, :d],
+                                                   atol=1e-4, rtol=0)
+
+        for draft in ("model", "auto"):  # auto: n-gram rounds the draft has to catch up on
+            widths.clear()
+            seen.clear()
+            _scramble(p.draft.pool, 0, 0)
+            got, st = run(pipe, REPETITIVE, snapshot, max_new_tokens=30, k=3, draft=draft, ignore_eos=True)
+            assert got == want and st.draft_tokens > 0
+            assert seen[0] == 0 and max(seen) >= len(REPETITIVE) + 20  # it read the prompt, then kept up
+            if bundle == "good":
+                assert draft == "auto" or st.acceptance_rate == 1.0  # the model's proposals are the target's
+            else:
+                assert st.accepted_tokens < st.draft_tokens  # rejections: rows to drop at commit
+            # its first call: the prompt and what was committed before it (one call: the prompt
+            # fits the widest chunk); auto's first round here is an n-gram copy
+            assert widths[0] == len(REPETITIVE) + 1 if draft == "model" else widths[0] > len(REPETITIVE) + 1
+            if draft == "auto":
+                assert st.drafter_rounds.get("ngram", 0) > 1 and max(widths[1:]) > 1  # catch-ups after copies

@@ -1,0 +1,110 @@
+"""The engine: one thread that runs scheduler steps while there is work; any number of client
+threads (or an asyncio loop) submit requests and read their tokens from a queue.
+
+Clients never touch a model: `submit` checks the request's limits, puts it in the bounded
+waiting queue (or raises `EngineBusy`), and the engine thread does everything else. A single
+`generate` is a client with batch 1: the same code path.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from .request import Request
+from .scheduler import Scheduler
+
+IDLE_S = 0.5  # an idle engine thread ends after this long
+
+
+class EngineBusy(RuntimeError):
+    """Every slot is taken and the waiting queue is full: try again later."""
+
+
+class EngineClosed(RuntimeError):
+    """The engine was shut down."""
+
+
+class Engine:
+    def __init__(self, scheduler: Scheduler, max_queue: int = 64, before_admit=None):
+        """max_queue: requests that may wait for a slot; beyond it `submit` raises EngineBusy.
+        before_admit(request): runs on the engine thread before a request is admitted (the
+        pipeline's one-time cost probe for adaptive k)."""
+        self.sched = scheduler
+        self.max_queue = max_queue
+        self.before_admit = before_admit
+        self._waiting: deque[Request] = deque()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.started = time.time()
+
+    # --- client side -------------------------------------------------------------------------
+    def submit(self, r: Request) -> None:
+        with self._cv:
+            if self._closed:
+                raise EngineClosed("the engine is shut down")
+            if len(self._waiting) >= self.max_queue + self.sched.pool.free_slots:
+                raise EngineBusy(f"all {self.sched.pool.slots} slots are busy and {len(self._waiting)} requests "
+                                 f"are waiting (max_queue={self.max_queue}); retry later")
+            self._waiting.append(r)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="specrt-engine", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def cancel(self, r: Request) -> None:
+        """Stop a request; its slot is free at the next step (a waiting one never starts)."""
+        r.cancelled = True
+        with self._cv:
+            self._cv.notify()
+
+    def counters(self) -> dict:
+        """A snapshot: running / waiting requests and the scheduler's totals."""
+        with self._cv:
+            waiting = len(self._waiting)
+        c = self.sched.counters.snapshot()
+        c.update(running=len(self.sched.running), waiting=waiting, slots=self.sched.pool.slots,
+                 kv_bytes_per_slot=self.sched.pool.bytes_per_slot())
+        return c
+
+    def close(self, timeout: float | None = 5.0) -> None:
+        """Refuse new requests, end the running ones (stop_reason "stop"), stop the thread."""
+        with self._cv:
+            self._closed = True
+            for r in list(self._waiting) + list(self.sched.running):
+                r.cancelled = True
+            self._cv.notify()
+            t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout)
+
+    # --- engine thread -----------------------------------------------------------------------
+    def _take_waiting(self) -> Request | None:
+        with self._cv:
+            r = self._waiting.popleft() if self._waiting else None
+        if r is not None and self.before_admit is not None and not r.cancelled:
+            try:
+                self.before_admit(r)
+            except Exception:  # noqa: BLE001 - a failed probe means fixed k, never a failed request
+                r.adaptive = False
+        return r
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                if not self._waiting and not self.sched.running and not self._closed:
+                    self._cv.wait(IDLE_S)
+                if not self._waiting and not self.sched.running:
+                    # idle (or closed): the thread ends, so a pipeline nobody holds can be freed;
+                    # the next submit starts a new one
+                    self._thread = None
+                    return
+            try:
+                self.sched.step(self._take_waiting)
+            except Exception as e:  # noqa: BLE001 - an engine bug must not hang its clients
+                for r in list(self.sched.running):
+                    self.sched._retire(r, "error", e)
+            if self._closed:
+                self.sched.admit(self._take_waiting)  # retires the cancelled ones

@@ -1,0 +1,362 @@
+"""One step at a time over every running request (called from the engine thread only).
+
+A step:
+  1. retire cancelled requests (their slot is free for this step's admissions);
+  2. admit waiting requests into free KV slots, in arrival order;
+  3. prefill: prompt chunks of the requests still in prefill, oldest first, up to one widest
+     call's worth of tokens per step: a long prompt holds the others up by at most one chunk;
+  4. decode: choose k per row (fixed, or the request's adaptive policy capped by the batch
+     plan, runtime/engine/plan.py); run the draft calls, one-token calls of all drafting rows
+     batched into one per draft step; one batched target call for the rows that do not draft
+     and one verification call per drafting row; verify, commit and rewind per row; emit.
+A row's failure (non-finite logits) ends that request alone. A step without drafting rows
+is the batched target call and nothing else.
+
+Invariants per decoding request (n = len(seq)): the target track holds seq[:n-1] (seq[-1] is
+fed by the next call); draft tracks hold a prefix of seq (plus, mid-round, the proposals).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+
+from ..decoder import NonFiniteLogits
+from ..drafters import DraftCall, Proposal
+from ..sampling import probs, sample
+from ..verify import verify_greedy, verify_sampling
+from .counters import Counters
+from .plan import Row, plan
+from .request import DECODE, DONE, PREFILL, Request
+
+
+def _check_finite(logits: np.ndarray, what: str):
+    if not np.isfinite(logits.max()):  # max propagates NaN, so one reduction covers NaN and inf
+        raise NonFiniteLogits(f"{what} produced non-finite logits (NaN/inf): the model or its export is broken")
+
+
+class Scheduler:
+    def __init__(self, target, draft=None, *, features=None, make_drafter=None, policies=None,
+                 plan_batches: bool = True):
+        """target/draft: pool models (runtime/backends/ort.py). features: [slots, S_max, H] target
+        hidden states per slot (EAGLE drafts) or None. make_drafter(request) -> drafter | None;
+        policies(request) -> {route: AdaptivePolicy}; plan_batches: cap adaptive rows' k with
+        the batch plan (off: each request drafts as it would alone)."""
+        self.target, self.draft = target, draft
+        self.pool = target.pool
+        self.features = features
+        self.make_drafter = make_drafter or (lambda r: None)
+        self.policies = policies or (lambda r: {})
+        self.plan_batches = plan_batches
+        self.costs = None  # adaptive.Costs, set by the engine before the first adaptive request
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.counters = Counters(target.max_t - 1)
+
+    # --- 1-2: retire, admit ------------------------------------------------------------------
+    def _retire(self, r: Request, reason: str | None = None, error: Exception | None = None) -> None:
+        if reason and not r.stats.stop_reason:
+            r.stats.stop_reason = reason
+        r.state = DONE
+        if r.slot >= 0:
+            self.pool.free(r.slot)
+            if self.draft is not None and self.draft.pool is not self.pool:
+                self.draft.pool.free(r.slot)
+            r.slot = -1
+        if r in self.running:
+            self.running.remove(r)
+        r.stats.decode_ms = 1000 * (time.perf_counter() - r.t_first) if r.t_first else 0.0
+        r.stats.finish()
+        self.counters.finished += 1
+        if error is not None:
+            r.sink("error", error)
+        else:
+            r.sink("done", r.stats)
+
+    def admit(self, take_waiting) -> None:
+        """take_waiting() -> the next waiting request or None (the engine's locked queue)."""
+        for r in [r for r in self.running if r.cancelled]:
+            self._retire(r, "stop")
+        while self.pool.free_slots:
+            r = take_waiting()
+            if r is None:
+                return
+            if r.cancelled:
+                r.stats.stop_reason = "stop"
+                r.state = DONE
+                r.sink("done", r.stats)
+                continue
+            r.slot = self.pool.alloc()
+            if self.draft is not None and self.draft.pool is not self.pool:
+                assert self.draft.pool.alloc() == r.slot  # both pools hand out slots alike
+            r.state = PREFILL
+            r.stats.queue_ms = 1000 * (time.perf_counter() - r.t_submit)
+            try:
+                r.drafter = self.make_drafter(r)
+                r.policies = self.policies(r) if r.adaptive and r.drafter is not None else {}
+            except Exception as e:  # noqa: BLE001 - a request that cannot start fails alone
+                self._retire(r, "error", e)
+                continue
+            self.running.append(r)
+
+    # --- 3: prefill --------------------------------------------------------------------------
+    def _prefill(self) -> None:
+        """Prompt chunks, oldest request first, up to one widest call's worth of tokens per step
+        (several short prompts may share the budget; each is its own call)."""
+        budget = self.target.max_prefill_t
+        for r in [r for r in self.running if r.state == PREFILL]:
+            if budget <= 0:
+                return
+            budget -= self._prefill_chunk(r, budget)
+
+    def _prefill_chunk(self, r: Request, budget: int) -> int:
+        chunk = r.prompt[r.prefilled : r.prefilled + budget]
+        try:
+            row = self._target_call(r, chunk, keep=1)[-1]
+            r.prefilled += len(chunk)
+            if r.prefilled < len(r.prompt):
+                return len(chunk)
+            _check_finite(row, "target")
+        except Exception as e:  # noqa: BLE001
+            self._retire(r, "error", e)
+            return len(chunk)
+        first = int(row.argmax()) if r.cfg.greedy else sample(probs(row, r.cfg), r.rng.random())
+        now = time.perf_counter()
+        r.t_first = now
+        r.stats.ttft_ms = 1000 * (now - r.t_submit)
+        r.stats.prefill_ms = r.stats.ttft_ms - r.stats.queue_ms
+        r.state = DECODE
+        self.counters.prefill_tokens += len(r.prompt)
+        self._emit(r, [first])
+        return len(chunk)
+
+    def _target_call(self, r: Request, tokens, keep=None) -> np.ndarray:
+        """One sequence's call on the target at its track's length; records EAGLE features."""
+        pos = self.pool.reserve("target", r.slot, len(tokens))
+        logits = self.target.run(r.slot, np.asarray(tokens, dtype=np.int64), pos, keep=keep)
+        if self.features is not None:
+            self.features[r.slot, pos : pos + len(tokens)] = self.target.hidden
+        self.pool.advance("target", r.slot, len(tokens))
+        self.counters.target_calls += 1
+        return logits
+
+    # --- 4: decode ---------------------------------------------------------------------------
+    def _choose_ks(self, rows: list[Request]) -> list[int]:
+        ks, plan_rows = [], []
+        for r in rows:
+            k = 0
+            if r.drafter is not None:
+                r.route = route = r.drafter.route(r.seq)
+                pol = r.policies.get(route)
+                k = pol.choose_k() if pol is not None else r.k
+                if pol is not None:
+                    exp = pol.acc.expected()[: k + 1]
+                    plan_rows.append((len(ks), Row(min(k, r.remaining - 1), exp, route == "ngram")))
+            ks.append(max(0, min(k, r.remaining - 1)))
+        if self.plan_batches and plan_rows and self.costs is not None and len(rows) > 1:
+            # rows with a fixed k keep it; adaptive rows share the step's cost model
+            capped = plan([row for _, row in plan_rows], self.costs)
+            for (i, _), k in zip(plan_rows, capped, strict=True):
+                ks[i] = min(ks[i], k)
+        return ks
+
+    def _decode(self, rows: list[Request]) -> None:
+        ks = self._choose_ks(rows)
+        t0 = time.perf_counter()
+        proposals = self._draft([r for r, k in zip(rows, ks, strict=True) if k > 0],
+                                {r.id: k for r, k in zip(rows, ks, strict=True)})
+        t1 = time.perf_counter()
+        rows = [r for r in rows if r.state == DECODE]  # a draft failure retired its request
+        plain = [r for r in rows if len(proposals.get(r.id, Proposal(np.empty(0, np.int64))).tokens) == 0]
+        drafting = [r for r in rows if r not in plain]
+        c = self.counters
+        c.steps += 1
+        c.rows += len(rows)
+        c.drafting_steps += bool(drafting)
+        tokens = 0
+        if plain:
+            tokens += self._verify_plain(plain, 1000 * (t1 - t0) if drafting else 0.0)
+        for r in drafting:
+            tokens += self._verify_one(r, proposals[r.id], 1000 * (t1 - t0), single=len(rows) == 1)
+        c.tokens += tokens
+
+    def _draft(self, rows: list[Request], ks: dict[int, int]) -> dict[int, Proposal]:
+        """Run every drafting row's proposal to the end; one-token calls of many rows go into
+        one batched call per draft step."""
+        done: dict[int, Proposal] = {}
+        pending: dict[int, tuple[Request, DraftCall]] = {}
+        for r in rows:
+            pol = r.policies.get(r.route)
+            try:
+                out = r.drafter.start(r.seq, ks[r.id], r.cfg, r.rng, pol)
+            except Exception as e:  # noqa: BLE001
+                self._retire(r, "error", e)
+                continue
+            (done.__setitem__(r.id, out) if isinstance(out, Proposal) else pending.__setitem__(r.id, (r, out)))
+        while pending:
+            results = self._draft_calls(list(pending.values()))
+            for (r, _), res in zip(list(pending.values()), results, strict=True):
+                if isinstance(res, Exception):
+                    del pending[r.id]
+                    self._retire(r, "error", res)
+                    continue
+                out = r.drafter.take(*res)
+                if isinstance(out, Proposal):
+                    del pending[r.id]
+                    done[r.id] = out
+                else:
+                    pending[r.id] = (r, out)
+        return done
+
+    def _draft_calls(self, calls: list[tuple[Request, DraftCall]]) -> list:
+        """-> per call (logits row [V], hidden row [H] | None) or the exception it raised."""
+        model = self.draft
+        out: list = [None] * len(calls)
+        ones = [i for i, (_, c) in enumerate(calls) if len(c.tokens) == 1]
+        if model.batch_rows and len(ones) > 1:
+            self.counters.draft_calls += 1
+            rows = self._rows_call(model, [calls[i][0] for i in ones], [calls[i][1].tokens[0] for i in ones],
+                                   [calls[i][1].hidden for i in ones])
+            for i, res in zip(ones, rows, strict=True):
+                out[i] = res
+        for i, (r, c) in enumerate(calls):
+            if out[i] is not None:
+                continue
+            try:
+                pos = model.pool.reserve(model.track, r.slot, len(c.tokens))
+                t0 = time.perf_counter()
+                logits = model.run(r.slot, c.tokens, pos, c.hidden, c.keep)
+                if pos < len(r.prompt):  # the draft reads the prompt (after the first token is out)
+                    ms = 1000 * (time.perf_counter() - t0)
+                    r.stats.draft_prefill_ms += ms
+                    r.stats.prefill_ms += ms
+                model.pool.advance(model.track, r.slot, len(c.tokens))
+                self.counters.draft_calls += 1
+                out[i] = (logits[-1], model.hidden[-1].copy() if model.has_hidden_out else None)
+            except Exception as e:  # noqa: BLE001
+                out[i] = e
+        return out
+
+    def _rows_call(self, model, reqs: list[Request], tokens, hidden=None) -> list:
+        """One call of one token for each of `reqs` on `model`, over the smallest slot range
+        that holds them; slots in the range that are not served write a filler token at their
+        spare row. -> per request (logits row, hidden row | None)."""
+        pool = model.pool
+        by_slot = {r.slot: i for i, r in enumerate(reqs)}
+        lo, hi = min(by_slot), max(by_slot) + 1
+        toks = np.zeros(hi - lo, dtype=np.int64)
+        pasts = np.empty(hi - lo, dtype=np.int64)
+        feats = None
+        if model.takes_hidden:
+            feats = np.zeros((hi - lo, model.hidden_size), dtype=np.float32)
+        for s in range(lo, hi):
+            i = by_slot.get(s)
+            if i is None:
+                pasts[s - lo] = pool.spare_row(s)
+            else:
+                toks[s - lo] = tokens[i]
+                pasts[s - lo] = pool.reserve(model.track, s, 1)
+                if feats is not None and hidden[i] is not None:
+                    feats[s - lo] = np.reshape(hidden[i], -1)
+        logits = model.run_rows(lo, toks, pasts, feats)
+        res = []
+        for r in reqs:
+            row = r.slot - lo
+            model.pool.advance(model.track, r.slot, 1)
+            res.append((logits[row], model.hidden[row].copy() if model.has_hidden_out else None))
+        return res
+
+    def _verify_plain(self, rows: list[Request], draft_ms: float) -> int:
+        """One batched target call: each row's last token -> its next token."""
+        t0 = time.perf_counter()
+        try:
+            if len(rows) == 1 or not self.target.batch_rows:
+                results = [(self._target_call(r, r.seq[-1:])[-1], None) for r in rows]
+            else:
+                results = self._target_rows(rows)
+        except Exception as e:  # noqa: BLE001 - the call failed for all its rows
+            for r in rows:
+                self._retire(r, "error", e)
+            return 0
+        verify_ms = 1000 * (time.perf_counter() - t0)
+        tokens = 0
+        for r, (logits, _) in zip(rows, results, strict=True):
+            try:
+                _check_finite(logits, "target")
+            except NonFiniteLogits as e:
+                self._retire(r, "error", e)
+                continue
+            nxt = int(logits.argmax()) if r.cfg.greedy else sample(probs(logits, r.cfg), r.rng.random())
+            pol = r.policies.get(r.route)
+            if pol is not None and len(self.running) == 1:
+                pol.costs.observe(0, 0.0, verify_ms)
+            tokens += self._commit(r, Proposal(np.empty(0, np.int64)), 0, nxt, draft_ms, verify_ms)
+        return tokens
+
+    def _target_rows(self, rows: list[Request]) -> list:
+        res = self._rows_call(self.target, rows, [r.seq[-1] for r in rows])
+        if self.features is not None:
+            for r, (_, h) in zip(rows, res, strict=True):
+                self.features[r.slot, self.pool.length("target", r.slot) - 1] = h
+        self.counters.target_calls += 1
+        return res
+
+    def _verify_one(self, r: Request, prop: Proposal, draft_ms: float, single: bool) -> int:
+        draft = prop.tokens
+        t0 = time.perf_counter()
+        try:
+            logits = self._target_call(r, np.concatenate(([r.seq[-1]], draft)))  # [k+1, V], one call
+            _check_finite(logits, "target")
+        except Exception as e:  # noqa: BLE001
+            self._retire(r, "error", e)
+            return 0
+        verify_ms = 1000 * (time.perf_counter() - t0)
+        if r.cfg.greedy:
+            n_ok, nxt = verify_greedy(draft, logits)
+        else:
+            n_ok, nxt = verify_sampling(draft, prop.q, probs(logits, r.cfg), r.rng.random(len(draft)), r.rng.random())
+        pol = r.policies.get(prop.drafter if prop.drafter in r.policies else r.route)
+        if pol is not None:  # costs only from a request running alone: batched times are the plan's
+            pol.update(len(draft), n_ok, prop.confs, draft_ms if single else None, verify_ms if single else None)
+        self.counters.record_draft(len(draft), n_ok)
+        return self._commit(r, prop, n_ok, nxt, draft_ms, verify_ms)
+
+    def _commit(self, r: Request, prop: Proposal, n_ok: int, nxt: int, draft_ms: float, verify_ms: float) -> int:
+        """Keep draft[:n_ok] + [nxt]; the target track goes back to n' - 1."""
+        new = [int(t) for t in prop.tokens[:n_ok]] + [nxt]
+        n_after = len(r.seq) + len(new)
+        self.pool.rewind("target", r.slot, n_after - 1)
+        if r.drafter is not None:
+            r.drafter.commit(n_after)
+        r.stats.draft_ms += draft_ms
+        r.stats.verify_ms += verify_ms
+        r.stats.record_round(len(prop.tokens), n_ok, prop.drafter if len(prop.tokens) else None)
+        return self._emit(r, new)
+
+    def _emit(self, r: Request, new: list[int]) -> int:
+        """Send committed tokens up to EOS / max_new_tokens; retire the request when it is done."""
+        for i, t in enumerate(new):
+            if t in r.eos_ids:
+                new, r.stats.stop_reason = new[:i], "eos"
+                break
+        new = new[: r.remaining]
+        r.seq.extend(new)
+        r.produced += len(new)
+        r.stats.new_tokens = r.produced
+        if new:
+            r.sink("tokens", new)
+        if r.stats.stop_reason == "eos":
+            self._retire(r)
+        elif r.remaining <= 0:
+            self._retire(r, "length")
+        return len(new)
+
+    # --- the step ----------------------------------------------------------------------------
+    def step(self, take_waiting=lambda: None) -> None:
+        self.admit(take_waiting)
+        self._prefill()
+        rows = [r for r in self.running if r.state == DECODE and not r.cancelled]
+        if rows:
+            self._decode(rows)

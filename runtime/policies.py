@@ -1,0 +1,61 @@
+"""What adaptive k knows across requests: this machine's call costs (probed once, cached on disk
+per bundle and machine) and, per drafter kind and greedy vs sampling, the acceptance per
+position and P(accept | confidence) learned from earlier requests (their best prior)."""
+
+from __future__ import annotations
+
+from . import cost_cache as probe_cache
+from .adaptive import AcceptanceModel, AdaptivePolicy, Calibration, Costs, measure_costs
+
+
+class PolicyStore:
+    def __init__(self, parts, max_k: int, *, threads, device, global_pool, hugepages, cost_cache: bool = True):
+        self.parts, self.max_k = parts, max_k
+        self._key_extra = (f"draft={parts.draft is not None} pool={global_pool} hugepages={hugepages} "
+                           f"slots={parts.target.pool.slots}")
+        self.threads, self.device, self.cost_cache = threads, device, cost_cache
+        self._costs: Costs | None = None
+        self._learned: dict[tuple[str, bool], tuple[AcceptanceModel, Calibration]] = {}
+
+    def costs(self) -> Costs:
+        """The cached probe, else measured now on a free slot (engine thread, or before any
+        request runs) and cached."""
+        if self._costs is None:
+            key = None
+            if self.cost_cache:
+                try:  # a cache problem of any kind means a fresh probe, never a failed request
+                    key = probe_cache.key(self.parts.folder, self.parts.manifest, threads=self.threads,
+                                          device=self.parts.device, extra=self._key_extra)
+                    self._costs = probe_cache.load(key)
+                except Exception:  # noqa: BLE001
+                    key = None
+            if self._costs is None:
+                pool = self.parts.target.pool
+                busy = pool.in_use()
+                free = [s for s in range(pool.slots) if s not in busy]
+                if not free:
+                    raise RuntimeError("no free KV slot to probe call costs on")
+                self._costs = measure_costs(self.parts.target, self.parts.draft, free[0], self.max_k + 1,
+                                            rows=pool.slots, busy=busy)
+                if key:
+                    probe_cache.save(key, self._costs)  # never raises: no cache then
+        return self._costs
+
+    def policies(self, r) -> dict[str, AdaptivePolicy]:
+        """Fresh policies for one request over the learned state of its drafter kind; `auto`
+        gets one per route (its n-gram rounds learn apart, its model rounds share the model's)."""
+        greedy = r.cfg.greedy
+        if r.draft == "auto":
+            return {"ngram": self._policy("auto:ngram", True, greedy), "model": self._policy("model", False, greedy)}
+        return {r.draft: self._policy(r.draft, r.draft == "ngram", greedy)}
+
+    def _policy(self, key: str, lookup: bool, greedy: bool) -> AdaptivePolicy:
+        base = self.costs()
+        # a copy per request (it is updated online); a lookup costs next to nothing
+        draft_ms = 0.01 * base.target_ms[1] if lookup else base.draft_ms
+        costs = Costs(dict(base.target_ms), draft_ms=draft_ms, rows_ms=dict(base.rows_ms),
+                      draft_rows_ms={} if lookup else dict(base.draft_rows_ms))
+        if (key, greedy) not in self._learned:
+            self._learned[(key, greedy)] = (AcceptanceModel(self.max_k), Calibration())
+        acc, cal = self._learned[(key, greedy)]
+        return AdaptivePolicy(costs, self.max_k, acceptance=acc, calibration=cal)

@@ -1,0 +1,50 @@
+"""Token chunks -> text pieces for one request: streaming detokenization plus stop strings.
+
+Text that could be the beginning of a stop string is held back until resolved, so nothing is
+streamed and then retracted; at a stop string the text is cut where it begins.
+"""
+
+from __future__ import annotations
+
+from .tokenizer import Tokenizer
+
+
+class TextStream:
+    def __init__(self, tokenizer: Tokenizer, stop: list[str] | None = None):
+        self.dec = tokenizer.stream()
+        self.stops = [s for s in (stop or []) if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.full = ""  # text so far (cut at a stop string)
+        self.emitted = 0  # characters of `full` handed out
+        self.ids: list[int] = []
+        self.stopped = False
+
+    def push(self, chunk: list[int]) -> str:
+        """-> the text that is now safe to show ("" if none)."""
+        self.ids.extend(chunk)
+        self.full += self.dec.push(chunk)
+        cut = _find_stop(self.full, self.stops, max(0, self.emitted - self.hold))
+        if cut is not None:
+            self.full = self.full[:cut]
+            self.stopped = True
+            return ""
+        safe = len(self.full) - self.hold
+        if safe > self.emitted:
+            piece, self.emitted = self.full[self.emitted : safe], safe
+            return piece
+        return ""
+
+    def flush(self) -> None:
+        """The tokens ended (EOS or length): decode what the detokenizer held back."""
+        self.full += self.dec.flush()
+
+    def tail(self) -> str:
+        """Text not handed out yet (after the last push, and flush if the tokens ended)."""
+        piece, self.emitted = self.full[self.emitted :], len(self.full)
+        return piece
+
+
+def _find_stop(text: str, stops: list[str], start: int) -> int | None:
+    """Earliest index >= start where any stop string begins in text."""
+    hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
+    return min(hits) if hits else None

@@ -1,0 +1,388 @@
+"""Many requests on one pipeline: every request gets exactly its solo output, whatever else runs.
+
+Real exported models through real onnxruntime sessions: the tiny bundles (fast) and the default
+bundle (slow). Each concurrency test here fails on a pipeline that is one sequence (the code
+before the engine: two threads corrupted each other's KV length).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import specrt
+from conftest import assert_same_greedy
+from specrt.runtime import ContextOverflow, EngineBusy, InvalidSampling
+from specrt.runtime.adaptive import Costs
+from specrt.runtime.engine.plan import Row, plan
+
+MODES = [("model", False), ("model", True), ("ngram", False), ("ngram", True), ("auto", True)]
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(3, 120, size=int(rng.integers(2, 60)))] for _ in range(n)]
+
+
+def _repetitive(n: int) -> list[list[int]]:
+    """Prompts an n-gram drafter can copy from."""
+    return [[5 + i, 6, 7, 8, 9, 10 + i, 5 + i, 6, 7, 8, 9] * 3 for i in range(n)]
+
+
+def _solo(pipe, prompt, n, **kw):
+    return [t for c in pipe.stream_ids(prompt, max_new_tokens=n, draft="none", k=0, **kw) for t in c]
+
+
+def _margins(pipe, prompt, tokens):
+    """Top-2 logit gap of the target at every position of a greedy run (near-tie evidence)."""
+    from specrt.runtime.backends.ort import OrtBackend
+    from specrt.runtime.decoder import Decoder
+
+    man = pipe.manifest
+    dec = Decoder(OrtBackend(pipe.folder / man.target.graph, man.target))
+    seq = list(prompt) + list(tokens)
+    out = []
+    logits = dec.prefill(seq[: len(prompt)])
+    for i in range(len(tokens)):
+        top = np.sort(logits)[-2:]
+        out.append(float(top[1] - top[0]))
+        logits = dec.forward([seq[len(prompt) + i]])[0]
+    return out
+
+
+@pytest.fixture(scope="module")
+def int8(tiny_bundles):
+    pipe = specrt.load(tiny_bundles["int8"], max_batch=4, max_queue=32)
+    yield pipe
+    pipe.close()
+
+
+@pytest.mark.parametrize("draft,adaptive", MODES)
+def test_staggered_threads_each_get_their_solo_output(int8, draft, adaptive):
+    """12 requests, different prompt and output lengths, started at staggered times from their
+    own threads, 4 slots (so some wait in the queue)."""
+    prompts = _prompts(6) + _repetitive(6)
+    lens = [5 + 7 * i % 40 for i in range(len(prompts))]
+    want = [_solo(int8, p, n) for p, n in zip(prompts, lens, strict=True)]
+    got: dict[int, list[int]] = {}
+    errors = []
+
+    def client(i):
+        try:
+            time.sleep(0.003 * i)
+            got[i] = [t for c in int8.stream_ids(prompts[i], max_new_tokens=lens[i], draft=draft, k=4,
+                                                 adaptive=adaptive) for t in c]
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    for i, w in enumerate(want):
+        assert_same_greedy(got[i], w)
+    c = int8.counters()
+    assert c["running"] == 0 and c["waiting"] == 0
+    assert c["rows"] > c["steps"]  # some steps served several requests in one call
+
+
+def test_interleaved_generators(int8):
+    """Two streams advanced alternately by one thread."""
+    p1, p2 = _prompts(2, seed=3)
+    w1, w2 = _solo(int8, p1, 30), _solo(int8, p2, 30)
+    g1, g2 = int8.stream_ids(p1, max_new_tokens=30, k=3), int8.stream_ids(p2, max_new_tokens=30, k=3)
+    a, b = [], []
+    for c1, c2 in zip(g1, g2, strict=False):
+        a += c1
+        b += c2
+    a += [t for c in g1 for t in c]
+    b += [t for c in g2 for t in c]
+    assert a == w1 and b == w2
+
+
+def test_asyncio_gather_of_many_requests(int8):
+    prompts = _prompts(10, seed=5)
+    want = [_solo(int8, p, 20) for p in prompts]
+
+    async def one(p):
+        return [t for c in [c async for c in int8.astream_ids(p, max_new_tokens=20, k=4)] for t in c]
+
+    async def main():
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    got = asyncio.run(main())
+    assert got == want
+
+
+def test_agenerate_and_text_stream(int8):
+    res = asyncio.run(int8.agenerate("w5 w6 w7", max_new_tokens=12, chat=False))
+    ref = int8.generate("w5 w6 w7", max_new_tokens=12, chat=False, draft="none", k=0)
+    assert res.token_ids == ref.token_ids and res.text == ref.text
+
+
+def test_cancel_mid_stream_frees_the_slot(tiny_bundles):
+    pipe = specrt.load(tiny_bundles["int8"], max_batch=1, max_queue=4)
+    try:
+        p1, p2 = _prompts(2, seed=7)
+        gen = pipe.stream_ids(p1, max_new_tokens=200, k=2, ignore_eos=True)
+        next(gen)
+        assert pipe.counters()["running"] == 1
+        gen.close()  # returns once the engine retired the request
+        assert pipe.counters()["running"] == 0
+        # the only slot is free again: the next request runs, and correctly
+        assert [t for c in pipe.stream_ids(p2, max_new_tokens=16) for t in c] == _solo(pipe, p2, 16)
+    finally:
+        pipe.close()
+
+
+def test_full_queue_is_a_clear_error_and_nothing_is_lost(tiny_bundles):
+    pipe = specrt.load(tiny_bundles["none"], max_batch=1, max_queue=1, draft="none")
+    try:
+        prompt = _prompts(1, seed=9)[0]
+        want = _solo(pipe, prompt, 40)
+        running = pipe.stream_ids(prompt, max_new_tokens=40, ignore_eos=False)
+        first = next(running)  # admitted: holds the only slot
+        queued = pipe.stream_ids(prompt, max_new_tokens=40)  # waits in the queue (size 1)
+        with pytest.raises(EngineBusy, match="max_queue=1"):
+            pipe.stream_ids(prompt, max_new_tokens=40)
+        assert first + [t for c in running for t in c] == want
+        assert [t for c in queued for t in c] == want
+    finally:
+        pipe.close()
+
+
+def test_a_failing_request_does_not_disturb_the_others(int8, monkeypatch):
+    prompts = _prompts(3, seed=11)
+    want = [_solo(int8, p, 25) for p in prompts]
+    # bad requests are refused before they reach the engine ...
+    with pytest.raises(ContextOverflow):
+        int8.stream_ids(prompts[0], max_new_tokens=10_000)
+    with pytest.raises(InvalidSampling):
+        int8.stream_ids(prompts[0], temperature=-1.0)
+    # ... and one whose model call fails mid-run ends alone, with its error
+    target = int8.parts.target
+    real = target.run
+    bad = int8.request(prompts[0], max_new_tokens=25, k=3)
+
+    def failing(slot, tokens, *a, **kw):
+        if slot == bad.slot and len(tokens) > 1 and bad.produced > 3:  # a verification call, mid-run
+            raise RuntimeError("boom")
+        return real(slot, tokens, *a, **kw)
+
+    monkeypatch.setattr(target, "run", failing)
+    got, errs = {}, []
+
+    def good(i):
+        got[i] = [t for c in int8.stream_ids(prompts[i], max_new_tokens=25, k=3) for t in c]
+
+    def failing_client():
+        import queue
+
+        q = queue.SimpleQueue()
+        bad.sink = lambda kind, value: q.put((kind, value))
+        int8.engine.submit(bad)
+        try:
+            list(int8._drain(bad, q))
+        except RuntimeError as e:
+            errs.append(e)
+
+    threads = [threading.Thread(target=client) for client in (failing_client,)] + \
+        [threading.Thread(target=good, args=(i,)) for i in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [str(e) for e in errs] == ["boom"]
+    assert bad.stats.stop_reason == "error"
+    assert got[1] == want[1] and got[2] == want[2]
+    assert int8.counters()["running"] == 0
+
+
+def test_seed_reproduces_sampling_whatever_else_runs(int8):
+    """A sampled request's output with fixed k depends only on its seed: alone or beside other
+    requests (greedy and sampled) it is the same."""
+    prompt = _prompts(1, seed=13)[0]
+    kw = dict(max_new_tokens=30, temperature=0.9, top_p=0.95, seed=42, k=3)
+    alone = [t for c in int8.stream_ids(prompt, **kw) for t in c]
+    others = _prompts(3, seed=14)
+    got = {}
+
+    def run(key, p, **k):
+        got[key] = [t for c in int8.stream_ids(p, **k) for t in c]
+
+    threads = [threading.Thread(target=run, args=("me", prompt), kwargs=kw)]
+    threads += [threading.Thread(target=run, args=(i, p), kwargs=dict(max_new_tokens=30, temperature=0.7 * (i % 2),
+                                                                         seed=i, k=2))
+                for i, p in enumerate(others)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got["me"] == alone
+    assert [t for c in int8.stream_ids(prompt, **{**kw, "seed": 43}) for t in c] != alone  # the seed matters
+
+
+def test_batched_sampling_follows_the_target_distribution(tiny_bundles):
+    """The second token's distribution over many seeded requests decoded 4 at a time (batched
+    rows, drafting rows and plain rows mixed; the second token comes from verifying a k = 1
+    draft) matches the target's own, by chi-square."""
+    from scipy.stats import chisquare
+
+    from specrt.runtime.backends.ort import OrtBackend
+    from specrt.runtime.decoder import Decoder
+    from specrt.runtime.sampling import SamplingConfig, probs
+
+    pipe = specrt.load(tiny_bundles["bad"], max_batch=4, max_queue=2000)
+    try:
+        cfg = SamplingConfig(1.0, 0, 1.0)
+        prompt = [5, 9, 17]
+        man = pipe.manifest
+        dec = Decoder(OrtBackend(pipe.folder / man.target.graph, man.target))
+        p1 = probs(dec.prefill(prompt), cfg)
+        n = 1200
+        firsts, seconds = [], []
+
+        async def one(seed, k):
+            toks = [t for c in [c async for c in pipe.astream_ids(prompt, max_new_tokens=3, temperature=1.0,
+                                                                 seed=seed, k=k, ignore_eos=True)] for t in c]
+            return toks
+
+        async def main():
+            return await asyncio.gather(*(one(s, 1 + s % 3) for s in range(n)))
+
+        for toks in asyncio.run(main()):
+            firsts.append(toks[0])
+            seconds.append(toks[1])
+        # first token: exactly the target's distribution
+        counts = np.bincount(firsts, minlength=len(p1))
+        keep = p1 * n >= 5
+        exp = np.append(p1[keep] * n, p1[~keep].sum() * n)
+        obs = np.append(counts[keep], counts[~keep].sum())
+        assert chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3
+        # second token after the most common first token: the target's conditional
+        top = int(np.bincount(firsts).argmax())
+        dec.reset()
+        p2 = probs(dec.prefill(prompt + [top]), cfg)
+        sec = [s for f, s in zip(firsts, seconds, strict=True) if f == top]
+        counts = np.bincount(sec, minlength=len(p2))
+        m = len(sec)
+        keep = p2 * m >= 5
+        exp = np.append(p2[keep] * m, p2[~keep].sum() * m)
+        obs = np.append(counts[keep], counts[~keep].sum())
+        assert m > 100 and chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3
+        assert pipe.counters()["rows"] > pipe.counters()["steps"]  # rows were batched
+    finally:
+        pipe.close()
+
+
+def test_batched_rows_equal_single_calls(tiny_bundles):
+    """One call of b rows x 1 token over ragged pasts gives each row the logits of its own
+    single-sequence call; slots in the range that are not served are untouched below their
+    spare row."""
+    pipe = specrt.load(tiny_bundles["none"], max_batch=4, draft="none")
+    try:
+        t, pool = pipe.parts.target, pipe.parts.target.pool
+        prompts = _prompts(4, seed=21)
+        slots = [pool.alloc() for _ in prompts]
+        for s, p in zip(slots, prompts, strict=True):
+            t.run(s, np.array(p), 0)
+            pool.advance("target", s, len(p))
+        before = pool.host[0][2].copy()
+        nxt = np.array([7, 8, 9, 10])
+        pasts = np.array([len(p) for p in prompts])
+        rows = t.run_rows(0, nxt, pasts).copy()
+        served = [0, 1, 3]  # slot 2 is covered but not served: filler at its spare row
+        pasts2 = pasts.copy()
+        pasts2[2] = pool.spare_row(2)
+        t.run_rows(0, nxt, pasts2)
+        assert np.array_equal(pool.host[0][2][:, : len(prompts[2])], before[:, : len(prompts[2])])
+        for s in served:
+            one = t.run(s, nxt[s : s + 1], int(pasts[s]))[0]
+            np.testing.assert_allclose(rows[s], one, atol=1e-5)
+    finally:
+        pipe.close()
+
+
+def test_plan_drafts_alone_and_stops_under_load():
+    """The batch plan on this machine class's measured shape (docs/design.md): alone it is the
+    single-request rule argmax_k E(k) / (k d + v(k+1)); for eight requests it drafts nothing;
+    a poor draft never drafts."""
+    costs = Costs({1: 10.0, 2: 11.9, 3: 13.0, 5: 15.0, 6: 15.7, 9: 18.5, 17: 25.9}, draft_ms=4.5,
+                  rows_ms={1: 10.0, 2: 13.2, 4: 15.3, 8: 21.2, 16: 30.7},
+                  draft_rows_ms={1: 4.5, 2: 5.5, 4: 6.5, 8: 9.0, 16: 13.0})
+    good = np.concatenate(([1.0], 1 + np.cumsum(np.cumprod(np.full(8, 0.9)))))
+    poor = np.concatenate(([1.0], 1 + np.cumsum(np.cumprod(np.full(8, 0.2)))))
+    alone = [good[k] / (k * 4.5 + costs.verify_ms(k + 1)) if k else good[0] / 10.0 for k in range(6)]
+    assert plan([Row(5, good[:6])], costs) == [int(np.argmax(alone))] and np.argmax(alone) > 0
+    assert plan([Row(5, good[:6]) for _ in range(8)], costs) == [0] * 8
+    assert plan([Row(5, poor[:6])], costs) == [0]
+    # n-gram rows cost no draft calls: they draft under more load than model rows
+    assert plan([Row(5, good[:6]) for _ in range(3)], costs) == [0, 0, 0]
+    assert sum(plan([Row(5, good[:6], lookup=True) for _ in range(3)], costs)) > 0
+
+
+@pytest.mark.parametrize("plan_batches", [True, False])
+def test_policy_mode_drafts_nothing_under_load(tiny_bundles, plan_batches):
+    """Call costs where drafting pays alone but not beside three others: with the batch plan,
+    adaptive requests decoding together draft nothing (without it they do), and their outputs
+    are still their solo outputs."""
+    pipe = specrt.load(tiny_bundles["int8"], max_batch=4, adaptive=True, plan_batches=plan_batches)
+    try:
+        costs = Costs({1: 10.0, 2: 11.0, 3: 12.0, 5: 14.0, 9: 18.0}, draft_ms=1.0,
+                      rows_ms={1: 10.0, 2: 10.3, 4: 11.0}, draft_rows_ms={1: 1.0, 2: 1.1, 4: 1.2})
+        pipe.store._costs = costs  # the probe's place: a probe on this machine measures its own
+        prompts = _prompts(4, seed=31)
+        want = [_solo(pipe, p, 20) for p in prompts]
+        seen = []
+        real = pipe.scheduler._choose_ks
+        pipe.scheduler._choose_ks = lambda rows: seen.append((len(rows), real(rows))) or seen[-1][1]
+        gens = [pipe.stream_ids(p, max_new_tokens=20) for p in prompts]
+        got = [[t for c in g for t in c] for g in gens]
+        assert got == want
+        together = [ks for n, ks in seen if n > 1]
+        assert together
+        assert all(k == 0 for ks in together for k in ks) == plan_batches
+    finally:
+        pipe.close()
+
+
+@pytest.mark.slow
+def test_default_bundle_under_concurrency(default_bundle):
+    """The real pair: 8 requests with different prompts and lengths, staggered, 8 slots, under
+    model / n-gram / auto drafting with fixed and adaptive k: each equals its solo target-only
+    output token for token (a difference would have to be a near-tie, and the test says so)."""
+    pipe = specrt.load(default_bundle, max_batch=8)
+    try:
+        texts = ["Explain KV caches in two sentences.", "Write a haiku about the sea.",
+                 "List three prime numbers and say why they are prime.", "What is the capital of France?",
+                 "Summarize: the cat sat on the mat. The cat sat on the mat again.", "Count from 1 to 12.",
+                 "Give me a short recipe for pancakes.", "Translate 'good morning' into Spanish and German."]
+        prompts = [pipe.tokenizer.encode(t) for t in texts]
+        lens = [24, 40, 64, 16, 48, 56, 32, 72]
+        want = [_solo(pipe, p, n) for p, n in zip(prompts, lens, strict=True)]
+        for draft, adaptive in [("model", False), ("ngram", False), ("auto", True), ("model", True)]:
+            got = {}
+
+            def client(i, draft=draft, adaptive=adaptive, got=got):
+                time.sleep(0.05 * i)
+                got[i] = [t for c in pipe.stream_ids(prompts[i], max_new_tokens=lens[i], draft=draft,
+                                                     adaptive=adaptive) for t in c]
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(300)
+            for i, w in enumerate(want):
+                diff = assert_same_greedy(got[i], w, _margins(pipe, prompts[i], w) if got[i] != w else None)
+                assert diff is None, f"{draft} adaptive={adaptive} prompt {i}: near-tie at token {diff}"
+        c = pipe.counters()
+        assert c["rows"] > 2 * c["steps"] and c["running"] == 0
+    finally:
+        pipe.close()
