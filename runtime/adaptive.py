@@ -61,6 +61,14 @@ class Costs:
     def v(self, T: int) -> float:
         return self.verify_ms(T) / self.verify_ms(1)
 
+    def verify_curve(self, n: int) -> np.ndarray:
+        """verify_ms(T) for T = 1..n as an array (the probed curve is interpolated once)."""
+        base = getattr(self, "_curve", None)
+        if base is None or len(base) < n:
+            known = sorted(self.target_ms)
+            base = self._curve = np.interp(np.arange(1, n + 1), known, [self.target_ms[t] for t in known])
+        return self.scale * base[:n]
+
     def verify_ms(self, T: int) -> float:
         if T in self.target_ms:
             return self.scale * self.target_ms[T]
@@ -223,7 +231,7 @@ class AdaptivePolicy:
     def choose_k(self) -> int:
         c = self.costs
         ks = np.arange(self.max_k + 1)
-        ms = ks * c.draft_ms + np.array([c.verify_ms(k + 1) for k in ks])
+        ms = ks * c.draft_ms + c.verify_curve(self.max_k + 1)
         rates = self.acc.expected() / ms  # tokens per ms; k = 0 is a plain target step
         k = int(np.argmax(rates))
         acc = self.acc  # the plain-round count lives with the learned state: short requests add up

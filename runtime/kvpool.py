@@ -26,7 +26,8 @@ from .manifest import KVLayout
 
 class KVPool:
     def __init__(self, kv: KVLayout, slots: int, device: str = "cpu", allocate: bool = True):
-        """allocate=False: bookkeeping only (a backend that owns its buffers, one slot)."""
+        """allocate=False: no buffers yet (`allocate()` later), or bookkeeping only (a backend
+        that owns its buffers, one slot)."""
         if slots < 1:
             raise ValueError(f"a KV pool needs at least one slot, got {slots}")
         self.layout, self.slots, self.device = kv, slots, device
@@ -38,13 +39,17 @@ class KVPool:
         self._device_values: list = []  # OrtValues keeping device buffers alive
         self.ptrs: list[int] = []  # base address of each buffer, layer-major (K, V)
         if allocate:
-            self._allocate(2 * kv.layers)
+            self.allocate()
         self._tracks: dict[str, np.ndarray] = {}
         self._free = list(range(slots))
 
-    def _allocate(self, n: int) -> None:
+    def allocate(self) -> None:
+        """Allocate (and touch) the buffers, once. The loader calls it after the sessions are
+        built, so their transient load memory and the KV do not add up in peak RSS."""
+        if self.ptrs:
+            return
         shape = (self.slots, *self.slot_shape)
-        for _ in range(n):
+        for _ in range(2 * self.layout.layers):
             if self.device == "cpu":
                 a = np.empty(shape, dtype=self.dtype)
                 a.fill(0)  # commit every page now: RSS is flat from load on

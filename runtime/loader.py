@@ -54,14 +54,16 @@ def load_parts(folder: str | Path, *, draft: str = "model", device: str = "cpu",
         return _trt_parts(folder, man, tok, want_draft, eagle, max_batch)
     _, dev = pick_providers(device)
     before = anonymous_pages() if hugepages and dev == "cpu" else None
-    pool = KVPool(man.target.kv, max_batch, dev)
+    pool = KVPool(man.target.kv, max_batch, dev, allocate=False)  # after the sessions: lower peak RSS
     target = _model(folder, man.target, pool, "target", threads, global_pool)
     d = None
     shared = False
     if want_draft:
         shared = (man.draft.recipe in SELF_DRAFT_PRECISION and not eagle and man.draft.kv == man.target.kv)
-        dpool = pool if shared else KVPool(man.draft.kv, max_batch, dev)
+        dpool = pool if shared else KVPool(man.draft.kv, max_batch, dev, allocate=False)
         d = _model(folder, man.draft, dpool, "draft", threads, global_pool)
+        dpool.allocate()
+    pool.allocate()
     features = None
     if eagle and d is not None:
         if not target.has_hidden_out:

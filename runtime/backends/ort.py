@@ -137,8 +137,10 @@ class OrtModel(FeatureBuffers):
         """The IOBinding for slots [lo, lo + b), its KV bound once."""
         io = self._bindings.get((lo, b))
         if io is None:
-            io = self.session.io_binding()
             pool, names = self.pool, self.entry.io
+            if not pool.ptrs:
+                raise RuntimeError(f"{self.name}: the KV pool has no buffers yet (KVPool.allocate)")
+            io = self.session.io_binding()
             shape = [b, *pool.slot_shape]
             for i in range(pool.layout.layers):
                 for j, (past, present) in enumerate(((names.past_key, names.present_key),

@@ -327,6 +327,36 @@ def test_plan_drafts_alone_and_stops_under_load():
     assert sum(plan([Row(5, good[:6], lookup=True) for _ in range(3)], costs)) > 0
 
 
+def test_plan_equals_a_brute_force_search():
+    """The vectorized plan finds the best (ceiling, drafting rows) of the search it replaces, on
+    random rows: mixed k, acceptance, n-gram and model routes."""
+    from specrt.runtime.engine.plan import step_ms
+
+    costs = Costs({1: 19.3, 2: 19.6, 3: 20.5, 5: 21.8, 9: 25.2, 17: 32.8}, draft_ms=7.2,
+                  rows_ms={1: 19.3, 2: 20.2, 4: 21.2, 8: 28.5}, draft_rows_ms={1: 7.2, 2: 8.1, 4: 10.8, 8: 18.3})
+
+    def rate(rows, ks):
+        return sum(r.expected[k] if k else 1.0 for r, k in zip(rows, ks, strict=True)) / step_ms(rows, ks, costs)
+
+    def brute(rows):
+        n, best = len(rows), rate(rows, [0] * len(rows))
+        for cap in range(1, max(r.k for r in rows) + 1):
+            ks = [min(r.k, cap) for r in rows]
+            order = sorted((i for i in range(n) if ks[i] > 0), key=lambda i: -rows[i].expected[ks[i]])
+            for m in range(1, len(order) + 1):
+                trial = [ks[i] if i in order[:m] else 0 for i in range(n)]
+                best = max(best, rate(rows, trial))
+        return best
+
+    g = np.random.default_rng(0)
+    for _ in range(150):
+        rows = []
+        for _ in range(int(g.integers(1, 9))):
+            k, a = int(g.integers(0, 9)), g.uniform(0.3, 0.98)
+            rows.append(Row(k, np.concatenate(([1.0], 1 + np.cumsum(np.cumprod(np.full(k, a))))), bool(g.random() < 0.3)))
+        assert rate(rows, plan(rows, costs)) == pytest.approx(brute(rows), rel=1e-12)
+
+
 @pytest.mark.parametrize("plan_batches", [True, False])
 def test_policy_mode_drafts_nothing_under_load(tiny_bundles, plan_batches):
     """Call costs where drafting pays alone but not beside three others: with the batch plan,
