@@ -32,6 +32,9 @@ from .plan import Row, plan
 from .request import DECODE, DONE, PREFILL, Request
 
 
+REPLAN_STEPS = 8  # steps a "no drafting" plan is kept while the row count stays the same
+
+
 def _check_finite(logits: np.ndarray, what: str):
     if not np.isfinite(logits.max()):  # max propagates NaN, so one reduction covers NaN and inf
         raise NonFiniteLogits(f"{what} produced non-finite logits (NaN/inf): the model or its export is broken")
@@ -54,6 +57,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.counters = Counters(target.max_t - 1)
+        self._idle_plan = [0, 0]  # [rows, steps left]: the last plan for this many rows drafted nothing
 
     # --- 1-2: retire, admit ------------------------------------------------------------------
     def _retire(self, r: Request, reason: str | None = None, error: Exception | None = None) -> None:
@@ -144,6 +148,14 @@ class Scheduler:
 
     # --- 4: decode ---------------------------------------------------------------------------
     def _choose_ks(self, rows: list[Request]) -> list[int]:
+        n = len(rows)
+        if self._idle_plan[0] == n and self._idle_plan[1] > 0 and all(r.policies for r in rows):
+            # the plan said "no drafting" for this many rows a few steps ago: a step under load
+            # pays nothing for speculation until the row count changes or REPLAN_STEPS pass
+            self._idle_plan[1] -= 1
+            for r in rows:
+                r.route = r.drafter.route(r.seq)
+            return [0] * n
         ks, plan_rows = [], []
         for r in rows:
             k = 0
@@ -160,6 +172,7 @@ class Scheduler:
             capped = plan([row for _, row in plan_rows], self.costs)
             for (i, _), k in zip(plan_rows, capped, strict=True):
                 ks[i] = min(ks[i], k)
+            self._idle_plan = [n, REPLAN_STEPS] if not any(ks) else [0, 0]
         return ks
 
     def _decode(self, rows: list[Request]) -> None:
