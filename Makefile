@@ -9,13 +9,13 @@ PROMPT ?= Explain KV caches in two sentences.
 # 2 cores: corpus generation + training), then `make export-eagle`.
 HEAD := .cache/heads/smollm2-135m-instruct.eagle.safetensors
 
-.PHONY: setup export run generate test test-unit runtime-only lint bench train-draft export-eagle clean
+.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle clean
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[export,dev,bench]'
+	$(PY) -m pip install -q -e '.[export,dev,bench,serve]'
 	touch $@
 
 setup: $(VENV)/.stamp
@@ -28,6 +28,10 @@ export: $(BUNDLE)/specrt.json
 
 run: export
 	$(SPECRT) generate --engines $(BUNDLE) "$(PROMPT)"
+
+# OpenAI-compatible server on 127.0.0.1:8000 (SERVE_ARGS: --port, --max-batch, --api-key, ...)
+serve: export
+	$(SPECRT) serve --engines $(BUNDLE) $(SERVE_ARGS)
 
 # Unit + end-to-end tests (tiny models and the real default bundle), then the runtime from a
 # virtual environment holding only the runtime's own dependencies (no torch).

@@ -122,8 +122,11 @@ class Pipeline:
     def request(self, prompt_ids: list[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
                 top_k: int = 0, top_p: float = 1.0, seed: int | None = 0, k: int | None = None,
                 draft: str | None = None, stats: Stats | None = None, ignore_eos: bool = False,
-                adaptive: bool | None = None) -> Request:
-        """A checked request (not yet submitted). ignore_eos: run to max_new_tokens (benchmarks)."""
+                adaptive: bool | None = None, timeout_s: float | None = None) -> Request:
+        """A checked request (not yet submitted). ignore_eos: run to max_new_tokens (benchmarks).
+        timeout_s: from submission; a request still running then ends (stop_reason "timeout")."""
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         cfg = SamplingConfig(temperature, top_k, top_p)
         k = self.default_k if k is None else k
         self.check_request(len(prompt_ids), max_new_tokens, k)
@@ -136,7 +139,7 @@ class Pipeline:
         adaptive = self.default_adaptive if adaptive is None else adaptive
         return Request(list(prompt_ids), cfg, max_new_tokens, frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids),
                        k=k if draft != "none" else 0, draft=draft, adaptive=adaptive and draft != "none", seed=seed,
-                       stats=stats)
+                       stats=stats, timeout_s=timeout_s)
 
     def stream_ids(self, prompt_ids: list[int], **kw) -> Iterator[list[int]]:
         """Token-level generation: yields committed chunks of new token ids. Closing the
@@ -204,10 +207,19 @@ class Pipeline:
     # --- asyncio -----------------------------------------------------------------------------
     async def astream_ids(self, prompt_ids: list[int], **kw) -> AsyncIterator[list[int]]:
         r = self.request(prompt_ids, **kw)
+        async for chunk in self.asubmit(r):
+            yield chunk
+
+    def asubmit(self, r: Request) -> AsyncIterator[list[int]]:
+        """Submit a checked request now (EngineBusy is raised here, not at the first chunk) and
+        return an async iterator of its token chunks; closing it early cancels the request."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         r.sink = lambda kind, value: loop.call_soon_threadsafe(events.put_nowait, (kind, value))
         self.engine.submit(r)
+        return self._adrain(r, events)
+
+    async def _adrain(self, r: Request, events: asyncio.Queue) -> AsyncIterator[list[int]]:
         finished = False
         try:
             while True:

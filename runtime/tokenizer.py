@@ -33,8 +33,12 @@ class Tokenizer:
     def token(self, token_id: int | None) -> str:
         return "" if token_id is None else (self.tk.id_to_token(token_id) or "")
 
-    def render_chat(self, prompt: str, system: str | None = None) -> str:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    def render_chat(self, prompt: str) -> str:
+        """One user message through the chat template (what `specrt generate` sends)."""
+        return self.render_messages([{"role": "user", "content": prompt}])
+
+    def render_messages(self, messages: list[dict]) -> str:
+        """[{role, content}] through the chat template, with the assistant's turn opened."""
         return self._template.render(
             messages=messages,
             add_generation_prompt=True,
@@ -48,6 +52,12 @@ class Tokenizer:
         if chat and self.is_chat:
             return self.tk.encode(self.render_chat(text), add_special_tokens=False).ids
         return self.tk.encode(text, add_special_tokens=True).ids
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """A conversation as the chat template writes it (raw concatenation without one)."""
+        if self.is_chat:
+            return self.tk.encode(self.render_messages(messages), add_special_tokens=False).ids
+        return self.tk.encode("\n".join(m["content"] for m in messages), add_special_tokens=True).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tk.decode(list(ids), skip_special_tokens=True)

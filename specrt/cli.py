@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -237,8 +238,10 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
               help="our sessions on 2 MiB pages, as a service's Pipeline (the default); off: as `specrt generate`")
 @click.option("--concurrency", default=None,
               help="comma-separated levels (e.g. 1,2,4,8,16): closed-loop load on one engine, arms off / fixed k / policy")
+@click.option("--soak-minutes", type=float, default=None,
+              help="with --concurrency N: closed-loop load at N for this long, RSS sampled (memory flatness)")
 def bench(engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_tokens, repeats, limit, peer, peer_draft,
-          rss, out, md, hugepages, concurrency):
+          rss, out, md, hugepages, concurrency, soak_minutes):
     """Target-only vs speculative (vs onnxruntime-genai), interleaved in one run; with
     --concurrency, many requests at once on one engine."""
     from specrt.runtime import USER_ERRORS
@@ -249,7 +252,7 @@ def bench(engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_tokens
     if not wl:
         _fail("no workloads: pass --workload FILE (JSONL with a 'prompt' field per line)")
     if concurrency:
-        _bench_load(engines, wl, concurrency, ks, max_new_tokens, repeats, limit, out, hugepages)
+        _bench_load(engines, wl, concurrency, ks, max_new_tokens, repeats, limit, out, hugepages, soak_minutes)
         return
     cfg = BenchConfig(
         bundle=Path(engines or _engines_default()), workloads=wl,
@@ -281,9 +284,79 @@ def bench(engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_tokens
         click.echo(f"updated {md}")
 
 
-def _bench_load(engines, wl, concurrency, ks, max_new_tokens, repeats, limit, out, hugepages):
+@main.command()
+@click.option("--engines", default=None, help="bundle folder (default engines/default or $SPECRT_ENGINES)")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind (0.0.0.0: every interface)")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--max-batch", type=int, default=8, show_default=True, help="KV slots: requests decoded at once")
+@click.option("--max-queue", type=int, default=64, show_default=True, help="requests waiting for a slot before 503")
+@click.option("--draft", type=click.Choice(["model", "none", "ngram", "auto"]), default=None,
+              help="drafting (default: the bundle's draft model if it has one, else none)")
+@click.option("--adaptive/--fixed-k", default=True, show_default=True,
+              help="adaptive k, capped by the batch plan (drafts only where it pays under load)")
+@click.option("--k", "k", type=int, default=None, help="draft tokens per round with --fixed-k (default: the bundle's)")
+@click.option("--api-key", default=None, envvar="SPECRT_API_KEY", help="require 'Authorization: Bearer KEY' on /v1/*")
+@click.option("--request-timeout", type=float, default=None, help="seconds; a request still running then ends")
+@click.option("--max-body-mb", type=float, default=1.0, show_default=True, help="larger request bodies get 413")
+@click.option("--grace", type=float, default=30.0, show_default=True, help="seconds in-flight requests get after SIGTERM")
+@click.option("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
+@click.option("--hugepages/--no-hugepages", default=True, show_default=True)
+def serve(engines, host, port, max_batch, max_queue, draft, adaptive, k, api_key, request_timeout, max_body_mb, grace,
+          threads, hugepages):
+    """OpenAI-compatible HTTP server over the engine (extra `serve`)."""
+    try:
+        import uvicorn
+
+        from specrt.runtime.serve.app import ServerConfig, build_app
+    except ImportError as e:
+        _fail(f"serve needs the serve extra (pip install 'specrt[serve]'): {e}")
+    from specrt.runtime import USER_ERRORS, load
+    from specrt.runtime.manifest import load_manifest
+
+    folder = Path(engines or _engines_default())
+    try:
+        man = load_manifest(folder)
+    except USER_ERRORS as e:
+        _fail(str(e))
+    if max_batch < 1 or max_queue < 0:
+        _fail("--max-batch must be >= 1 and --max-queue >= 0")
+    draft = draft or ("model" if man.draft is not None else "none")
+    model_id = folder.resolve().name
+    cfg = ServerConfig(model_id=model_id, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
+                       request_timeout_s=request_timeout, draft=draft, adaptive=adaptive and draft != "none")
+
+    def _load():
+        return load(folder, draft=draft, threads=threads, k=k, global_pool=True, hugepages=hugepages,
+                    adaptive=adaptive, max_batch=max_batch, max_queue=max_queue)
+
+    failed: list = []
+    server = None
+
+    def _stop(e):
+        failed.append(e)
+        server.should_exit = True
+
+    app = build_app(cfg, _load, on_load_error=_stop)
+    click.echo(f"specrt: serving {model_id} from {folder} on http://{host}:{port}/v1 "
+               f"({max_batch} slots, draft={draft}{', adaptive' if cfg.adaptive else ''})", err=True)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=grace))
+    # uvicorn re-raises the signal that stopped it once it has shut down gracefully; SIGTERM is
+    # the orchestrator's "stop": a graceful stop exits 0 (SIGINT stays Ctrl-C: 130)
+    signal.signal(signal.SIGTERM, lambda sig, frame: None)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        sys.exit(130)
+    if failed:
+        _fail(f"cannot load {folder}: {failed[0]}")
+    if not server.started:
+        _fail(f"could not start the server on {host}:{port} (port in use?)")
+
+
+def _bench_load(engines, wl, concurrency, ks, max_new_tokens, repeats, limit, out, hugepages, soak_minutes=None):
     from specrt.runtime import USER_ERRORS
-    from specrt.runtime.bench.load import LoadConfig, run_load, table
+    from specrt.runtime.bench.load import LoadConfig, run_load, soak, table
     from specrt.runtime.bench.runner import load_workload
 
     try:
@@ -300,6 +373,16 @@ def _bench_load(engines, wl, concurrency, ks, max_new_tokens, repeats, limit, ou
     def progress(i, n, what):
         click.echo(f"\r[{i + 1}/{n}] {what:<50}", nl=False, err=True)
 
+    if soak_minutes:
+        if len(levels) != 1:
+            _fail("--soak-minutes takes one --concurrency level")
+        res = soak(cfg, levels[0], soak_minutes)
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "soak.json").write_text(json.dumps(res, indent=1))
+        lo, hi = res["rss_after_first_minute_mb"]
+        click.echo(f"{res['requests']} requests in {soak_minutes} min at concurrency {levels[0]}: RSS after the first "
+                   f"minute {lo:.0f}-{hi:.0f} MB ({100 * res['flatness']:.1f}%); KV {res['kv_bytes_per_slot'] / 2**20:.0f} MiB per slot")
+        return
     try:
         results = run_load(cfg, progress)
     except (RuntimeError, *USER_ERRORS) as e:

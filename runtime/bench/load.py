@@ -145,6 +145,49 @@ def run_load(cfg: LoadConfig, progress=None) -> dict:
         pipe.close()
 
 
+def _rss_mb() -> float:
+    import resource
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def soak(cfg: LoadConfig, level: int, minutes: float, arm: str = "policy", every_s: float = 10.0) -> dict:
+    """Closed-loop load at one level for `minutes`, RSS sampled every `every_s`: the slots are
+    allocated at load, so RSS should stay flat after the first requests."""
+    pipe = Pipeline(cfg.bundle, draft="model", global_pool=True, hugepages=cfg.hugepages, cost_cache=False,
+                    max_batch=level, max_queue=level)
+    try:
+        ids = [pipe.tokenizer.encode(p) for p in cfg.prompts]
+        pipe.scheduler.costs = pipe.costs()
+        kw = _arm_kwargs(arm, pipe, cfg.k)
+        stop = time.perf_counter() + 60 * minutes
+        done = [0]
+
+        def client(c):
+            i = c
+            while time.perf_counter() < stop:
+                for _ in pipe.stream_ids(ids[i % len(ids)], max_new_tokens=cfg.max_new_tokens, ignore_eos=True, **kw):
+                    pass
+                done[0] += 1
+                i += level
+
+        samples = [(0.0, _rss_mb())]
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(level)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            time.sleep(every_s)
+            samples.append((time.perf_counter() - t0, _rss_mb()))
+        after = [mb for t, mb in samples if t >= 60] or [mb for _, mb in samples]
+        return {"level": level, "arm": arm, "minutes": minutes, "requests": done[0], "samples": samples,
+                "kv_bytes_per_slot": pipe.kv_bytes_per_slot, "rss_after_first_minute_mb": [min(after), max(after)],
+                "flatness": (max(after) - min(after)) / max(after)}
+    finally:
+        pipe.close()
+
+
 def summarize(runs: list[dict]) -> list[dict]:
     """Per (level, arm): the median over repeats of tokens/s, and the ratio to the level-1
     drafting-off rate and to the other arms at the same level."""

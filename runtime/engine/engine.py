@@ -91,6 +91,18 @@ class Engine:
                 r.adaptive = False
         return r
 
+    def _purge_waiting(self) -> None:
+        """Cancelled or timed-out requests leave the queue now, not when a slot frees."""
+        now = time.perf_counter()
+        with self._cv:
+            gone = [r for r in self._waiting if r.cancelled or r.expired(now)]
+            for r in gone:
+                self._waiting.remove(r)
+        for r in gone:
+            r.stats.stop_reason = "stop" if r.cancelled else "timeout"
+            r.stats.finish()
+            r.sink("done", r.stats)
+
     def _loop(self) -> None:
         while True:
             with self._cv:
@@ -101,6 +113,7 @@ class Engine:
                     # the next submit starts a new one
                     self._thread = None
                     return
+            self._purge_waiting()
             try:
                 self.sched.step(self._take_waiting)
             except Exception as e:  # noqa: BLE001 - an engine bug must not hang its clients

@@ -31,6 +31,7 @@ class Request:
     adaptive: bool = False
     seed: int | None = 0
     sink: Callable[[str, object], None] = lambda kind, value: None
+    timeout_s: float | None = None  # from submission; then the request ends with stop_reason "timeout"
     stats: Stats = None  # filled in place (the caller may pass its own)
     # engine-owned state
     id: int = field(default_factory=lambda: next(_ids))
@@ -54,6 +55,9 @@ class Request:
         self.seq = list(self.prompt)
         self.stats.prompt_tokens = len(self.prompt)
         self.t_submit = time.perf_counter()
+
+    def expired(self, now: float) -> bool:
+        return self.timeout_s is not None and now - self.t_submit > self.timeout_s
 
     @property
     def remaining(self) -> int:
@@ -83,7 +87,7 @@ class Stats:
     other_ms: float = 0.0  # decode time outside both (sampling, bookkeeping)
     k_history: list[int] = field(default_factory=list)  # proposals per round
     drafter_rounds: dict = field(default_factory=dict)  # drafter name -> rounds it proposed
-    stop_reason: str = ""  # "eos" | "length" | "stop" (ended by the client) | "interrupted" | "error"
+    stop_reason: str = ""  # "eos" | "length" | "stop" (ended by the client) | "timeout" | "interrupted" | "error"
     queue_ms: float = 0.0  # submit -> admitted to a slot
     _pos_tried: list[int] = field(default_factory=list, repr=False)
     _pos_ok: list[int] = field(default_factory=list, repr=False)

@@ -31,7 +31,6 @@ from .counters import Counters
 from .plan import Row, plan
 from .request import DECODE, DONE, PREFILL, Request
 
-
 REPLAN_STEPS = 8  # steps a "no drafting" plan is kept while the row count stays the same
 
 
@@ -81,15 +80,17 @@ class Scheduler:
 
     def admit(self, take_waiting) -> None:
         """take_waiting() -> the next waiting request or None (the engine's locked queue)."""
-        for r in [r for r in self.running if r.cancelled]:
-            self._retire(r, "stop")
+        now = time.perf_counter()
+        for r in [r for r in self.running if r.cancelled or r.expired(now)]:
+            self._retire(r, "stop" if r.cancelled else "timeout")
         while self.pool.free_slots:
             r = take_waiting()
             if r is None:
                 return
-            if r.cancelled:
-                r.stats.stop_reason = "stop"
+            if r.cancelled or r.expired(now):
+                r.stats.stop_reason = "stop" if r.cancelled else "timeout"
                 r.state = DONE
+                r.stats.finish()
                 r.sink("done", r.stats)
                 continue
             r.slot = self.pool.alloc()

@@ -1,0 +1,329 @@
+"""`specrt serve` end to end: a real uvicorn server on 127.0.0.1 driven by the official `openai`
+client (and raw httpx where the wire format itself is the point)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+import specrt
+from specrt.runtime.serve.app import ServerConfig, build_app
+
+KEY = "sk-test-123"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """uvicorn in a thread of this process, over a pipeline the test can also call directly."""
+
+    def __init__(self, folder: Path, api_key=None, timeout=None, **load_kw):
+        self.pipe = specrt.load(folder, **load_kw)
+        cfg = ServerConfig(model_id=Path(folder).name, api_key=api_key, request_timeout_s=timeout)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(build_app(cfg, lambda: self.pipe), host="127.0.0.1", port=self.port,
+                                                    log_level="error", timeout_graceful_shutdown=2))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("server did not come up")
+
+    def client(self, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=kw.pop("api_key", KEY), **kw)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.pipe.close()
+
+
+@pytest.fixture(scope="module")
+def srv(tiny_bundles):
+    s = Server(tiny_bundles["int8"], api_key=KEY, max_batch=4, max_queue=16)
+    yield s
+    s.stop()
+
+
+def _solo(pipe, text, n, chat=True, **kw):
+    return pipe.generate(text, max_new_tokens=n, chat=chat, draft="none", k=0, **kw)
+
+
+def test_models_and_health(srv):
+    models = srv.client().models.list()
+    assert [m.id for m in models.data] == ["int8"]
+    assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
+
+
+def test_chat_equals_generate_and_reports_usage(srv):
+    prompt = "w5 w6 w7 w8"
+    want = _solo(srv.pipe, prompt, 20)
+    r = srv.client().chat.completions.create(model="int8", messages=[{"role": "user", "content": prompt}],
+                                             max_tokens=20, temperature=0)
+    assert r.choices[0].message.content == want.text
+    assert r.choices[0].finish_reason == ("length" if want.stats.stop_reason == "length" else "stop")
+    n_prompt = len(srv.pipe.tokenizer.encode(prompt))
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (n_prompt, len(want.token_ids))
+    assert r.usage.total_tokens == n_prompt + len(want.token_ids)
+
+
+def test_streamed_equals_non_streamed(srv):
+    c = srv.client()
+    kw = dict(model="int8", prompt="w9 w10 w11", max_tokens=24, temperature=0)
+    whole = c.completions.create(**kw)
+    chunks = list(c.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == whole.choices[0].text
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert whole.choices[0].text == _solo(srv.pipe, "w9 w10 w11", 24, chat=False).text
+    chat = list(c.chat.completions.create(model="int8", messages=[{"role": "user", "content": "w9"}], max_tokens=12,
+                                          temperature=0, stream=True))
+    assert chat[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chat) == _solo(srv.pipe, "w9", 12).text
+
+
+def test_sse_wire_format_ends_with_done(srv):
+    body = {"model": "int8", "prompt": "w5 w6", "max_tokens": 8, "stream": True}
+    with httpx.stream("POST", srv.url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [ln for ln in r.iter_lines() if ln]
+    assert all(ln.startswith("data: ") for ln in lines)
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_stop_strings_and_seeds(srv):
+    c = srv.client()
+    full = c.completions.create(model="int8", prompt="w5 w6 w7", max_tokens=30, temperature=0).choices[0].text
+    words = full.split()
+    assert len(words) > 3
+    cut = c.completions.create(model="int8", prompt="w5 w6 w7", max_tokens=30, temperature=0, stop=[words[2]])
+    assert cut.choices[0].text == full[: full.index(words[2])] and cut.choices[0].finish_reason == "stop"
+    kw = dict(model="int8", prompt="w5 w6 w7", max_tokens=30, temperature=0.9, top_p=0.95)
+    a = c.completions.create(seed=7, **kw).choices[0].text
+    assert c.completions.create(seed=7, **kw).choices[0].text == a
+    assert a == srv.pipe.generate("w5 w6 w7", max_new_tokens=30, chat=False, temperature=0.9, top_p=0.95,
+                                  seed=7).text
+
+
+@pytest.mark.parametrize("body,status,param", [
+    ({"model": "int8", "prompt": "w5", "temperature": -1}, 400, "temperature"),
+    ({"model": "int8", "prompt": "w5", "top_p": 1.5}, 400, "top_p"),
+    ({"model": "int8", "prompt": "w5", "max_tokens": 0}, 400, "max_tokens"),
+    ({"model": "int8", "prompt": "w5", "max_tokens": 100_000}, 400, "max_tokens"),
+    ({"model": "int8", "prompt": 5}, 400, "prompt"),
+    ({"model": "int8", "prompt": "w5", "max_tokens": "ten"}, 400, "max_tokens"),
+    ({"model": "int8", "prompt": "w5", "n": 2}, 400, "n"),
+    ({"model": "int8", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0]"),
+    ({"prompt": "w5"}, 400, "model"),
+    ({"model": "gpt-4", "prompt": "w5"}, 404, "model"),
+])
+def test_bad_requests_get_openai_errors(srv, body, status, param):
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    r = httpx.post(srv.url + path, json=body, headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["param"] == param and err["message"]
+    assert "Traceback" not in r.text
+
+
+def test_malformed_bodies_routes_and_keys(srv):
+    h = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    r = httpx.post(srv.url + "/v1/completions", content=b"{not json", headers=h)
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(srv.url + "/v1/completions", content=b"x" * (10 << 20), headers=h)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    r = httpx.get(srv.url + "/v1/nothing", headers=h)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    with pytest.raises(openai.AuthenticationError):
+        srv.client(api_key="wrong").models.list()
+    r = httpx.post(srv.url + "/v1/completions", json={"model": "int8", "prompt": "w5"})
+    assert r.status_code == 401
+    with pytest.raises(openai.NotFoundError):
+        srv.client().completions.create(model="nope", prompt="w5")
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        srv.client().completions.create(model="int8", prompt="w5", temperature=5)
+    # and the server still answers correctly afterwards
+    out = srv.client().completions.create(model="int8", prompt="w5 w6", max_tokens=6, temperature=0)
+    assert out.choices[0].text == _solo(srv.pipe, "w5 w6", 6, chat=False).text
+
+
+def test_client_disconnect_mid_stream_cancels(srv):
+    body = {"model": "int8", "prompt": "w5 w6", "max_tokens": 240, "stream": True, "ignore_eos": True}
+    before = srv.pipe.counters()["tokens"]
+    for _ in range(3):
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body,
+                          headers={"Authorization": f"Bearer {KEY}"}) as r:
+            next(r.iter_lines())  # the first chunk arrived: the request is running
+    deadline = time.time() + 10
+    while srv.pipe.counters()["running"] and time.time() < deadline:
+        time.sleep(0.05)
+    assert srv.pipe.counters()["running"] == 0
+    assert srv.pipe.counters()["tokens"] - before < 3 * 240  # cut short, not run to the end
+    metrics = httpx.get(srv.url + "/metrics").text
+    assert 'specrt:num_requests_running{model_name="int8"} 0.0' in metrics
+
+
+def test_metrics_names(srv):
+    srv.client().completions.create(model="int8", prompt="w5 w6 w7", max_tokens=16, temperature=0)
+    text = httpx.get(srv.url + "/metrics").text
+    for name in ("specrt:num_requests_waiting", "specrt:prompt_tokens_total", "specrt:generation_tokens_total",
+                 "specrt:time_to_first_token_seconds_bucket", "specrt:time_per_output_token_seconds_bucket",
+                 "specrt:e2e_request_latency_seconds_bucket", "specrt:spec_decode_num_drafts_total",
+                 "specrt:spec_decode_num_draft_tokens_total", "specrt:spec_decode_num_accepted_tokens_total",
+                 'specrt:spec_decode_num_accepted_tokens_per_pos_total{model_name="int8",position="0"}'):
+        assert name in text, name
+    drafted = float(next(ln.split()[-1] for ln in text.splitlines()
+                         if ln.startswith("specrt:spec_decode_num_draft_tokens_total")))
+    assert drafted > 0
+
+
+def test_burst_beyond_the_queue_gets_503s_and_correct_answers(tiny_bundles):
+    s = Server(tiny_bundles["none"], max_batch=1, max_queue=2, draft="none")
+    try:
+        want = _solo(s.pipe, "w5 w6", 40, chat=False).text
+
+        async def burst():
+            c = openai.AsyncOpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=60)
+
+            async def one():
+                try:
+                    r = await c.completions.create(model="none", prompt="w5 w6", max_tokens=40, temperature=0)
+                    return r.choices[0].text
+                except openai.APIStatusError as e:
+                    assert e.status_code == 503 and e.response.headers.get("retry-after")
+                    return 503
+
+            return await asyncio.gather(*(one() for _ in range(8)))  # 4 x the queue
+
+        out = asyncio.run(burst())
+        assert 503 in out and any(o == want for o in out)
+        assert all(o in (want, 503) for o in out)
+        assert s.pipe.counters()["running"] == 0 and s.pipe.counters()["waiting"] == 0
+    finally:
+        s.stop()
+
+
+def test_request_timeout_ends_with_a_clear_finish(tiny_bundles):
+    s = Server(tiny_bundles["none"], timeout=0.3, max_batch=1, draft="none")
+    target = s.pipe.parts.target
+    real = target.run
+    target.run = lambda *a, **kw: time.sleep(0.01) or real(*a, **kw)  # a slow model: 240 steps > 2 s
+    try:
+        r = s.client(api_key="x").completions.create(model="none", prompt="w5", max_tokens=240, temperature=0,
+                                                      extra_body={"ignore_eos": True})
+        assert r.choices[0].finish_reason == "timeout"
+        assert 0 < r.usage.completion_tokens < 200
+        assert s.pipe.counters()["running"] == 0
+    finally:
+        s.stop()
+
+
+def _serve_proc(folder, port, *extra):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "specrt.cli", "serve", "--engines", str(folder), "--port", str(port),
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_healthy(url, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("server did not become healthy")
+
+
+def test_sigterm_lets_streams_finish_and_exits_zero(tiny_bundles):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _serve_proc(tiny_bundles["int8"], port, "--grace", "20")
+    try:
+        _wait_healthy(url, proc)
+        results, started = {}, [threading.Event() for _ in range(2)]
+
+        def stream(i):
+            body = {"model": "int8", "prompt": "w5 w6", "max_tokens": 240, "stream": True, "temperature": 0,
+                    "ignore_eos": True, "stream_options": {"include_usage": True}}
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+                lines = []
+                for ln in r.iter_lines():
+                    started[i].set()
+                    if ln:
+                        lines.append(ln)
+                results[i] = lines
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        assert all(e.wait(30) for e in started)
+        proc.send_signal(signal.SIGTERM)  # both streams are in flight
+        for t in threads:
+            t.join(60)
+        assert proc.wait(60) == 0
+        assert len(results) == 2
+        for lines in results.values():  # each ran to its end within the grace period
+            assert lines[-1] == "data: [DONE]"
+            assert json.loads(lines[-2][6:])["usage"]["completion_tokens"] == 240
+        with pytest.raises(httpx.HTTPError):  # and the server is gone
+            httpx.get(url + "/health", timeout=1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.slow
+def test_default_bundle_greedy_at_concurrency_8(default_bundle):
+    """The real pair through the real CLI server: 8 concurrent chat requests, each equal to its
+    solo target-only output."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _serve_proc(default_bundle, port, "--max-batch", "8")
+    try:
+        _wait_healthy(url, proc)
+        pipe = specrt.load(default_bundle, draft="none", max_batch=1)
+        prompts = ["Explain KV caches in two sentences.", "Write a haiku about the sea.", "Name three planets.",
+                   "What is 12 times 12?", "Give a tip for writing tests.", "Describe a cat in one line.",
+                   "What does HTTP stand for?", "Say hello in French."]
+        want = [pipe.generate(p, max_new_tokens=48, draft="none", k=0).text for p in prompts]
+        pipe.close()
+
+        async def main():
+            c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x")
+            rs = await asyncio.gather(*(c.chat.completions.create(
+                model=default_bundle.resolve().name, messages=[{"role": "user", "content": p}], max_tokens=48,
+                temperature=0) for p in prompts))
+            return [r.choices[0].message.content for r in rs]
+
+        assert asyncio.run(main()) == want
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
