@@ -217,7 +217,8 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
         click.echo(json.dumps(s.as_dict(), indent=2), err=True)
 
 
-@main.command()
+@main.group(invoke_without_command=True)
+@click.pass_context
 @click.option("--engines", default=None, help="bundle folder (default engines/default or $SPECRT_ENGINES)")
 @click.option("--workload", "workloads", multiple=True, type=click.Path(), help="JSONL prompts (default configs/workloads/*.jsonl)")
 @click.option("--k", "ks", default="1,2,4,8", show_default=True, help="comma-separated draft lengths")
@@ -240,10 +241,12 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
               help="comma-separated levels (e.g. 1,2,4,8,16): closed-loop load on one engine, arms off / fixed k / policy")
 @click.option("--soak-minutes", type=float, default=None,
               help="with --concurrency N: closed-loop load at N for this long, RSS sampled (memory flatness)")
-def bench(engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_tokens, repeats, limit, peer, peer_draft,
+def bench(ctx, engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_tokens, repeats, limit, peer, peer_draft,
           rss, out, md, hugepages, concurrency, soak_minutes):
     """Target-only vs speculative (vs onnxruntime-genai), interleaved in one run; with
-    --concurrency, many requests at once on one engine."""
+    --concurrency, many requests at once on one engine; `bench serve`: over HTTP."""
+    if ctx.invoked_subcommand is not None:
+        return
     from specrt.runtime import USER_ERRORS
     from specrt.runtime.bench import report
     from specrt.runtime.bench.runner import BenchConfig, run_bench
@@ -352,6 +355,75 @@ def serve(engines, host, port, max_batch, max_queue, draft, adaptive, k, api_key
         _fail(f"cannot load {folder}: {failed[0]}")
     if not server.started:
         _fail(f"could not start the server on {host}:{port} (port in use?)")
+
+
+@bench.command("serve")
+@click.option("--engines", default=None, help="bundle folder (default engines/default or $SPECRT_ENGINES)")
+@click.option("--workload", "workloads", multiple=True, type=click.Path(), help="JSONL prompts (default chat)")
+@click.option("--levels", default="1,2,4,8,16", show_default=True, help="comma-separated concurrency levels")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="output tokens per request (EOS ignored)")
+@click.option("--arms", default="specrt-off,specrt-fixed,specrt-policy", show_default=True,
+              help="comma-separated: specrt-off, specrt-fixed, specrt-policy, llama, llama-draft")
+@click.option("--k", "k", type=int, default=None, help="specrt-fixed's k (default: the bundle's)")
+@click.option("--llama-server", type=click.Path(), default=None, help="llama-server binary (arms llama, llama-draft)")
+@click.option("--llama-model", type=click.Path(), default=None, help="GGUF of the same weights (F32: as the target)")
+@click.option("--llama-draft", type=click.Path(), default=None, help="GGUF draft for llama-draft (-md)")
+@click.option("--llama-draft-max", type=int, default=8, show_default=True)
+@click.option("--threads", type=int, default=None, help="threads for every server (default: all cores)")
+@click.option("--requests-per-client", type=int, default=2, show_default=True)
+@click.option("--out", type=click.Path(), default="bench", show_default=True)
+def bench_serve(engines, workloads, levels, max_tokens, arms, k, llama_server, llama_model, llama_draft,
+                llama_draft_max, threads, requests_per_client, out):
+    """Closed-loop HTTP load (vLLM bench-serve fields) against specrt serve and llama-server."""
+    from specrt.runtime.bench.runner import load_workload
+    from specrt.runtime.bench.serve_load import Arm, ServeBenchConfig, plot, run_serve_bench, table
+
+    try:
+        lv = [int(x) for x in levels.split(",") if x]
+    except ValueError:
+        _fail(f"--levels takes comma-separated integers, got {levels!r}")
+    folder = Path(engines or _engines_default())
+    wl = [Path(w) for w in workloads] or [Path("configs/workloads/chat.jsonl")]
+    prompts = [it["prompt"] for w in wl for it in load_workload(w)]
+    n_threads = threads or os.cpu_count() or 1
+    base = [sys.executable, "-m", "specrt.cli", "serve", "--engines", str(folder), "--port", "{port}",
+            "--max-batch", str(max(lv)), "--max-queue", str(max(lv)), "--threads", str(n_threads)]
+    model = folder.resolve().name
+    known = {
+        "specrt-off": lambda: Arm("specrt-off", base + ["--draft", "none"], model),
+        "specrt-fixed": lambda: Arm("specrt-fixed", base + ["--fixed-k"] + (["--k", str(k)] if k else []), model),
+        "specrt-policy": lambda: Arm("specrt-policy", base + ["--adaptive"], model),
+    }
+    if llama_server and llama_model:
+        lbase = [llama_server, "-m", llama_model, "--host", "127.0.0.1", "--port", "{port}", "-t", str(n_threads),
+                 "-tb", str(n_threads), "--parallel", "{level}", "-c", "{ctx}"]
+        known["llama"] = lambda: Arm("llama", lbase, "llama")
+        if llama_draft:
+            known["llama-draft"] = lambda: Arm("llama-draft", lbase + ["-md", llama_draft, "--draft-max",
+                                                                       str(llama_draft_max)], "llama")
+    chosen = []
+    for name in [a for a in arms.split(",") if a]:
+        if name not in known:
+            _fail(f"unknown or unconfigured arm {name!r} (llama arms need --llama-server and --llama-model"
+                  f"{', llama-draft also --llama-draft' if name == 'llama-draft' else ''})")
+        chosen.append(known[name]())
+    cfg = ServeBenchConfig(chosen, prompts, lv, max_tokens, requests_per_client)
+
+    def progress(i, n, what):
+        click.echo(f"\r[{i + 1}/{n}] {what:<40}", nl=False, err=True)
+
+    try:
+        results = run_serve_bench(cfg, progress)
+    except RuntimeError as e:
+        _fail(str(e))
+    click.echo("", err=True)
+    click.echo(table(results))
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "serve.json").write_text(json.dumps(results, indent=1))
+    try:
+        click.echo(f"wrote {Path(out) / 'serve.json'} and {plot(results, Path(out))}")
+    except ImportError:
+        click.echo(f"wrote {Path(out) / 'serve.json'}")
 
 
 def _bench_load(engines, wl, concurrency, ks, max_new_tokens, repeats, limit, out, hugepages, soak_minutes=None):

@@ -78,3 +78,40 @@ def test_bench_smoke(tiny_bundles, tmp_path):
     assert all(len(v) == 1 for v in greedy.values())
     text = md.read_text()
     assert "hand-written notes stay" in text and "specrt-bench:begin" in text
+
+
+def test_load_bench_levels_and_fields(tiny_bundles, tmp_path):
+    """`specrt bench --concurrency` on the tiny pair: every (level, arm) ran its requests with no
+    error, the counters say how the steps were shaped, and the JSON has vLLM's latency fields."""
+    from specrt.runtime.bench.load import LoadConfig, run_load, table
+
+    cfg = LoadConfig(tiny_bundles["int8"], ["w5 w6 w7", "w8 w9"], levels=[1, 3], max_new_tokens=12, repeats=1,
+                     hugepages=False)
+    res = run_load(cfg)
+    assert {(r["level"], r["arm"]) for r in res["runs"]} == {(lv, a) for lv in (1, 3) for a in ("off", "fixed", "policy")}
+    for r in res["runs"]:
+        assert r["errors"] == 0 and r["requests"] == max(4, 2 * r["level"])
+        assert r["counters"]["tokens"] > 0 and set(r["ttft_ms"]) == {"mean", "p50", "p90", "p99", "n"}
+        if r["arm"] == "off":
+            assert r["drafting_step_share"] == 0 and r["acceptance_rate"] is None
+        if r["arm"] == "fixed":
+            assert r["drafting_step_share"] > 0.5
+    at3 = [r for r in res["runs"] if r["level"] == 3 and r["arm"] == "off"][0]
+    assert at3["rows_per_step"] > 1.5  # three clients share steps
+    assert "x c1-off" in table(res) and res["config"]["kv_bytes_per_slot"] > 0
+
+
+def test_serve_bench_against_a_real_server(tiny_bundles, tmp_path):
+    """`specrt bench serve` drives real `specrt serve` processes over HTTP (streamed chat, usage)."""
+    from specrt.runtime.bench.serve_load import Arm, ServeBenchConfig, run_serve_bench, table
+
+    base = [sys.executable, "-m", "specrt.cli", "serve", "--engines", str(tiny_bundles["int8"]), "--port", "{port}",
+            "--max-batch", "2", "--no-hugepages"]
+    cfg = ServeBenchConfig([Arm("off", base + ["--draft", "none"], "int8"), Arm("on", base, "int8")],
+                           ["w5 w6 w7", "w8"], levels=[1, 2], max_tokens=10, min_requests=2, requests_per_client=1)
+    res = run_serve_bench(cfg)
+    assert [(r["level"], r["arm"]) for r in res["runs"]] == [(1, "off"), (1, "on"), (2, "off"), (2, "on")]
+    for r in res["runs"]:
+        assert r["errors"] == 0 and r["requests"] == 2, r["error_samples"]
+        assert r["output_tokens_per_s"] > 0 and r["tpot_ms"]["n"] == 2
+    assert "req/s" in table(res)

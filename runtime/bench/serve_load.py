@@ -1,0 +1,184 @@
+"""`specrt bench serve`: closed-loop load over HTTP against OpenAI-compatible servers.
+
+Per concurrency level, each arm's server is started fresh (llama-server takes its slot count
+from the level), warmed up, then L clients (async OpenAI clients) each send a streamed chat
+request, read it to the end, and send the next, until the level's request count is done. Fixed
+output length (`ignore_eos`, which both specrt and llama-server accept). Per (level, arm) the
+fields of vLLM's `bench serve`: request throughput, output tokens/s, TTFT, TPOT (after the
+first token), ITL (gaps between streamed chunks) and end-to-end latency as mean / p50 / p90 /
+p99, and errors. Arms run one after another at each level, so they never share the cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .load import dist
+
+
+@dataclass
+class Arm:
+    name: str
+    cmd: list[str]  # server command line; "{port}", "{level}" and "{ctx}" (level x 2048) are filled in
+    model: str  # the model id requests name
+    env: dict = field(default_factory=dict)
+
+
+@dataclass
+class ServeBenchConfig:
+    arms: list[Arm]
+    prompts: list[str]
+    levels: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    max_tokens: int = 128
+    requests_per_client: int = 2
+    min_requests: int = 4
+    startup_s: float = 300.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(arm: Arm, level: int, timeout: float) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    port = _free_port()
+    cmd = [c.format(port=port, level=level, ctx=2048 * level) for c in arm.cmd]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **arm.env})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{arm.name} exited at start ({proc.returncode}): {proc.stderr.read()[-800:]}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    proc.kill()
+    raise RuntimeError(f"{arm.name} did not become healthy within {timeout:.0f} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def _one(client, model: str, prompt: str, max_tokens: int) -> dict:
+    t0 = time.perf_counter()
+    stamps, usage, text = [], None, []
+    stream = await client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
+        stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    async for ch in stream:
+        if ch.usage is not None:
+            usage = ch.usage
+        if ch.choices and ch.choices[0].delta.content:
+            stamps.append(time.perf_counter())
+            text.append(ch.choices[0].delta.content)
+    end = time.perf_counter()
+    n = usage.completion_tokens if usage is not None else len(stamps)
+    if not stamps:
+        raise RuntimeError("no content streamed")
+    return {"ttft_ms": 1000 * (stamps[0] - t0), "e2e_ms": 1000 * (end - t0), "tokens": n,
+            "tpot_ms": 1000 * (end - stamps[0]) / max(1, n - 1),
+            "itl_ms": [1000 * (b - a) for a, b in zip(stamps, stamps[1:], strict=False)]}
+
+
+async def _level(url: str, model: str, prompts: list[str], level: int, total: int, max_tokens: int) -> dict:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="bench", max_retries=0, timeout=600)
+    queue = list(range(total))
+    recs, errors = [], []
+
+    async def worker():
+        while queue:
+            i = queue.pop(0)
+            try:
+                recs.append(await _one(client, model, prompts[i % len(prompts)], max_tokens))
+            except Exception as e:  # noqa: BLE001 - counted and reported
+                errors.append(repr(e)[:200])
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(level)))
+    wall = time.perf_counter() - t0
+    await client.close()
+    tokens = sum(r["tokens"] for r in recs)
+    return {"requests": len(recs), "errors": len(errors), "error_samples": errors[:3], "wall_s": wall,
+            "request_throughput": len(recs) / wall, "output_tokens_per_s": tokens / wall,
+            "ttft_ms": dist(r["ttft_ms"] for r in recs), "tpot_ms": dist(r["tpot_ms"] for r in recs),
+            "itl_ms": dist(x for r in recs for x in r["itl_ms"]), "e2e_ms": dist(r["e2e_ms"] for r in recs)}
+
+
+def run_serve_bench(cfg: ServeBenchConfig, progress=None) -> dict:
+    runs = []
+    plan = [(level, arm) for level in cfg.levels for arm in cfg.arms]
+    for n, (level, arm) in enumerate(plan):
+        if progress:
+            progress(n, len(plan), f"concurrency {level} {arm.name}")
+        proc, url = _start(arm, level, cfg.startup_s)
+        try:
+            asyncio.run(_level(url, arm.model, cfg.prompts, 1, 1, 16))  # warm-up
+            total = max(cfg.min_requests, cfg.requests_per_client * level)
+            rec = asyncio.run(_level(url, arm.model, cfg.prompts, level, total, cfg.max_tokens))
+        finally:
+            _stop(proc)
+        rec.update(level=level, arm=arm.name)
+        runs.append(rec)
+    return {"config": {"levels": cfg.levels, "max_tokens": cfg.max_tokens, "requests_per_client": cfg.requests_per_client,
+                       "arms": {a.name: " ".join(a.cmd) for a in cfg.arms}},
+            "runs": runs, "command": " ".join(["specrt"] + sys.argv[1:]) if sys.argv else ""}
+
+
+def table(results: dict) -> str:
+    hdr = (f"{'conc':>4} {'arm':<18} {'req/s':>6} {'tok/s':>7} {'TTFT p50':>8} {'p99':>7} {'TPOT p50':>8} {'p99':>6} "
+           f"{'ITL p50':>7} {'E2E p50':>8} {'p99':>7} {'err':>4}")
+    lines = [hdr, "-" * len(hdr)]
+    for r in results["runs"]:
+        lines.append(f"{r['level']:>4} {r['arm']:<18} {r['request_throughput']:>6.2f} {r['output_tokens_per_s']:>7.1f} "
+                     f"{r['ttft_ms']['p50'] or 0:>8.0f} {r['ttft_ms']['p99'] or 0:>7.0f} {r['tpot_ms']['p50'] or 0:>8.1f} "
+                     f"{r['tpot_ms']['p99'] or 0:>6.1f} {r['itl_ms']['p50'] or 0:>7.1f} {r['e2e_ms']['p50'] or 0:>8.0f} "
+                     f"{r['e2e_ms']['p99'] or 0:>7.0f} {r['errors']:>4}")
+    return "\n".join(lines)
+
+
+def plot(results: dict, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for arm in dict.fromkeys(r["arm"] for r in results["runs"]):
+        rs = [r for r in results["runs"] if r["arm"] == arm]
+        lv = [r["level"] for r in rs]
+        a.plot(lv, [r["output_tokens_per_s"] for r in rs], marker="o", label=arm)
+        b.plot(lv, [r["tpot_ms"]["p99"] for r in rs], marker="o", label=arm)
+    for ax, title in ((a, "output tokens/s"), (b, "p99 TPOT (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    a.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "serve.png"
+    fig.savefig(path, dpi=110)
+    return path
