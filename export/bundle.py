@@ -25,7 +25,17 @@ def save_graph(model: onnx.ModelProto, folder: Path) -> tuple[str, str]:
         location="model.onnx.data",
         size_threshold=1024,
     )
+    # onnx writes the weights file with mode 0600 whatever the umask; a service running as
+    # another user must be able to read a bundle a deploy user built: the umask decides, as for
+    # every other file of the bundle
+    os.chmod(folder / "model.onnx.data", 0o666 & ~_umask())
     return "model.onnx", "model.onnx.data"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @contextmanager

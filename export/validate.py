@@ -8,6 +8,7 @@ Three checks, numbers recorded in the manifest:
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -51,11 +52,13 @@ def reference_greedy(model, prompt: np.ndarray, steps: int) -> tuple[np.ndarray,
 
     ids = torch.from_numpy(prompt[None])
     out, margins, past = [], [], None
+    # newer transformers name the cache `cache` and warn on every `past_key_values` call
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.no_grad():
         x = ids
         for _ in range(steps):
-            res = model(x, past_key_values=past, use_cache=True)
-            past = res.past_key_values
+            res = model(x, **{cache_arg: past}, use_cache=True)
+            past = getattr(res, cache_arg)
             row = res.logits[0, -1].float()
             top2 = torch.topk(row, 2).values
             margins.append(float(top2[0] - top2[1]))

@@ -21,7 +21,7 @@ from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
 from .engine import Engine, Request, Scheduler, Stats
 from .kv import ContextOverflow
 from .loader import DRAFTS, load_parts
-from .manifest import BundleError
+from .manifest import BundleError, load_manifest
 from .policies import PolicyStore
 from .sampling import SamplingConfig
 from .textstream import TextStream
@@ -40,11 +40,12 @@ class Result:
 
 
 class Pipeline:
-    def __init__(self, folder: str | Path, *, draft: str = "model", device: str = "cpu",
+    def __init__(self, folder: str | Path, *, draft: str | None = None, device: str = "cpu",
                  threads: int | None = None, k: int | None = None, global_pool: bool = False, adaptive: bool = False,
                  hugepages: bool = True, cost_cache: bool = True, max_batch: int = DEFAULT_MAX_BATCH,
                  max_queue: int = 64, plan_batches: bool = True):
-        """max_batch: KV slots, i.e. requests decoded at once (allocated now: see
+        """draft: "model" | "none" | "ngram" | "auto"; None follows the bundle (its draft model
+        if it has one, else none). max_batch: KV slots, i.e. requests decoded at once (allocated now: see
         `kv_bytes_per_slot`); max_queue: requests that may wait for a slot, beyond which calls
         raise EngineBusy. plan_batches: adaptive requests draft only where it pays inside the
         batch (runtime/engine/plan.py); off, each drafts as it would alone.
@@ -54,6 +55,8 @@ class Pipeline:
         more load time, docs/benchmarks.md §1: on for services, which embed this class; `specrt
         generate` turns it off). cost_cache: start adaptive k from this bundle's call-cost probe
         kept on disk for this machine (runtime/cost_cache.py)."""
+        if draft is None:
+            draft = "model" if load_manifest(folder).draft is not None else "none"
         if draft not in DRAFTS:
             raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
         if max_queue < 0:

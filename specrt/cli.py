@@ -162,8 +162,9 @@ def inspect(path, as_json):
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--k", "k", type=int, default=None, help="draft tokens per round (default: the bundle's `default_k`, else 4)")
-@click.option("--draft", type=click.Choice(["model", "none", "ngram", "auto"]), default="model", show_default=True,
-              help="model: the bundle's draft; ngram: prompt lookup; auto: n-gram when it matches, else the model")
+@click.option("--draft", type=click.Choice(["model", "none", "ngram", "auto"]), default=None,
+              help="model: the bundle's draft; ngram: prompt lookup; auto: n-gram when it matches, else the model "
+                   "(default: model if the bundle has a draft, else none)")
 @click.option("--adaptive/--fixed-k", default=False, help="choose k per round from measured costs and acceptance")
 @click.option("--chat/--raw", default=True, help="apply the chat template (default) or send text as is")
 @click.option("--stop", multiple=True, help="stop string (repeatable)")
@@ -185,6 +186,7 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
     try:
         pipe = load(engines, draft=draft, device=device, threads=threads, k=k, global_pool=True, hugepages=hugepages,
                     max_batch=1)  # one request: one KV slot
+        draft = pipe.default_draft  # None followed the bundle
         kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                   seed=seed, k=k if draft != "none" else 0, chat=chat, stop=list(stop), adaptive=adaptive)
         if as_json:

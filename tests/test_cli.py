@@ -124,3 +124,18 @@ def test_inspect_eagle_bundle(tiny_bundles):
     assert r.returncode == 0
     assert "recipe=eagle" in r.stdout and "hidden_states [B,T,64]" in r.stdout and "next_hidden_states" in r.stdout
     assert "target features vs transformers" in r.stdout and "argmax match" in r.stdout
+
+
+def test_a_bundle_without_a_draft_loads_by_default(tiny_bundles):
+    """specrt.load follows the bundle: no draft model means target-only (an explicit
+    draft='model' keeps the clear error)."""
+    import specrt
+    from specrt.runtime import BundleError
+
+    pipe = specrt.load(tiny_bundles["none"])
+    assert pipe.default_draft == "none" and pipe.generate("w5", max_new_tokens=3, chat=False).stats.new_tokens > 0
+    assert specrt.load(tiny_bundles["int8"]).default_draft == "model"
+    with pytest.raises(BundleError, match="no draft model"):
+        specrt.load(tiny_bundles["none"], draft="model")
+    r = run("generate", "--engines", str(tiny_bundles["none"]), "--raw", "--max-new-tokens", "3", "w5")
+    assert r.returncode == 0, r.stderr

@@ -19,3 +19,15 @@ def test_runtime_generation_imports_no_torch(tiny_bundles):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["bad"] == [] and out["n"] > 0
+
+
+def test_the_runtime_never_imports_the_exporter():
+    """A runtime-only install has no specrt.export (nor torch): no runtime module may import it,
+    the TensorRT plan choice included (its GPU tag lives in runtime/backends/trt.py)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "runtime"
+    bad = [str(p) for p in root.rglob("*.py")
+           if re.search(r"^\s*(from\s+(specrt\.export|\.\.+export)\b|import\s+specrt\.export)", p.read_text(), re.M)]
+    assert bad == []

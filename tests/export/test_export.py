@@ -143,3 +143,23 @@ def test_parity_failure_refuses_bundle(tiny_dirs, tmp_path, monkeypatch):
         export_bundle(str(tiny_dirs["target"]), tmp_path / "b", draft="none", **KW)
     assert not (tmp_path / "b").exists()
 
+
+
+def test_weight_files_honour_the_umask(tiny_bundles):
+    """Every file of a bundle, weights included, is readable by other users under umask 022 (a
+    service running as another user loads what a deploy user built)."""
+    import os
+    import stat
+
+    mask = os.umask(0)
+    os.umask(mask)
+    for f in tiny_bundles["int8"].rglob("*"):
+        if f.is_file():
+            assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~mask, f
+
+
+def test_export_prints_no_framework_deprecation_noise(tiny_dirs, tmp_path, capfd, recwarn):
+    export_bundle(str(tiny_dirs["target"]), tmp_path / "quiet", draft="none", max_seq_len=64, max_draft_tokens=4, echo=None)
+    out, err = capfd.readouterr()
+    assert "deprecated" not in (out + err)
+    assert not [w for w in recwarn.list if issubclass(w.category, FutureWarning) and "past_key_values" in str(w.message)]
