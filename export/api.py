@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..runtime import genai
 from ..runtime.backends.ort import OrtBackend
 from ..runtime.decoder import Decoder
 from ..runtime.manifest import (
@@ -187,6 +188,7 @@ def export_bundle(
             tokenizer=_save_tokenizer(t_tok, t_model.config, tmp),
         )
         man.save(tmp)
+        genai.write(tmp, man)  # onnxruntime-genai reads the same graphs (runtime/genai.py)
         load_manifest(tmp)  # the runtime's own check, before the swap
         del target_dec
         gc.collect()

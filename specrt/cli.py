@@ -401,7 +401,7 @@ def bench_serve(engines, workloads, levels, max_tokens, arms, k, llama_server, l
                  "-tb", str(n_threads), "--parallel", "{level}", "-c", "{ctx}"]
         known["llama"] = lambda: Arm("llama", lbase, "llama")
         if llama_draft:
-            known["llama-draft"] = lambda: Arm("llama-draft", lbase + ["-md", llama_draft, "--draft-max",
+            known["llama-draft"] = lambda: Arm("llama-draft", lbase + ["-md", llama_draft, "--spec-draft-n-max",
                                                                        str(llama_draft_max)], "llama")
     chosen = []
     for name in [a for a in arms.split(",") if a]:

@@ -1,8 +1,9 @@
 """onnxruntime-genai as a peer, on the bundle's own ONNX files (same graphs, other runtime).
 
-Our `ort` graphs use genai's IO names and attention_mask convention, so a generated
-genai_config.json (past_present_share_buffer) is all it needs. Its speculative decoding takes a
-`model.draft` section and `speculative.max_draft_tokens`.
+Our `ort` graphs use genai's IO names and attention_mask convention; every `ort` bundle carries
+its genai_config.json (runtime/genai.py), which the bench loads as a service would, with an
+overlay for the arm (threads, draft, k). A draft from another bundle (`--peer-draft`) gets a
+generated folder instead.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..manifest import Manifest, ModelEntry
+from .. import genai
+from ..manifest import Manifest
 
 
 def available() -> bool:
@@ -25,28 +27,7 @@ def available() -> bool:
     return True
 
 
-def _section(entry: ModelEntry, filename: str, hidden: int, heads: int) -> dict:
-    io = entry.io
-    return {
-        # The same thread count as our sessions: genai's default picked fewer threads on this
-        # 2-core container (48 ms/token vs 28 with 2 threads, its own fp32 graph).
-        "session_options": {"log_id": "onnxruntime-genai", "provider_options": [],
-                            "intra_op_num_threads": os.cpu_count() or 1},
-        "filename": filename,
-        "head_size": entry.kv.head_dim,
-        "hidden_size": hidden,
-        "num_attention_heads": heads,
-        "num_hidden_layers": entry.kv.layers,
-        "num_key_value_heads": entry.kv.kv_heads,
-        "inputs": {"input_ids": io.input_ids, "attention_mask": io.attention_mask,
-                   "past_key_names": io.past_key.replace("{i}", "%d"),
-                   "past_value_names": io.past_value.replace("{i}", "%d")},
-        "outputs": {"logits": io.logits, "present_key_names": io.present_key.replace("{i}", "%d"),
-                    "present_value_names": io.present_value.replace("{i}", "%d")},
-    }
-
-
-def write_config(bundle: Path, man: Manifest, out: Path, *, hidden: int, heads: int, max_draft_tokens: int | None,
+def write_config(bundle: Path, man: Manifest, out: Path, *, max_draft_tokens: int | None,
                  ngram_size: int = 0, draft_bundle: Path | None = None) -> Path:
     """A genai model folder: genai_config.json + links to the bundle's graph folders.
     draft_bundle: take the draft model from this bundle instead (same target vocabulary); genai
@@ -66,38 +47,47 @@ def write_config(bundle: Path, man: Manifest, out: Path, *, hidden: int, heads: 
         link = out / role
         if not link.exists() and (src / role).is_dir():
             os.symlink((src / role).resolve(), link)
-    tok = man.tokenizer
-    cfg = {
-        "model": {
-            "bos_token_id": tok.bos_token_id if tok.bos_token_id is not None else 0,
-            "context_length": man.target.kv.max_seq_len,
-            "eos_token_id": tok.eos_token_ids,
-            "pad_token_id": tok.pad_token_id if tok.pad_token_id is not None else 0,
-            "type": man.target.model_type if man.target.model_type in ("llama", "mistral", "qwen2", "qwen3") else "llama",
-            "vocab_size": man.target.vocab_size,
-            "decoder": _section(man.target, man.target.graph, hidden, heads),
-        },
-        "search": {"past_present_share_buffer": True, "max_length": man.target.kv.max_seq_len, "num_beams": 1,
-                   "do_sample": False, "top_k": 50, "top_p": 1.0, "temperature": 1.0, "min_length": 0,
-                   "num_return_sequences": 1, "repetition_penalty": 1.0, "length_penalty": 1.0,
-                   "early_stopping": True, "no_repeat_ngram_size": 0, "diversity_penalty": 0.0},
-    }
+    threads = os.cpu_count() or 1
+    cfg = genai.config(man, threads)
     if max_draft_tokens and ngram_size:  # genai's prompt-lookup decoding (no draft model)
         cfg["speculative"] = {"max_draft_tokens": int(max_draft_tokens), "ngram_size": int(ngram_size)}
     elif max_draft_tokens and draft_entry is not None:
-        cfg["model"]["draft"] = _section(draft_entry, draft_entry.graph, hidden, heads)
-        cfg["speculative"] = {"max_draft_tokens": int(max_draft_tokens)}
+        over = genai.speculative_overlay(draft_entry, max_draft_tokens, threads)
+        cfg["model"].update(over["model"])
+        cfg["speculative"] = over["speculative"]
     (out / "genai_config.json").write_text(json.dumps(cfg, indent=2))
     return out
 
 
+def bundle_overlay(man: Manifest, max_draft_tokens: int | None, ngram_size: int = 0) -> dict:
+    """What the bench adds to the bundle's own genai_config.json: our thread count (genai's
+    default picked fewer threads on this 2-core container: 48 ms/token vs 28 with 2, its own
+    fp32 graph) and, for a speculative arm, the draft (the bundle's genai_speculative.json
+    with this k) or prompt lookup."""
+    threads = os.cpu_count() or 1
+    over = {"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}
+    if max_draft_tokens and ngram_size:
+        over["speculative"] = {"max_draft_tokens": int(max_draft_tokens), "ngram_size": int(ngram_size)}
+    elif max_draft_tokens:
+        spec = genai.speculative_overlay(man.draft, max_draft_tokens, threads)
+        over["model"].update(spec["model"])
+        over["speculative"] = spec["speculative"]
+    return over
+
+
 class GenaiRunner:
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, overlay: dict | None = None):
+        """folder: a bundle (its genai_config.json, as services load it) or a generated folder;
+        overlay: merged over that config (og.Config.overlay)."""
         import onnxruntime_genai as og
 
         self.og = og
-        self.model = og.Model(str(folder))
-        self.speculative = "speculative" in json.loads((folder / "genai_config.json").read_text())
+        cfg = og.Config(str(folder))
+        if overlay:
+            cfg.overlay(json.dumps(overlay))
+        self.model = og.Model(cfg)
+        self.speculative = "speculative" in (overlay or {}) or \
+            "speculative" in json.loads((Path(folder) / "genai_config.json").read_text())
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0) -> dict:

@@ -89,10 +89,13 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
         has_plain = cfg.peer_draft is not None or (man.draft is not None and not man.draft.io.hidden_in)
         peers += [(f"genai-k{k}", k, 0) for k in cfg.ks if "model" in cfg.drafts and has_plain]
         peers += [(f"genai-ngram-k{k}", k, 3) for k in cfg.ks if "ngram" in cfg.drafts]
+        own = (cfg.bundle / "genai_config.json").is_file()  # bundles exported since session 6
         for name, kk, ngram in peers:
-            folder = peer.write_config(cfg.bundle, man, cfg.out / "genai" / name, hidden=man.target.hidden_size,
-                                       heads=man.target.num_heads, max_draft_tokens=kk, ngram_size=ngram,
-                                       draft_bundle=cfg.peer_draft if kk and not ngram else None)
+            if own and (cfg.peer_draft is None or not kk or ngram):  # the bundle as services load it
+                genai[name] = peer.GenaiRunner(cfg.bundle, peer.bundle_overlay(man, kk, ngram))
+                continue
+            folder = peer.write_config(cfg.bundle, man, cfg.out / "genai" / name, max_draft_tokens=kk,
+                                       ngram_size=ngram, draft_bundle=cfg.peer_draft if kk and not ngram else None)
             genai[name] = peer.GenaiRunner(folder)
         arms += list(genai)
 

@@ -103,9 +103,13 @@ async def _one(client, model: str, prompt: str, max_tokens: int) -> dict:
 
 
 async def _level(url: str, model: str, prompts: list[str], level: int, total: int, max_tokens: int) -> dict:
+    import httpx
     import openai
 
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="bench", max_retries=0, timeout=600)
+    # a new connection per request, for every server alike: llama-server closes a kept-alive
+    # connection after a stream ends, and a client that reuses it fails with a connection error
+    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0), timeout=600)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="bench", max_retries=0, http_client=http)
     queue = list(range(total))
     recs, errors = [], []
 
@@ -121,6 +125,7 @@ async def _level(url: str, model: str, prompts: list[str], level: int, total: in
     await asyncio.gather(*(worker() for _ in range(level)))
     wall = time.perf_counter() - t0
     await client.close()
+    await http.aclose()
     tokens = sum(r["tokens"] for r in recs)
     return {"requests": len(recs), "errors": len(errors), "error_samples": errors[:3], "wall_s": wall,
             "request_throughput": len(recs) / wall, "output_tokens_per_s": tokens / wall,
