@@ -72,7 +72,8 @@ def session_options(threads: int | None = None, spin: bool = True, global_pool: 
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 3
-    if global_pool and use_global_pool(threads):
+    # once a global pool exists, onnxruntime refuses sessions with threads of their own
+    if (global_pool and use_global_pool(threads)) or (_GLOBAL_POOL or 0) > 0:
         so.use_per_session_threads = False
     else:
         so.intra_op_num_threads = threads

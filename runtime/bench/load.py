@@ -36,6 +36,7 @@ class LoadConfig:
     repeats: int = 2  # A B C, C B A, ...
     hugepages: bool = True
     arms: tuple[str, ...] = ARMS
+    global_pool: bool = True  # as `specrt generate` / `serve` run (the process's one onnxruntime pool)
 
 
 def dist(xs) -> dict:
@@ -111,7 +112,7 @@ def run_level(pipe: Pipeline, ids: list[list[int]], level: int, arm: str, cfg: L
 
 
 def run_load(cfg: LoadConfig, progress=None) -> dict:
-    pipe = Pipeline(cfg.bundle, draft="model", global_pool=True, hugepages=cfg.hugepages, cost_cache=False,
+    pipe = Pipeline(cfg.bundle, draft="model", global_pool=cfg.global_pool, hugepages=cfg.hugepages, cost_cache=False,
                     max_batch=max(cfg.levels), max_queue=max(cfg.levels))
     try:
         ids = [pipe.tokenizer.encode(p) for p in cfg.prompts]
@@ -155,7 +156,7 @@ def _rss_mb() -> float:
 def soak(cfg: LoadConfig, level: int, minutes: float, arm: str = "policy", every_s: float = 10.0) -> dict:
     """Closed-loop load at one level for `minutes`, RSS sampled every `every_s`: the slots are
     allocated at load, so RSS should stay flat after the first requests."""
-    pipe = Pipeline(cfg.bundle, draft="model", global_pool=True, hugepages=cfg.hugepages, cost_cache=False,
+    pipe = Pipeline(cfg.bundle, draft="model", global_pool=cfg.global_pool, hugepages=cfg.hugepages, cost_cache=False,
                     max_batch=level, max_queue=level)
     try:
         ids = [pipe.tokenizer.encode(p) for p in cfg.prompts]

@@ -86,7 +86,7 @@ def test_load_bench_levels_and_fields(tiny_bundles, tmp_path):
     from specrt.runtime.bench.load import LoadConfig, run_load, table
 
     cfg = LoadConfig(tiny_bundles["int8"], ["w5 w6 w7", "w8 w9"], levels=[1, 3], max_new_tokens=12, repeats=1,
-                     hugepages=False)
+                     hugepages=False, global_pool=False)  # the test process keeps per-session pools
     res = run_load(cfg)
     assert {(r["level"], r["arm"]) for r in res["runs"]} == {(lv, a) for lv in (1, 3) for a in ("off", "fixed", "policy")}
     for r in res["runs"]:
