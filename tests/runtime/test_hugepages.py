@@ -1,5 +1,7 @@
 """2 MiB pages for session memory (runtime/hugepages.py)."""
 
+import mmap
+
 import numpy as np
 import pytest
 
@@ -7,10 +9,19 @@ import specrt
 from specrt.runtime import hugepages
 
 
+def _fresh_buffer(n: int) -> np.ndarray:
+    """n bytes in a mapping of their own, touched. (np.ones may land in memory the process freed
+    earlier and still maps: glibc raises its mmap threshold after large frees, so the pages
+    would not be new.)"""
+    buf = np.frombuffer(mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=np.uint8)
+    buf[:] = 1
+    return buf
+
+
 def test_hugepages_collapse_new_anonymous_memory():
 
     before = hugepages.anonymous_pages()
-    buf = np.ones(16 << 20, dtype=np.uint8)  # 16 MiB, touched: at least 7 whole 2 MiB pages
+    buf = _fresh_buffer(16 << 20)  # 16 MiB, touched: at least 7 whole 2 MiB pages
     new = hugepages.anonymous_pages() - before
     lo, hi = buf.ctypes.data, buf.ctypes.data + buf.nbytes
     assert {p for p in new if lo <= p * hugepages.HUGE and (p + 1) * hugepages.HUGE <= hi}, "buffer pages not found"
@@ -23,7 +34,7 @@ def test_hugepages_collapse_new_anonymous_memory():
 
 def test_collapse_stops_at_its_time_budget():
     before = hugepages.anonymous_pages()
-    buf = np.ones(16 << 20, dtype=np.uint8)
+    buf = _fresh_buffer(16 << 20)
     new = sorted(hugepages.anonymous_pages() - before)
     half = len(new) // 2
     if hugepages.collapse(new[:half]) == 0:  # a positive budget moves pages where the kernel can
