@@ -13,7 +13,7 @@ import time
 from collections import deque
 
 from .request import Request
-from .scheduler import Scheduler
+from .scheduler import Scheduler, send
 
 IDLE_S = 0.5  # an idle engine thread ends after this long
 
@@ -48,6 +48,7 @@ class Engine:
             if len(self._waiting) >= self.max_queue + self.sched.pool.free_slots:
                 raise EngineBusy(f"all {self.sched.pool.slots} slots are busy and {len(self._waiting)} requests "
                                  f"are waiting (max_queue={self.max_queue}); retry later")
+            r.t_submit = time.perf_counter()  # timeouts and queue time count from here
             self._waiting.append(r)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="specrt-engine", daemon=True)
@@ -84,6 +85,8 @@ class Engine:
     def _take_waiting(self) -> Request | None:
         with self._cv:
             r = self._waiting.popleft() if self._waiting else None
+            if r is not None and self._closed:
+                r.cancelled = True
         if r is not None and self.before_admit is not None and not r.cancelled:
             try:
                 self.before_admit(r)
@@ -101,16 +104,34 @@ class Engine:
         for r in gone:
             r.stats.stop_reason = "stop" if r.cancelled else "timeout"
             r.stats.finish()
-            r.sink("done", r.stats)
+            send(r, "done", r.stats)
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        finally:  # whatever ended the loop, no client waits on a thread that is gone
+            with self._cv:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+                orphans = list(self._waiting) if self._closed else []
+                for r in orphans:
+                    self._waiting.remove(r)
+                if self._waiting and self._thread is None:  # ended by an error with work left
+                    self._thread = threading.Thread(target=self._loop, name="specrt-engine", daemon=True)
+                    self._thread.start()
+            for r in orphans:
+                r.stats.stop_reason = "stop"
+                r.stats.finish()
+                send(r, "done", r.stats)
+
+    def _serve(self) -> None:
         while True:
             with self._cv:
                 if not self._waiting and not self.sched.running and not self._closed:
                     self._cv.wait(IDLE_S)
                 if not self._waiting and not self.sched.running:
                     # idle (or closed): the thread ends, so a pipeline nobody holds can be freed;
-                    # the next submit starts a new one
+                    # the next submit (same lock) starts a new one
                     self._thread = None
                     return
             self._purge_waiting()
@@ -118,6 +139,9 @@ class Engine:
                 self.sched.step(self._take_waiting)
             except Exception as e:  # noqa: BLE001 - an engine bug must not hang its clients
                 for r in list(self.sched.running):
-                    self.sched._retire(r, "error", e)
+                    try:
+                        self.sched._retire(r, "error", e)
+                    except Exception:  # noqa: BLE001
+                        self.sched.running.remove(r)
             if self._closed:
                 self.sched.admit(self._take_waiting)  # retires the cancelled ones

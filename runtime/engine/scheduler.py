@@ -31,6 +31,16 @@ from .counters import Counters
 from .plan import Row, plan
 from .request import DECODE, DONE, PREFILL, Request
 
+
+def send(r: Request, kind: str, value) -> None:
+    """Hand an event to the request's client; a client that cannot take it (its event loop is
+    gone) is cancelled, never an error of the engine's."""
+    try:
+        r.sink(kind, value)
+    except Exception:  # noqa: BLE001
+        r.cancelled = True
+
+
 REPLAN_STEPS = 8  # steps a "no drafting" plan is kept while the row count stays the same
 
 
@@ -74,9 +84,9 @@ class Scheduler:
         r.stats.finish()
         self.counters.finished += 1
         if error is not None:
-            r.sink("error", error)
+            send(r, "error", error)
         else:
-            r.sink("done", r.stats)
+            send(r, "done", r.stats)
 
     def admit(self, take_waiting) -> None:
         """take_waiting() -> the next waiting request or None (the engine's locked queue)."""
@@ -91,7 +101,7 @@ class Scheduler:
                 r.stats.stop_reason = "stop" if r.cancelled else "timeout"
                 r.state = DONE
                 r.stats.finish()
-                r.sink("done", r.stats)
+                send(r, "done", r.stats)
                 continue
             r.slot = self.pool.alloc()
             if self.draft is not None and self.draft.pool is not self.pool:
@@ -248,7 +258,7 @@ class Scheduler:
                     r.stats.prefill_ms += ms
                 model.pool.advance(model.track, r.slot, len(c.tokens))
                 self.counters.draft_calls += 1
-                out[i] = (logits[-1], model.hidden[-1].copy() if model.has_hidden_out else None)
+                out[i] = (logits[-1].copy(), model.hidden[-1].copy() if model.has_hidden_out else None)
             except Exception as e:  # noqa: BLE001
                 out[i] = e
         return out
@@ -279,7 +289,8 @@ class Scheduler:
         for r in reqs:
             row = r.slot - lo
             model.pool.advance(model.track, r.slot, 1)
-            res.append((logits[row], model.hidden[row].copy() if model.has_hidden_out else None))
+            # copies: the next call on this model reuses its logits buffer
+            res.append((logits[row].copy(), model.hidden[row].copy() if model.has_hidden_out else None))
         return res
 
     def _verify_plain(self, rows: list[Request], draft_ms: float) -> int:
@@ -287,7 +298,8 @@ class Scheduler:
         t0 = time.perf_counter()
         try:
             if len(rows) == 1 or not self.target.batch_rows:
-                results = [(self._target_call(r, r.seq[-1:])[-1], None) for r in rows]
+                # copies: each call reuses the model's logits buffer
+                results = [(self._target_call(r, r.seq[-1:])[-1].copy(), None) for r in rows]
             else:
                 results = self._target_rows(rows)
         except Exception as e:  # noqa: BLE001 - the call failed for all its rows
@@ -360,7 +372,7 @@ class Scheduler:
         r.produced += len(new)
         r.stats.new_tokens = r.produced
         if new:
-            r.sink("tokens", new)
+            send(r, "tokens", new)
         if r.stats.stop_reason == "eos":
             self._retire(r)
         elif r.remaining <= 0:

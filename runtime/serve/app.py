@@ -126,8 +126,8 @@ def build_app(cfg: ServerConfig, load, on_load_error=None) -> FastAPI:
                 raise APIError(413, f"request body exceeds the limit of {cfg.max_body_bytes} bytes", code="body_too_large")
         try:
             return json.loads(buf)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise protocol.bad(f"the request body is not valid JSON: {e}") from None
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            raise protocol.bad(f"the request body is not valid JSON: {str(e)[:200]}") from None
 
     @app.get("/health")
     async def health():
@@ -157,7 +157,11 @@ def build_app(cfg: ServerConfig, load, on_load_error=None) -> FastAPI:
             raise APIError(404, f"model {p.model!r} does not exist; this server serves {cfg.model_id!r}",
                            "invalid_request_error", "model", "model_not_found")
         tok = pipe.tokenizer
-        ids = tok.encode_messages(p.messages) if chat else tok.encode(p.prompt, chat=False)
+        try:
+            ids = tok.encode_messages(p.messages) if chat else tok.encode(p.prompt, chat=False)
+        except Exception as e:  # noqa: BLE001 - the bundle's chat template refused these messages
+            raise protocol.bad(f"the chat template cannot render these messages: {str(e)[:300]}",
+                               "messages" if chat else "prompt") from None
         room = pipe.max_seq_len - len(ids)
         if room < 1:
             raise protocol.bad(f"the prompt has {len(ids)} tokens and the context holds {pipe.max_seq_len}: "
@@ -180,8 +184,8 @@ def build_app(cfg: ServerConfig, load, on_load_error=None) -> FastAPI:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         job = _Job(st, pipe, r, events, TextStream(tok, p.stop), rid, chat, p, len(ids))
         if p.stream:
-            return StreamingResponse(job.sse(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return _Stream(job.sse(), lambda: pipe.engine.cancel(r), media_type="text/event-stream",
+                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return JSONResponse(await job.collect(request))
 
     @app.post("/v1/chat/completions")
@@ -193,6 +197,22 @@ def build_app(cfg: ServerConfig, load, on_load_error=None) -> FastAPI:
         return await generate(request, False)
 
     return app
+
+
+class _Stream(StreamingResponse):
+    """A streamed response that cancels its request however the response ends: a client that
+    disconnects before the first chunk leaves the generator unstarted (no `finally` of its
+    own runs), and the request would otherwise hold a slot to its end."""
+
+    def __init__(self, content, on_close, **kw):
+        super().__init__(content, **kw)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()  # a request that already finished ignores it
 
 
 class _Job:
@@ -267,8 +287,6 @@ class _Job:
             yield "data: [DONE]\n\n"
             self._record()
         except Exception as e:  # noqa: BLE001 - mid-stream: the status is sent; say it in the stream
-            if isinstance(e, asyncio.CancelledError):
-                raise
             log.error("specrt: request %s failed mid-stream: %s", self.rid, e)
             yield data(APIError(500, f"generation failed: {e}", "server_error").body())
             yield "data: [DONE]\n\n"

@@ -47,11 +47,18 @@ def _number(body: dict, name: str, default, lo: float, hi: float, integer: bool 
     v = body.get(name, default)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not float(v).is_integer()):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise bad(f"'{name}' must be {'an integer' if integer else 'a number'}, got {type(v).__name__} {v!r}", name)
-    if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo):
+    try:
+        v = float(v) if not integer or isinstance(v, float) else v
+        finite = math.isfinite(float(v))
+    except OverflowError:  # an integer literal too large for a float
+        finite = False
+    if integer and finite and not float(v).is_integer():
+        raise bad(f"'{name}' must be an integer, got {v!r}", name)
+    if not finite or v < lo or v > hi or (lo_open and v == lo):
         rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
-        raise bad(f"'{name}' must be in {rng}, got {v}", name)
+        raise bad(f"'{name}' must be in {rng}, got {str(v)[:40]}", name)
     return int(v) if integer else float(v)
 
 

@@ -382,6 +382,45 @@ def test_policy_mode_drafts_nothing_under_load(tiny_bundles, plan_batches):
         pipe.close()
 
 
+def test_one_sequence_per_call_lowering_under_concurrency(tiny_dirs, tmp_path):
+    """The standard lowering runs one sequence per call (no batched rows): requests decoding
+    together still get their solo outputs (each call's logits are taken before the next)."""
+    from specrt.export import export_bundle
+
+    folder = export_bundle(str(tiny_dirs["target"]), tmp_path / "std", draft="none", lowering="standard",
+                           max_seq_len=128, max_draft_tokens=4, echo=None) and tmp_path / "std"
+    pipe = specrt.load(folder, max_batch=3, hugepages=False)
+    try:
+        assert not pipe.parts.target.batch_rows
+        prompts = _prompts(3, seed=41)
+        want = [_solo(pipe, p, 20) for p in prompts]
+        gens = [pipe.stream_ids(p, max_new_tokens=20) for p in prompts]
+        firsts = [next(g) for g in gens]
+        assert [f + [t for c in g for t in c] for f, g in zip(firsts, gens, strict=True)] == want
+        assert pipe.counters()["rows"] > pipe.counters()["steps"]
+    finally:
+        pipe.close()
+
+
+def test_a_client_that_cannot_take_events_does_not_stop_the_engine(int8):
+    """A sink that raises (an asyncio client whose loop is gone) cancels that request; the
+    engine thread lives on and the others finish."""
+    prompts = _prompts(2, seed=43)
+    want = _solo(int8, prompts[1], 20)
+    dead = int8.request(prompts[0], max_new_tokens=50)
+
+    def broken(kind, value):
+        raise RuntimeError("Event loop is closed")
+
+    dead.sink = broken
+    int8.engine.submit(dead)
+    assert [t for c in int8.stream_ids(prompts[1], max_new_tokens=20) for t in c] == want
+    deadline = time.time() + 10
+    while int8.counters()["running"] and time.time() < deadline:
+        time.sleep(0.02)
+    assert int8.counters()["running"] == 0 and dead.cancelled
+
+
 @pytest.mark.slow
 def test_default_bundle_under_concurrency(default_bundle):
     """The real pair: 8 requests with different prompts and lengths, staggered, 8 slots, under

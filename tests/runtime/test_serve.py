@@ -137,6 +137,7 @@ def test_stop_strings_and_seeds(srv):
     ({"model": "int8", "prompt": "w5", "max_tokens": 100_000}, 400, "max_tokens"),
     ({"model": "int8", "prompt": 5}, 400, "prompt"),
     ({"model": "int8", "prompt": "w5", "max_tokens": "ten"}, 400, "max_tokens"),
+    ({"model": "int8", "prompt": "w5", "max_tokens": 10**400}, 400, "max_tokens"),
     ({"model": "int8", "prompt": "w5", "n": 2}, 400, "n"),
     ({"model": "int8", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0]"),
     ({"prompt": "w5"}, 400, "model"),
@@ -155,6 +156,8 @@ def test_malformed_bodies_routes_and_keys(srv):
     h = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     r = httpx.post(srv.url + "/v1/completions", content=b"{not json", headers=h)
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(srv.url + "/v1/completions", content=b"[" * 100_000 + b"]" * 100_000, headers=h)
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]  # nesting, not a 500
     r = httpx.post(srv.url + "/v1/completions", content=b"x" * (10 << 20), headers=h)
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
     r = httpx.get(srv.url + "/v1/nothing", headers=h)
