@@ -21,7 +21,7 @@ from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
 from .engine import Engine, Request, Scheduler, Stats
 from .kv import ContextOverflow
 from .loader import DRAFTS, load_parts
-from .manifest import BundleError, load_manifest
+from .manifest import BundleError
 from .policies import PolicyStore
 from .sampling import SamplingConfig
 from .textstream import TextStream
@@ -55,16 +55,15 @@ class Pipeline:
         more load time, docs/benchmarks.md §1: on for services, which embed this class; `specrt
         generate` turns it off). cost_cache: start adaptive k from this bundle's call-cost probe
         kept on disk for this machine (runtime/cost_cache.py)."""
-        if draft is None:
-            draft = "model" if load_manifest(folder).draft is not None else "none"
-        if draft not in DRAFTS:
+        if draft is not None and draft not in DRAFTS:
             raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
-        self.parts = p = load_parts(folder, draft=draft, device=device, threads=threads, global_pool=global_pool,
-                                    hugepages=hugepages, max_batch=max_batch)
-        if draft in ("model", "auto") and p.draft is None:
-            raise BundleError(f"bundle {p.folder} has no draft model; use draft='none' or 'ngram'")
+        # None loads the bundle's draft model if it has one, and then drafts with it
+        self.parts = p = load_parts(folder, draft=draft or "model", device=device, threads=threads,
+                                    global_pool=global_pool, hugepages=hugepages, max_batch=max_batch)
+        draft = draft or ("model" if p.draft is not None else "none")
+        self._check_draft(draft)
         self.folder, self.manifest, self.tokenizer = p.folder, p.manifest, p.tokenizer
         self.hugepages = hugepages
         self.max_seq_len = p.manifest.target.kv.max_seq_len
@@ -88,10 +87,7 @@ class Pipeline:
             return None
         if r.draft == "ngram":
             return NgramDrafter(max_proposal=self.max_k)
-        if p.draft is None:
-            raise BundleError(f"bundle {self.folder} has no draft model (or it was not loaded); "
-                              "use draft='none' or 'ngram'")
-        if p.eagle:
+        if p.eagle:  # `request` checked that a draft model is loaded
             model = EagleDrafter(p.draft, r.slot, p.features[r.slot])
         else:
             model = ModelDrafter(p.draft, r.slot, "target" if p.shared_kv else None)
@@ -122,6 +118,13 @@ class Pipeline:
                 f"{max(0, self.max_seq_len - n_prompt)}, or re-export with a larger --max-seq-len"
             )
 
+    def _check_draft(self, draft: str) -> None:
+        if draft not in DRAFTS:
+            raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
+        if draft in ("model", "auto") and self.parts.draft is None:
+            raise BundleError(f"bundle {self.parts.folder} has no draft model (or it was not loaded); "
+                              "use draft='none' or 'ngram'")
+
     def request(self, prompt_ids: list[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
                 top_k: int = 0, top_p: float = 1.0, seed: int | None = 0, k: int | None = None,
                 draft: str | None = None, stats: Stats | None = None, ignore_eos: bool = False,
@@ -134,11 +137,7 @@ class Pipeline:
         k = self.default_k if k is None else k
         self.check_request(len(prompt_ids), max_new_tokens, k)
         draft = draft or self.default_draft
-        if draft not in DRAFTS:
-            raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
-        if draft in ("model", "auto") and self.parts.draft is None:
-            raise BundleError(f"bundle {self.folder} has no draft model (or it was not loaded); "
-                              "use draft='none' or 'ngram'")
+        self._check_draft(draft)
         adaptive = self.default_adaptive if adaptive is None else adaptive
         return Request(list(prompt_ids), cfg, max_new_tokens, frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids),
                        k=k if draft != "none" else 0, draft=draft, adaptive=adaptive and draft != "none", seed=seed,

@@ -49,14 +49,25 @@ def write_config(bundle: Path, man: Manifest, out: Path, *, max_draft_tokens: in
             os.symlink((src / role).resolve(), link)
     threads = os.cpu_count() or 1
     cfg = genai.config(man, threads)
-    if max_draft_tokens and ngram_size:  # genai's prompt-lookup decoding (no draft model)
-        cfg["speculative"] = {"max_draft_tokens": int(max_draft_tokens), "ngram_size": int(ngram_size)}
-    elif max_draft_tokens and draft_entry is not None:
-        over = genai.speculative_overlay(draft_entry, max_draft_tokens, threads)
-        cfg["model"].update(over["model"])
-        cfg["speculative"] = over["speculative"]
+    _merge(cfg, _speculative(draft_entry, max_draft_tokens, ngram_size, threads))
     (out / "genai_config.json").write_text(json.dumps(cfg, indent=2))
     return out
+
+
+def _speculative(draft_entry, max_draft_tokens: int | None, ngram_size: int, threads: int) -> dict:
+    """The config additions of a speculative arm: genai's prompt lookup (no draft model), or
+    the draft model with this k; {} for target-only."""
+    if max_draft_tokens and ngram_size:
+        return {"speculative": {"max_draft_tokens": int(max_draft_tokens), "ngram_size": int(ngram_size)}}
+    if max_draft_tokens and draft_entry is not None:
+        return genai.speculative_overlay(draft_entry, max_draft_tokens, threads)
+    return {}
+
+
+def _merge(cfg: dict, extra: dict) -> None:
+    cfg["model"].update(extra.get("model", {}))
+    if "speculative" in extra:
+        cfg["speculative"] = extra["speculative"]
 
 
 def bundle_overlay(man: Manifest, max_draft_tokens: int | None, ngram_size: int = 0) -> dict:
@@ -66,12 +77,7 @@ def bundle_overlay(man: Manifest, max_draft_tokens: int | None, ngram_size: int 
     with this k) or prompt lookup."""
     threads = os.cpu_count() or 1
     over = {"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}
-    if max_draft_tokens and ngram_size:
-        over["speculative"] = {"max_draft_tokens": int(max_draft_tokens), "ngram_size": int(ngram_size)}
-    elif max_draft_tokens:
-        spec = genai.speculative_overlay(man.draft, max_draft_tokens, threads)
-        over["model"].update(spec["model"])
-        over["speculative"] = spec["speculative"]
+    _merge(over, _speculative(man.draft, max_draft_tokens, ngram_size, threads))
     return over
 
 

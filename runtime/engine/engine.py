@@ -13,7 +13,7 @@ import time
 from collections import deque
 
 from .request import Request
-from .scheduler import Scheduler, send
+from .scheduler import Scheduler, end_unstarted
 
 IDLE_S = 0.5  # an idle engine thread ends after this long
 
@@ -102,9 +102,7 @@ class Engine:
             for r in gone:
                 self._waiting.remove(r)
         for r in gone:
-            r.stats.stop_reason = "stop" if r.cancelled else "timeout"
-            r.stats.finish()
-            send(r, "done", r.stats)
+            end_unstarted(r, "stop" if r.cancelled else "timeout")
 
     def _loop(self) -> None:
         try:
@@ -120,9 +118,7 @@ class Engine:
                     self._thread = threading.Thread(target=self._loop, name="specrt-engine", daemon=True)
                     self._thread.start()
             for r in orphans:
-                r.stats.stop_reason = "stop"
-                r.stats.finish()
-                send(r, "done", r.stats)
+                end_unstarted(r, "stop")
 
     def _serve(self) -> None:
         while True:

@@ -41,6 +41,20 @@ def send(r: Request, kind: str, value) -> None:
         r.cancelled = True
 
 
+def end_unstarted(r: Request, reason: str) -> None:
+    """End a request that never got a slot (cancelled, timed out, or the engine closed)."""
+    r.stats.stop_reason = reason
+    r.state = DONE
+    r.stats.finish()
+    send(r, "done", r.stats)
+
+
+def _pick(r: Request, logits: np.ndarray) -> int:
+    """The target's own next token from one row of its logits (greedy, or sampled with the
+    request's random stream)."""
+    return int(logits.argmax()) if r.cfg.greedy else sample(probs(logits, r.cfg), r.rng.random())
+
+
 REPLAN_STEPS = 8  # steps a "no drafting" plan is kept while the row count stays the same
 
 
@@ -98,10 +112,7 @@ class Scheduler:
             if r is None:
                 return
             if r.cancelled or r.expired(now):
-                r.stats.stop_reason = "stop" if r.cancelled else "timeout"
-                r.state = DONE
-                r.stats.finish()
-                send(r, "done", r.stats)
+                end_unstarted(r, "stop" if r.cancelled else "timeout")
                 continue
             r.slot = self.pool.alloc()
             if self.draft is not None and self.draft.pool is not self.pool:
@@ -137,7 +148,7 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001
             self._retire(r, "error", e)
             return len(chunk)
-        first = int(row.argmax()) if r.cfg.greedy else sample(probs(row, r.cfg), r.rng.random())
+        first = _pick(r, row)
         now = time.perf_counter()
         r.t_first = now
         r.stats.ttft_ms = 1000 * (now - r.t_submit)
@@ -147,15 +158,23 @@ class Scheduler:
         self._emit(r, [first])
         return len(chunk)
 
-    def _target_call(self, r: Request, tokens, keep=None) -> np.ndarray:
-        """One sequence's call on the target at its track's length; records EAGLE features."""
-        pos = self.pool.reserve("target", r.slot, len(tokens))
-        logits = self.target.run(r.slot, np.asarray(tokens, dtype=np.int64), pos, keep=keep)
-        if self.features is not None:
-            self.features[r.slot, pos : pos + len(tokens)] = self.target.hidden
-        self.pool.advance("target", r.slot, len(tokens))
-        self.counters.target_calls += 1
+    def _call(self, model, r: Request, tokens, hidden=None, keep=None) -> np.ndarray:
+        """One sequence's call on `model` at its track's length in the request's slot; the
+        target's calls record EAGLE features. -> logits view (valid until the next call)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        pos = model.pool.reserve(model.track, r.slot, len(tokens))
+        logits = model.run(r.slot, tokens, pos, hidden, keep)
+        if model is self.target:
+            if self.features is not None:
+                self.features[r.slot, pos : pos + len(tokens)] = model.hidden
+            self.counters.target_calls += 1
+        else:
+            self.counters.draft_calls += 1
+        model.pool.advance(model.track, r.slot, len(tokens))
         return logits
+
+    def _target_call(self, r: Request, tokens, keep=None) -> np.ndarray:
+        return self._call(self.target, r, tokens, keep=keep)
 
     # --- 4: decode ---------------------------------------------------------------------------
     def _choose_ks(self, rows: list[Request]) -> list[int]:
@@ -163,9 +182,10 @@ class Scheduler:
         if self._idle_plan[0] == n and self._idle_plan[1] > 0 and all(r.policies for r in rows):
             # the plan said "no drafting" for this many rows a few steps ago: a step under load
             # pays nothing for speculation until the row count changes or REPLAN_STEPS pass
+            # (no route either: auto's n-gram lookup would scan the sequence for nothing)
             self._idle_plan[1] -= 1
             for r in rows:
-                r.route = r.drafter.route(r.seq)
+                r.route = None
             return [0] * n
         ks, plan_rows = [], []
         for r in rows:
@@ -193,7 +213,7 @@ class Scheduler:
                                 {r.id: k for r, k in zip(rows, ks, strict=True)})
         t1 = time.perf_counter()
         rows = [r for r in rows if r.state == DECODE]  # a draft failure retired its request
-        plain = [r for r in rows if len(proposals.get(r.id, Proposal(np.empty(0, np.int64))).tokens) == 0]
+        plain = [r for r in rows if r.id not in proposals or not len(proposals[r.id].tokens)]
         drafting = [r for r in rows if r not in plain]
         c = self.counters
         c.steps += 1
@@ -218,7 +238,10 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001
                 self._retire(r, "error", e)
                 continue
-            (done.__setitem__(r.id, out) if isinstance(out, Proposal) else pending.__setitem__(r.id, (r, out)))
+            if isinstance(out, Proposal):
+                done[r.id] = out
+            else:
+                pending[r.id] = (r, out)
         while pending:
             results = self._draft_calls(list(pending.values()))
             for (r, _), res in zip(list(pending.values()), results, strict=True):
@@ -249,15 +272,13 @@ class Scheduler:
             if out[i] is not None:
                 continue
             try:
-                pos = model.pool.reserve(model.track, r.slot, len(c.tokens))
+                reads_prompt = model.pool.length(model.track, r.slot) < len(r.prompt)
                 t0 = time.perf_counter()
-                logits = model.run(r.slot, c.tokens, pos, c.hidden, c.keep)
-                if pos < len(r.prompt):  # the draft reads the prompt (after the first token is out)
+                logits = self._call(model, r, c.tokens, c.hidden, c.keep)
+                if reads_prompt:  # the draft reads the prompt (after the first token is out)
                     ms = 1000 * (time.perf_counter() - t0)
                     r.stats.draft_prefill_ms += ms
                     r.stats.prefill_ms += ms
-                model.pool.advance(model.track, r.slot, len(c.tokens))
-                self.counters.draft_calls += 1
                 out[i] = (logits[-1].copy(), model.hidden[-1].copy() if model.has_hidden_out else None)
             except Exception as e:  # noqa: BLE001
                 out[i] = e
@@ -314,7 +335,7 @@ class Scheduler:
             except NonFiniteLogits as e:
                 self._retire(r, "error", e)
                 continue
-            nxt = int(logits.argmax()) if r.cfg.greedy else sample(probs(logits, r.cfg), r.rng.random())
+            nxt = _pick(r, logits)
             pol = r.policies.get(r.route)
             if pol is not None and len(self.running) == 1:
                 pol.costs.observe(0, 0.0, verify_ms)
