@@ -12,8 +12,8 @@ from ..runtime import genai
 from ..runtime.backends.ort import OrtBackend
 from ..runtime.decoder import Decoder
 from ..runtime.manifest import (
+    KV_DTYPE,
     SELF_DRAFT_PRECISION,
-    IONames,
     KVLayout,
     Manifest,
     ModelEntry,
@@ -24,7 +24,7 @@ from . import __version__
 from .arch import Arch, arch_from_model, numpy_weights
 from .bundle import save_graph, staging
 from .eagle import draft_arch, draft_weights, load_head
-from .graph import EAGLE_INPUT, LOGITS_KEEP, GraphOptions, build_graph
+from .graph import GraphOptions, build_graph, graph_io
 from .sources import SourceError, load_source, resolve_source, sha256_file
 from .validate import (
     TOLERANCE,
@@ -201,9 +201,6 @@ def _write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, 
     graph = build_graph(arch, w, opts)
     name, data = save_graph(graph, tmp / role)
     del graph
-    kv_dtype = "float16" if opts.precision == "fp16" else "float32"
-    io = IONames(hidden_out=opts.hidden_out, hidden_in=EAGLE_INPUT if opts.eagle else "",
-                 logits_to_keep=LOGITS_KEEP if opts.lowering == "ort" else "")
     return ModelEntry(
         graph=f"{role}/{name}",
         data=f"{role}/{data}",
@@ -215,8 +212,8 @@ def _write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, 
         hidden_size=arch.hidden,
         num_heads=arch.heads,
         max_tokens_per_call=max_t,
-        io=io,
-        kv=KVLayout(arch.layers, arch.kv_heads, arch.head_dim, kv_dtype, opts.max_seq_len),
+        io=graph_io(opts),
+        kv=KVLayout(arch.layers, arch.kv_heads, arch.head_dim, KV_DTYPE[opts.precision], opts.max_seq_len),
         source=source,
         recipe=recipe,
     )

@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..runtime.manifest import KV_DTYPE, IONames
 from . import quantize
 from .arch import Arch
 
@@ -48,9 +49,6 @@ class GraphOptions:
     max_seq_len: int = 2048  # S_max of the KV buffers and rotary tables
     int4_block_size: int = 32
     int4_accuracy_level: int = 4  # MatMulNBits compute type on CPU: 4 = int8 activations
-    fuse_qkv: bool = True  # one [H, (Hq+2Hkv)D] projection instead of three
-    fuse_gate_up: bool = True  # one [H, 2I] projection instead of two
-    tied_head: str = "gemm"  # tied LM head: "gemm" (shares the embedding) | "matmul" (own E^T copy)
     hidden_out: str = ""  # also output the final-norm hidden states [B, T, H] under this name
     eagle: bool = False  # EAGLE draft: input `hidden_states` [B, T, H] (target features) mixed
     #                      into the embedding by `eagle.fc.*` (docs/design.md, "EAGLE draft")
@@ -88,34 +86,43 @@ class _G:
         return self.const(self.name("c"), np.array(vals, dtype=np.int64))
 
 
+def graph_io(opts: GraphOptions) -> IONames:
+    """The IO names a graph built with `opts` has: IONames' fixed names (the manifest's one home
+    for them) plus the optional inputs and outputs `opts` asks for."""
+    return IONames(hidden_out=opts.hidden_out, hidden_in=EAGLE_INPUT if opts.eagle else "",
+                   logits_to_keep=LOGITS_KEEP if opts.lowering == "ort" else "")
+
+
 def build_graph(arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions) -> onnx.ModelProto:
-    """w: HF state dict as fp32 NumPy arrays. Returns an in-memory ModelProto."""
+    """w: HF state dict as fp32 NumPy arrays. Returns an in-memory ModelProto with the names of
+    `graph_io(opts)`."""
     if opts.precision in QUANTIZED and opts.lowering != "ort":
         raise ValueError(f"{opts.precision} (MatMulNBits) exists only in the 'ort' lowering")
-    dtype = np.float16 if opts.precision == "fp16" else np.float32
-    g = _G(dtype)
+    dtype = np.dtype(KV_DTYPE[opts.precision])  # activations and KV; int4/int8 are weight-only
+    g = _G(dtype.type)
     em = _Emitter(g, arch, w, opts)
     em.build()
-    onnx_dtype = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
+    io = em.io
+    onnx_dtype = helper.np_dtype_to_tensor_dtype(dtype)
     kv_shape = ["batch", arch.kv_heads, "max_seq_len", arch.head_dim]
     inputs = [
-        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
-        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total_sequence_length"]),
+        helper.make_tensor_value_info(io.input_ids, TensorProto.INT64, ["batch", "sequence_length"]),
+        helper.make_tensor_value_info(io.attention_mask, TensorProto.INT64, ["batch", "total_sequence_length"]),
     ]
-    out_len = "logits_length" if em.keep else "sequence_length"
-    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", out_len, arch.vocab])]
-    if opts.eagle:
-        inputs.insert(1, helper.make_tensor_value_info(EAGLE_INPUT, TensorProto.FLOAT, ["batch", "sequence_length", arch.hidden]))
-    if opts.hidden_out:
-        outputs.append(helper.make_tensor_value_info(opts.hidden_out, TensorProto.FLOAT, ["batch", "sequence_length", arch.hidden]))
-    if em.keep:
+    out_len = "logits_length" if io.logits_to_keep else "sequence_length"
+    outputs = [helper.make_tensor_value_info(io.logits, TensorProto.FLOAT, ["batch", out_len, arch.vocab])]
+    if io.hidden_in:
+        inputs.insert(1, helper.make_tensor_value_info(io.hidden_in, TensorProto.FLOAT, ["batch", "sequence_length", arch.hidden]))
+    if io.hidden_out:
+        outputs.append(helper.make_tensor_value_info(io.hidden_out, TensorProto.FLOAT, ["batch", "sequence_length", arch.hidden]))
+    if io.logits_to_keep:
         # an initializer that is also a graph input is overridable: callers that do not feed it
         # (onnxruntime-genai, plain InferenceSession users) get every position, as before
-        inputs.append(helper.make_tensor_value_info(LOGITS_KEEP, TensorProto.INT64, [1]))
+        inputs.append(helper.make_tensor_value_info(io.logits_to_keep, TensorProto.INT64, [1]))
     for i in range(arch.layers):
-        for kv in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kv}", onnx_dtype, kv_shape))
-            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kv}", onnx_dtype, kv_shape))
+        for past, present in ((io.past_key, io.present_key), (io.past_value, io.present_value)):
+            inputs.append(helper.make_tensor_value_info(past.format(i=i), onnx_dtype, kv_shape))
+            outputs.append(helper.make_tensor_value_info(present.format(i=i), onnx_dtype, kv_shape))
     graph = helper.make_graph(g.nodes, "specrt_decoder", inputs, outputs, initializer=g.inits)
     opsets = [helper.make_opsetid("", OPSET[opts.lowering])]
     if opts.lowering == "ort":
@@ -129,16 +136,17 @@ class _Emitter:
     def __init__(self, g: _G, arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions):
         self.g, self.a, self.w, self.o = g, arch, w, opts
         self.ort = opts.lowering == "ort"
-        self.keep = self.ort  # num_logits_to_keep input (the standard lowering stays TensorRT-plain)
+        self.io = graph_io(opts)
+        # num_logits_to_keep input (the standard lowering stays TensorRT-plain)
+        self.keep = bool(self.io.logits_to_keep)
 
     # ---- shared pieces -------------------------------------------------------------------
     def norm_weight(self, key: str) -> np.ndarray:
         return self.w[key] + self.a.family.norm_offset
 
-    def linear(self, x: str, key: str, bias_key: str | None = None) -> str:
-        """x [B, T, in] @ W.T (+ b) for the checkpoint weight `key` (HF layout [out, in])."""
-        b = self.w.get(bias_key) if bias_key else None
-        return self.project(x, key.replace("model.", "").replace(".weight", "").replace(".", "_"), self.w[key], b)
+    def linear(self, x: str, key: str) -> str:
+        """x [B, T, in] @ W.T for the checkpoint weight `key` (HF layout [out, in])."""
+        return self.project(x, key.replace("model.", "").replace(".weight", "").replace(".", "_"), self.w[key])
 
     def project(self, x: str, hint: str, W: np.ndarray, b: np.ndarray | None = None) -> str:
         g = self.g
@@ -206,11 +214,8 @@ class _Emitter:
 
     def mlp(self, x: str, p: str) -> str:
         g = self.g
-        if self.o.fuse_gate_up:
-            gate, up = self.fused(x, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], [None, None], "gate_up")
-        else:
-            gate = self.linear(x, p + "mlp.gate_proj.weight")
-            up = self.linear(x, p + "mlp.up_proj.weight")
+        # gate and up as one [H, 2I] projection
+        gate, up = self.fused(x, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], [None, None], "gate_up")
         if self.a.family.activation == "silu":
             act = g.op("Mul", [gate, g.op("Sigmoid", [gate])], "silu")
         else:
@@ -222,12 +227,13 @@ class _Emitter:
         g, a = self.g, self.a
         self.prepare_positions()
         emb = g.weight("embed_tokens", self.w["model.embed_tokens.weight"])
-        h = g.op("Gather", [emb, "input_ids"], "embed")  # [B, T, H]
+        h = g.op("Gather", [emb, self.io.input_ids], "embed")  # [B, T, H]
         if a.family.embed_scale:
             scale = np.array(np.sqrt(a.hidden), dtype=g.dtype)
             h = g.op("Mul", [h, g.const("embed_scale", scale)])
         if self.o.eagle:  # h = fc([embed(x_{p+1}), f_p])
-            f = g.op("Cast", [EAGLE_INPUT], to=TensorProto.FLOAT16) if g.dtype == np.float16 else EAGLE_INPUT
+            f_in = self.io.hidden_in
+            f = g.op("Cast", [f_in], to=TensorProto.FLOAT16) if g.dtype == np.float16 else f_in
             h = self.project(g.op("Concat", [h, f], "eagle_in", axis=-1), "eagle_fc",
                              self.w["eagle.fc.weight"], self.w.get("eagle.fc.bias"))
         resid = h
@@ -252,35 +258,36 @@ class _Emitter:
     def lm_head(self, x: str):
         g = self.g
         if self.keep:  # only the last num_logits_to_keep positions go through the LM head
-            g.const(LOGITS_KEEP, np.array([KEEP_ALL], dtype=np.int64))
-            x = g.op("Slice", [x, g.op("Neg", [LOGITS_KEEP]), g.i64(np.iinfo(np.int64).max), g.i64(1)], "keep")
+            keep = self.io.logits_to_keep
+            g.const(keep, np.array([KEEP_ALL], dtype=np.int64))
+            x = g.op("Slice", [x, g.op("Neg", [keep]), g.i64(np.iinfo(np.int64).max), g.i64(1)], "keep")
         head = self.w.get("lm_head.weight")
         if head is None or self.a.tie_embeddings:
             head = self.w["model.embed_tokens.weight"]
         if self.o.precision in QUANTIZED:
             logits = self.project(x, "lm_head", head)
-        elif self.a.tie_embeddings and self.o.tied_head == "gemm":
+        elif self.a.tie_embeddings:
             # Share the embedding initializer: Gemm(transB=1) on [B*T, H] avoids a transposed copy.
             x2 = g.op("Reshape", [x, g.i64(-1, self.a.hidden)])
             y2 = g.op("Gemm", [x2, "embed_tokens"], "lm_head", transB=1)
             # [B, n] (the standard lowering has no Slice: its graph stays as TensorRT has run it)
-            shape = g.op("Shape", [x], end=2) if self.keep else g.op("Shape", ["input_ids"])
+            shape = g.op("Shape", [x], end=2) if self.keep else g.op("Shape", [self.io.input_ids])
             out_shape = g.op("Concat", [shape, g.i64(self.a.vocab)], axis=0)
             logits = g.op("Reshape", [y2, out_shape])
         else:
             logits = self.project(x, "lm_head", head)
         if g.dtype != np.float32 or self.o.precision in QUANTIZED:
-            g.op("Cast", [logits], outputs=["logits"], to=TensorProto.FLOAT)
+            g.op("Cast", [logits], outputs=[self.io.logits], to=TensorProto.FLOAT)
         else:
-            g.op("Identity", [logits], outputs=["logits"])
+            g.op("Identity", [logits], outputs=[self.io.logits])
 
     def prepare_positions(self):
         """Scalars derived once from input shapes: P (committed length) and T."""
         g = self.g
-        total = g.op("Gather", [g.op("Shape", ["attention_mask"]), g.i64(1)], "total")  # [1]
+        total = g.op("Gather", [g.op("Shape", [self.io.attention_mask]), g.i64(1)], "total")  # [1]
         if self.ort:
             # GQA wants seqlens_k = total - 1 per batch row (int32) and total as int32 scalar.
-            mask_sum = g.op("ReduceSum", ["attention_mask", g.i64(1)], keepdims=0)
+            mask_sum = g.op("ReduceSum", [self.io.attention_mask, g.i64(1)], keepdims=0)
             self.seqlens_k = g.op("Cast", [g.op("Sub", [mask_sum, g.i64(1)])], "seqlens_k", to=TensorProto.INT32)
             self.total_len = g.op("Cast", [g.op("Squeeze", [total])], "total_len", to=TensorProto.INT32)
             self.rope_caches = {}
@@ -291,9 +298,9 @@ class _Emitter:
                     g.weight(f"sin_cache_{kind}", sin[:, :half]),
                 )
             return
-        T = g.op("Gather", [g.op("Shape", ["input_ids"]), g.i64(1)], "T")  # [1]
+        T = g.op("Gather", [g.op("Shape", [self.io.input_ids]), g.i64(1)], "T")  # [1]
         P = g.op("Sub", [total, T], "P")  # [1] write index
-        batch = g.op("Gather", [g.op("Shape", ["input_ids"]), g.i64(0)], "B")
+        batch = g.op("Gather", [g.op("Shape", [self.io.input_ids]), g.i64(0)], "B")
         self.write_idx = g.op("Expand", [P, batch], "write_idx")  # [B]
         zero = g.const("zero_i64", np.array(0, dtype=np.int64))
         one = g.const("one_i64", np.array(1, dtype=np.int64))
@@ -304,7 +311,7 @@ class _Emitter:
             c = g.op("Gather", [g.weight(f"cos_{kind}", cos), qpos], "cos")  # [T, D]
             s = g.op("Gather", [g.weight(f"sin_{kind}", sin), qpos], "sin")
             self.rope_tables[kind] = (c, s)
-        smax = g.op("Squeeze", [g.op("Gather", [g.op("Shape", ["past_key_values.0.key"]), g.i64(2)])])
+        smax = g.op("Squeeze", [g.op("Gather", [g.op("Shape", [self.io.past_key.format(i=0)]), g.i64(2)])])
         kpos = g.op("Unsqueeze", [g.op("Range", [zero, smax, one]), g.i64(0)], "kpos")  # [1, S]
         q2 = g.op("Unsqueeze", [qpos, g.i64(1)], "qpos2")  # [T, 1]
         causal = g.op("LessOrEqual", [kpos, q2], "causal")  # [T, S]
@@ -319,18 +326,17 @@ class _Emitter:
         names = ("q_proj", "k_proj", "v_proj")
         keys = [p + f"self_attn.{n}.weight" for n in names]
         biases = [bias(n) for n in names]
-        if self.o.fuse_qkv and self.ort and not fam.qk_norm:
-            # GQA takes packed QKV directly (key/value inputs left empty).
+        # one [H, (Hq+2Hkv)D] projection; GQA takes it packed (key/value inputs left empty)
+        if self.ort and not fam.qk_norm:
             q, k, v = self.fused(x, keys, biases, "qkv", split=False), "", ""
-        elif self.o.fuse_qkv:
-            q, k, v = self.fused(x, keys, biases, "qkv")
         else:
-            q, k, v = (self.linear(x, kk, bk) for kk, bk in zip(keys, biases, strict=True))
+            q, k, v = self.fused(x, keys, biases, "qkv")
         if fam.qk_norm:
             q = self.head_norm(q, p + "self_attn.q_norm.weight", a.heads)
             k = self.head_norm(k, p + "self_attn.k_norm.weight", a.kv_heads)
-        past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
-        pres_k, pres_v = f"present.{i}.key", f"present.{i}.value"
+        io = self.io
+        past_k, past_v = io.past_key.format(i=i), io.past_value.format(i=i)
+        pres_k, pres_v = io.present_key.format(i=i), io.present_value.format(i=i)
         kind = a.rope_kind[i]
         if self.ort:
             cos, sin = self.rope_caches[kind]

@@ -10,11 +10,15 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+import numpy as np
+
 SCHEMA_VERSION = 2  # 2 added io.hidden_out / io.hidden_in (EAGLE pairs); 1 reads as 2 without them
 READABLE_VERSIONS = (1, 2)
 MANIFEST = "specrt.json"
 # draft recipes that are weight-quantized copies of the target (same architecture, same KV layout)
 SELF_DRAFT_PRECISION = {"self-int4": "int4", "self-int8": "int8"}
+# graph precision -> dtype of its activations and KV buffers (int4/int8 quantize weights only)
+KV_DTYPE = {"fp32": "float32", "fp16": "float16", "int4": "float32", "int8": "float32"}
 
 
 class BundleError(Exception):
@@ -45,9 +49,12 @@ class KVLayout:
     dtype: str = "float32"  # numpy dtype name of the KV buffers
     max_seq_len: int = 0  # S_max: buffer length, also the rotary table length
 
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
     def bytes_per_token(self) -> int:
-        itemsize = 2 if self.dtype == "float16" else 4
-        return 2 * self.layers * self.kv_heads * self.head_dim * itemsize
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.itemsize
 
 
 @dataclass

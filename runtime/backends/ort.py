@@ -35,9 +35,6 @@ from ..kvpool import KVPool
 from ..manifest import ModelEntry
 from .features import FeatureBuffers
 
-_NP = {"float32": np.float32, "float16": np.float16}
-
-
 _GLOBAL_POOL: int | None = None
 
 

@@ -19,8 +19,6 @@ import numpy as np
 from ..manifest import ModelEntry
 from .features import FeatureBuffers
 
-_ITEMSIZE = {"float32": 4, "float16": 2}
-
 
 def _cuda():
     try:
@@ -49,7 +47,7 @@ def gpu_tag() -> str:
 
 
 class TrtBackend(FeatureBuffers):
-    def __init__(self, plan: str | Path, entry: ModelEntry, max_tokens_per_call: int | None = None):
+    def __init__(self, plan: str | Path, entry: ModelEntry):
         try:
             import tensorrt as trt
         except ImportError as e:
@@ -59,7 +57,7 @@ class TrtBackend(FeatureBuffers):
         kv, io = entry.kv, entry.io
         self.vocab = entry.vocab_size
         self.max_seq_len = kv.max_seq_len
-        self.max_t = max_tokens_per_call or entry.max_tokens_per_call
+        self.max_t = entry.max_tokens_per_call
         self.max_prefill_t = self.max_t  # the engine's optimization profile ends at max_t
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.engine = trt.Runtime(self.logger).deserialize_cuda_engine(Path(plan).read_bytes())
@@ -75,7 +73,7 @@ class TrtBackend(FeatureBuffers):
             self._ptrs.append(ptr)
             return ptr
 
-        kv_bytes = kv.kv_heads * kv.max_seq_len * kv.head_dim * _ITEMSIZE[kv.dtype]
+        kv_bytes = kv.kv_heads * kv.max_seq_len * kv.head_dim * kv.itemsize
         kv_shape = (1, kv.kv_heads, kv.max_seq_len, kv.head_dim)
         self.pairs = []  # (past name, present name, past ptr, present ptr)
         for i in range(kv.layers):
