@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..runtime.drafters.eagle import pair_calls
+
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}  # max |logit diff| allowed for full-precision exports
 
 
@@ -128,12 +130,9 @@ def check_eagle(draft, target, model, head_w: dict, prompt: np.ndarray, target_t
     feats = target.features[:n].copy()
     target.reset()
     draft.reset()
-    rows = []
-    for s in range(0, n - 1, draft.max_t):  # pairs (f_p, x_{p+1}) -> logits for x_{p+2}
-        e = min(s + draft.max_t, n - 1)
-        rows.append(draft.forward(seq[s + 1 : e + 1], feats[s:e]).copy())
+    # pairs (f_p, x_{p+1}) -> logits for x_{p+2}
+    got = np.concatenate([draft.forward(c.tokens, c.hidden).copy() for c in pair_calls(seq, feats, 0, n - 1, draft.max_t)])
     draft.reset()
-    got = np.concatenate(rows)
     head = head_module(model)
     head.load_state_dict({k: torch.from_numpy(v) for k, v in head_w.items()})
     with torch.no_grad():

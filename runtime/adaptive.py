@@ -38,6 +38,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+def expected_tokens(rates) -> np.ndarray:
+    """E(k) for k = 0..len(rates): tokens a round with k proposals yields, the target's own token
+    included, when proposal j is accepted with probability rates[j] once j - 1 was."""
+    return np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(rates))))
+
+
+def round_rate(expected, k, draft_cost, verify_cost):
+    """R(k) = E(k) / (k * draft + verify(k + 1)): tokens per unit of cost (ms, or target steps);
+    NumPy-broadcasting over arrays of k."""
+    return expected / (k * draft_cost + verify_cost)
+
+
 @dataclass
 class Costs:
     target_ms: dict[int, float]  # T -> ms of one target call of T tokens, as probed
@@ -181,7 +193,7 @@ class AcceptanceModel:
 
     def expected(self) -> np.ndarray:
         """E(k) for k = 0..max_k."""
-        return np.concatenate(([1.0], 1.0 + np.cumsum(np.cumprod(self.rates()))))
+        return expected_tokens(self.rates())
 
     def expected_tokens(self, k: int) -> float:
         return float(self.expected()[k])
@@ -231,8 +243,7 @@ class AdaptivePolicy:
     def choose_k(self) -> int:
         c = self.costs
         ks = np.arange(self.max_k + 1)
-        ms = ks * c.draft_ms + c.verify_curve(self.max_k + 1)
-        rates = self.acc.expected() / ms  # tokens per ms; k = 0 is a plain target step
+        rates = round_rate(self.acc.expected(), ks, c.draft_ms, c.verify_curve(self.max_k + 1))  # tokens per ms; k = 0 is a plain target step
         k = int(np.argmax(rates))
         acc = self.acc  # the plain-round count lives with the learned state: short requests add up
         if k == 0:

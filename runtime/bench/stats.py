@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import adaptive
+
 
 def median_spread(xs) -> dict:
     """{median, p25, p75, n} of a sample (empty -> NaNs)."""
@@ -28,14 +30,13 @@ def interleave(arms: list[str], items: list, repeats: int) -> list[tuple[int, ob
 
 def expected_tokens(alpha: float, k: int) -> float:
     """E[tokens per round] with i.i.d. acceptance alpha and k proposals (bonus included)."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
+    return float(adaptive.expected_tokens(np.full(k, alpha))[k])
 
 
 def predicted_speedup(alpha: float, k: int, c: float, v: float) -> float:
-    """E / (k·c + v): c = draft step / target step, v = verify call of k+1 tokens / target step."""
-    return expected_tokens(alpha, k) / (k * c + v)
+    """The adaptive policy's round rate in target steps: c = draft step / target step, v = verify
+    call of k+1 tokens / target step (runtime/adaptive.py)."""
+    return float(adaptive.round_rate(expected_tokens(alpha, k), k, c, v))
 
 
 def paired_ratio(base: list[float], other: list[float]) -> float:

@@ -16,6 +16,15 @@ from .base import DraftCall
 from .model import ModelDrafter
 
 
+def pair_calls(seq, features: np.ndarray, start: int, end: int, max_t: int) -> list[DraftCall]:
+    """The calls that feed the head the pairs (f_p, x_{p+1}) for p in [start, end), at most
+    max_t rows each; the last call's last logits row predicts x_{end+1}. seq: token ids
+    (len > end); features [>= end, H]: the target's features by position."""
+    toks = np.asarray(seq[start + 1 : end + 1], dtype=np.int64)
+    return [DraftCall(toks[i : i + max_t], features[start + i : start + i + len(toks[i : i + max_t])])
+            for i in range(0, len(toks), max_t)]
+
+
 class EagleDrafter(ModelDrafter):
     name = "model"  # a model draft for stats and policies; the recipe is in the bundle manifest
 
@@ -40,10 +49,7 @@ class EagleDrafter(ModelDrafter):
         self._k, self._cfg, self._rng, self._policy = k, cfg, rng, policy
         self._want_conf = policy is not None and policy.early_stop
         self._toks, self._q, self._confs = [], [], []
-        toks = np.asarray(seq[s + 1 : n], dtype=np.int64)
-        c = self.model.max_t
-        self._pending = [DraftCall(toks[i : i + c], self.features[s + i : s + i + len(toks[i : i + c])])
-                         for i in range(0, len(toks), c)]
+        self._pending = pair_calls(seq, self.features, s, n - 1, self.model.max_t)
         self._real = n - 1
         return self._pending.pop(0)
 
