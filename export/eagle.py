@@ -6,7 +6,7 @@ hidden state at p (what its LM head turns into the logits that chose x_{p+1}) an
 x_{p+1}. It predicts f_{p+1}; the target's (tied) LM head turns the prediction into draft logits
 for x_{p+2}. Drafting further feeds the head its own predicted features. One layer of the
 target's width costs ~1/30 of a SmolLM2-135M step, so the draft is cheap; its accuracy comes
-from self-distillation on the target's own outputs (`specrt.export.train_eagle`).
+from self-distillation on the target's own outputs (`tools/train_eagle.py`).
 
 A head file is safetensors: `fc.weight` [H, 2H], `fc.bias` [H], `layer.*` (the HF decoder-layer
 keys), `norm.weight` [H]; metadata `format`, `hidden_size`, `vocab_size`, `model_type`,
@@ -28,6 +28,15 @@ SUPPORTED = ("llama",)  # the decoder-layer class the trainer instantiates
 
 class HeadError(ValueError):
     """A head file that is missing, malformed or made for another target."""
+
+
+def target_features(model, seqs) -> list:
+    """The features a head reads: `model`'s final-norm hidden states of each int token array in
+    `seqs`, one teacher-forced pass each -> list of torch [T, H]."""
+    import torch
+
+    with torch.no_grad():
+        return [model.model(input_ids=torch.from_numpy(s[None].astype(np.int64))).last_hidden_state[0] for s in seqs]
 
 
 def head_module(target):

@@ -120,8 +120,7 @@ def check_eagle(draft, target, model, head_w: dict, prompt: np.ndarray, target_t
     acceptance)."""
     import torch
 
-    from .eagle import head_module
-    from .train_eagle import features
+    from .eagle import head_module, target_features
 
     seq = np.concatenate([prompt, target_tokens]).astype(np.int64)
     n = len(seq)
@@ -136,7 +135,7 @@ def check_eagle(draft, target, model, head_w: dict, prompt: np.ndarray, target_t
     head = head_module(model)
     head.load_state_dict({k: torch.from_numpy(v) for k, v in head_w.items()})
     with torch.no_grad():
-        ref_feats = features(model, [seq])[0].float().numpy()
+        ref_feats = target_features(model, [seq])[0].float().numpy()
         ref = head.logits(head(torch.from_numpy(feats[None, :-1]), torch.from_numpy(seq[None, 1:])))[0].numpy()
     idx = np.arange(len(prompt) - 2, n - 2)  # positions whose next-next token is a target greedy token
     return {

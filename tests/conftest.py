@@ -4,12 +4,14 @@ and the real default bundle built by `make export`."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))  # the research scripts run as files (tests/tools)
 DEFAULT_BUNDLE = Path(os.environ.get("SPECRT_TEST_BUNDLE", ROOT / "engines" / "default"))
 VOCAB = 128
 

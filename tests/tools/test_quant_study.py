@@ -1,10 +1,10 @@
 """The draft-recipe study scores what it claims: fp32 agrees with itself, the weights come back."""
 
 import numpy as np
+import quant_study
 import torch
 
 from conftest import tiny_model
-from specrt.export import quant_study
 
 
 def _greedy_sequences(model, n=2, steps=12):

