@@ -6,7 +6,10 @@ import datetime as _dt
 import gc
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from ..runtime import genai
 from ..runtime.backends.ort import OrtBackend
@@ -24,10 +27,9 @@ from . import __version__
 from .arch import Arch, arch_from_model, numpy_weights
 from .bundle import save_graph, staging
 from .eagle import draft_arch, draft_weights, load_head
-from .graph import GraphOptions, build_graph, graph_io
+from .graph import EAGLE_FEATURES_OUT, FEATURES_OUT, GraphOptions, build_graph, graph_io
 from .sources import SourceError, load_source, resolve_source, sha256_file
 from .validate import (
-    TOLERANCE,
     ParityError,
     check_decoder,
     check_eagle,
@@ -38,7 +40,6 @@ from .validate import (
 
 LOWERINGS = ("ort", "standard")
 PRECISIONS = ("fp32", "fp16")
-SELF_DRAFTS = SELF_DRAFT_PRECISION  # MatMulNBits copies of the target: recipe -> precision
 # draft tokens per round written to the manifest when the caller names none: the best fixed k
 # measured for each self-draft on chat (docs/benchmarks.md §2c, §4); others: the runtime's default
 RECOMMENDED_K = {"self-int8": 5, "self-int4": 2}
@@ -57,6 +58,42 @@ class Progress:
         self.n += 1
         if self.echo:
             self.echo(f"[{self.n}/{self.total}] {msg}  (+{time.perf_counter() - self.t0:.0f}s)")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every export step reads."""
+
+    max_seq_len: int = 2048
+    max_draft_tokens: int = 16
+    precision: str = "fp32"  # the target's (and a separate draft's) graph precision
+    lowering: str = "ort"
+    greedy_steps: int = 32  # greedy tokens compared with transformers at each parity check
+
+    @property
+    def max_t(self) -> int:  # widest call: a verification of max_draft_tokens + the target's token
+        return self.max_draft_tokens + 1
+
+    def graph(self, **kw) -> GraphOptions:
+        return GraphOptions(**{"lowering": self.lowering, "precision": self.precision,
+                               "max_seq_len": self.max_seq_len, **kw})
+
+
+@dataclass
+class Source:
+    """A loaded model source: transformers model + tokenizer, and its graph-ready form."""
+
+    src: object  # sources.Resolved
+    model: object
+    tok: object
+    arch: Arch
+    weights: dict
+
+    @classmethod
+    def load(cls, ref: str, max_seq_len: int) -> Source:
+        src = resolve_source(ref)
+        model, tok = load_source(src)
+        return cls(src, model, tok, arch_from_model(model, max_seq_len), numpy_weights(model))
 
 
 def export_bundle(
@@ -81,118 +118,173 @@ def export_bundle(
     k: draft tokens per round recorded as the draft's `default_k` (None: RECOMMENDED_K for self
     drafts, else unset). Returns the written manifest.
     """
-    if lowering not in LOWERINGS:
-        raise ValueError(f"lowering must be one of {LOWERINGS}, got {lowering!r}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if max_draft_tokens < 1 or max_seq_len < max_draft_tokens + 32:
-        raise ValueError("need max_draft_tokens >= 1 and max_seq_len >= max_draft_tokens + 32")
-    if k is not None and not 1 <= k <= max_draft_tokens:
-        raise ValueError(f"k must be between 1 and max_draft_tokens ({max_draft_tokens}), got {k}")
-    if trt and lowering != "standard":
-        raise ValueError("TensorRT plans are built from the standard lowering: add --lowering standard")
-    if draft in SELF_DRAFTS and lowering != "ort":
-        raise ValueError(f"the {draft} draft uses MatMulNBits, which only the 'ort' lowering has; "
-                         "pass --draft none or a separate draft model with --lowering standard")
-    eagle_head = draft[len("eagle:"):] if draft.startswith("eagle:") else None
-    max_t = max_draft_tokens + 1
+    cfg = Settings(max_seq_len, max_draft_tokens, precision, lowering, greedy_steps)
+    kind = draft_kind(draft)
+    _check_settings(cfg, kind, draft, k, trt)
     out = Path(out)
-    separate = draft not in (*SELF_DRAFTS, "none") and eagle_head is None
-    n_steps = 4 + (draft != "none") + separate + trt
-    step = Progress(n_steps, echo)
+    step = Progress(4 + (kind != "none") + (kind == "model") + trt, echo)
 
     step(f"loading target {target}")
-    t_src = resolve_source(target)
-    t_model, t_tok = load_source(t_src)
-    t_arch = arch_from_model(t_model, max_seq_len)
-    t_w = numpy_weights(t_model)
-
-    d_model = d_tok = d_src = head_w = None
-    if eagle_head is not None:
-        head_w = load_head(eagle_head, t_arch, t_src.describe().get("sha256"))
-    if separate:
+    tgt = Source.load(target, max_seq_len)
+    head = head_w = None
+    if kind == "eagle":  # read before any graph is built: a wrong head file fails fast
+        head = draft[len("eagle:"):]
+        head_w = load_head(head, tgt.arch, tgt.src.describe().get("sha256"))
+    separate = None
+    if kind == "model":
         step(f"loading draft {draft}")
-        d_src = resolve_source(draft)
-        d_model, d_tok = load_source(d_src)
-        check_same_vocabulary(t_tok, d_tok, t_model.config, d_model.config)
+        separate = Source.load(draft, max_seq_len)
+        check_same_vocabulary(tgt.tok, separate.tok, tgt.model.config, separate.model.config)
 
     with staging(out) as tmp:
         step(f"building target graph ({lowering}, {precision})")
-        opts = GraphOptions(lowering=lowering, precision=precision, max_seq_len=max_seq_len,
-                            hidden_out="hidden_states" if head_w is not None else "")
-        t_entry = _write_model(tmp, "target", t_arch, t_w, opts, max_t, t_src.describe(), "export")
-        target_dec = _decoder(tmp, t_entry, keep_hidden=head_w is not None)
-        t_entry.parity = check_decoder(target_dec, t_model, k=max_draft_tokens, steps=greedy_steps, precision=precision).as_dict()
-        if not t_entry.parity["passed"]:
-            raise ParityError(f"target graph failed parity with transformers: {t_entry.parity}")
+        t_entry, target_dec = target_entry(tmp, tgt, cfg, features=kind == "eagle")
+        require_parity(t_entry, "target graph")
 
         d_entry = None
-        if draft != "none":
+        if kind != "none":
             step(f"building draft graph ({draft})")
-            if draft in SELF_DRAFTS:
-                dopts = GraphOptions(lowering="ort", precision=SELF_DRAFTS[draft], max_seq_len=max_seq_len)
-                d_entry = _write_model(tmp, "draft", t_arch, t_w, dopts, max_t, t_src.describe(), draft)
-                ref_model = t_model
-            elif head_w is not None:
-                # int4 on onnxruntime (the head is tiny; its LM head is the big matrix), the
-                # target's precision on the standard lowering (TensorRT)
-                dopts = GraphOptions(lowering=lowering, precision="int4" if lowering == "ort" else precision,
-                                     max_seq_len=max_seq_len, eagle=True, hidden_out="next_hidden_states")
-                d_entry = _write_model(tmp, "draft", draft_arch(t_arch), draft_weights(t_w, head_w, eagle_head), dopts,
-                                       max_t, {"kind": "eagle-head", "ref": eagle_head, "sha256": sha256_file(Path(eagle_head))},
-                                       "eagle")
-                ref_model = None
+            probe = Probe.of(tgt, cfg)
+            if kind == "self":
+                d_entry = self_draft_entry(tmp, tgt, draft, cfg, probe)
+            elif kind == "eagle":
+                d_entry = eagle_entry(tmp, tgt, target_dec, head, head_w, cfg, probe)
             else:
-                d_arch, d_w = arch_from_model(d_model, max_seq_len), numpy_weights(d_model)
-                d_entry = _write_model(tmp, "draft", d_arch, d_w, opts, max_t, d_src.describe(), "model")
-                ref_model = d_model
-            draft_dec = _decoder(tmp, d_entry)
-            prompt = probe_tokens(t_arch.vocab, 12)
-            tgt_tokens, _ = reference_greedy(t_model, prompt, greedy_steps)
-            if ref_model is None:  # EAGLE head: checked against its torch module, then the target
-                par = d_entry.parity = check_eagle(draft_dec, target_dec, t_model, head_w, prompt, tgt_tokens)
-                tol = TOLERANCE[precision]
-                if par["target_features_max_abs"] > tol:
-                    raise ParityError(f"target feature output differs from transformers: {par}")
-                # full precision: match the torch module; int4 (ort): a broken graph agrees ~1/V of
-                # the time; quantization alone kept 0.86 on the default head, 0.47 on a random tiny one
-                if (par["max_abs"] > tol) if lowering != "ort" else (par["argmax_match_torch"] < 0.2):
-                    raise ParityError(f"EAGLE draft graph failed parity with its torch module: {par}")
-            else:
-                lossy = draft in SELF_DRAFTS
-                par = check_decoder(draft_dec, ref_model, k=max_draft_tokens, steps=greedy_steps,
-                                    precision=SELF_DRAFTS.get(draft, precision))
-                d_entry.parity = par.as_dict()
-                if not lossy and not par.passed:
-                    raise ParityError(f"draft graph failed parity with transformers: {d_entry.parity}")
-                d_entry.parity["greedy_agreement_with_target"] = draft_agreement(draft_dec, tgt_tokens, prompt)
-            del draft_dec
+                d_entry = model_draft_entry(tmp, separate, cfg, probe)
+            require_parity(d_entry, "draft graph")
+            d_entry.default_k = k or RECOMMENDED_K.get(draft, 0)
+        del target_dec
 
         if trt:
-            from .trt import save_engine
-
             step("building TensorRT plans")
-            for role, entry in (("target", t_entry), ("draft", d_entry)):
-                if entry is not None:
-                    entry.trt_plans.append(save_engine(tmp, role, entry))
+            trt_plans(tmp, [e for e in (t_entry, d_entry) if e is not None])
 
         step("writing tokenizer and manifest")
-        if d_entry is not None:
-            d_entry.default_k = k or RECOMMENDED_K.get(draft, 0)
-        man = Manifest(
-            name=out.name,
-            exporter_version=__version__,
-            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            target=t_entry,
-            draft=d_entry,
-            tokenizer=_save_tokenizer(t_tok, t_model.config, tmp),
-        )
-        man.save(tmp)
-        genai.write(tmp, man)  # onnxruntime-genai reads the same graphs (runtime/genai.py)
-        load_manifest(tmp)  # the runtime's own check, before the swap
-        del target_dec
+        man = write_bundle(tmp, out.name, t_entry, d_entry, tgt)
         gc.collect()
     step(f"bundle ready: {out}")
+    return man
+
+
+def draft_kind(draft: str) -> str:
+    """"none" | "self" (a quantized copy of the target) | "eagle" (a head file) | "model"."""
+    if draft == "none":
+        return "none"
+    if draft in SELF_DRAFT_PRECISION:
+        return "self"
+    return "eagle" if draft.startswith("eagle:") else "model"
+
+
+def _check_settings(cfg: Settings, kind: str, draft: str, k: int | None, trt: bool) -> None:
+    if cfg.lowering not in LOWERINGS:
+        raise ValueError(f"lowering must be one of {LOWERINGS}, got {cfg.lowering!r}")
+    if cfg.precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {cfg.precision!r}")
+    if cfg.max_draft_tokens < 1 or cfg.max_seq_len < cfg.max_draft_tokens + 32:
+        raise ValueError("need max_draft_tokens >= 1 and max_seq_len >= max_draft_tokens + 32")
+    if k is not None and not 1 <= k <= cfg.max_draft_tokens:
+        raise ValueError(f"k must be between 1 and max_draft_tokens ({cfg.max_draft_tokens}), got {k}")
+    if trt and cfg.lowering != "standard":
+        raise ValueError("TensorRT plans are built from the standard lowering: add --lowering standard")
+    if kind == "self" and cfg.lowering != "ort":
+        raise ValueError(f"the {draft} draft uses MatMulNBits, which only the 'ort' lowering has; "
+                         "pass --draft none or a separate draft model with --lowering standard")
+
+
+def require_parity(entry: ModelEntry, what: str) -> ModelEntry:
+    """The one parity gate: an entry whose export-time numbers did not pass never gets written."""
+    if not entry.parity.get("passed"):
+        raise ParityError(f"{what} failed parity with its reference: {entry.parity}")
+    return entry
+
+
+@dataclass
+class Probe:
+    """A prompt and the target's own greedy continuation (transformers): what draft agreement is
+    measured on."""
+
+    prompt: np.ndarray
+    target_tokens: np.ndarray
+
+    @classmethod
+    def of(cls, tgt: Source, cfg: Settings) -> Probe:
+        prompt = probe_tokens(tgt.arch.vocab, 12)
+        return cls(prompt, reference_greedy(tgt.model, prompt, cfg.greedy_steps)[0])
+
+
+def target_entry(tmp: Path, tgt: Source, cfg: Settings, features: bool) -> tuple[ModelEntry, Decoder]:
+    """The target -> its graph, its entry with parity numbers against transformers, and a decoder
+    over it (the EAGLE check reads its features). features: also output the final-norm hidden
+    states (an EAGLE draft reads them)."""
+    opts = cfg.graph(hidden_out=FEATURES_OUT if features else "")
+    entry = _write_model(tmp, "target", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), "export")
+    dec = _decoder(tmp, entry, keep_hidden=features)
+    entry.parity = check_decoder(dec, tgt.model, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
+                                 precision=cfg.precision).as_dict()
+    return entry, dec
+
+
+def self_draft_entry(tmp: Path, tgt: Source, recipe: str, cfg: Settings, probe: Probe) -> ModelEntry:
+    """The target's weights, quantized (MatMulNBits) -> the draft entry with its numbers against the
+    full-precision model. Lossy by design (verification keeps the output exact), so logit parity
+    has no tolerance; agreement with the target's greedy tokens says how good a draft it is."""
+    precision = SELF_DRAFT_PRECISION[recipe]
+    opts = GraphOptions(lowering="ort", precision=precision, max_seq_len=cfg.max_seq_len)
+    entry = _write_model(tmp, "draft", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), recipe)
+    return _draft_parity(tmp, entry, tgt.model, cfg, probe, precision)
+
+
+def model_draft_entry(tmp: Path, draft: Source, cfg: Settings, probe: Probe) -> ModelEntry:
+    """A separate draft model -> its entry, held to the same parity as the target."""
+    entry = _write_model(tmp, "draft", draft.arch, draft.weights, cfg.graph(), cfg.max_t, draft.src.describe(), "model")
+    return _draft_parity(tmp, entry, draft.model, cfg, probe, cfg.precision)
+
+
+def _draft_parity(tmp, entry, ref_model, cfg: Settings, probe: Probe, precision: str) -> ModelEntry:
+    dec = _decoder(tmp, entry)
+    entry.parity = check_decoder(dec, ref_model, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
+                                 precision=precision).as_dict()
+    entry.parity["greedy_agreement_with_target"] = draft_agreement(dec, probe.target_tokens, probe.prompt)
+    return entry
+
+
+def eagle_entry(tmp: Path, tgt: Source, target_dec: Decoder, head: str, head_w: dict, cfg: Settings,
+                probe: Probe) -> ModelEntry:
+    """An EAGLE head file -> the draft entry, checked against its torch module on the target
+    graph's features. int4 on onnxruntime (the head is tiny; its LM head is the big matrix), the
+    target's precision on the standard lowering (TensorRT)."""
+    quantized = cfg.lowering == "ort"
+    opts = cfg.graph(precision="int4" if quantized else cfg.precision, eagle=True, hidden_out=EAGLE_FEATURES_OUT)
+    source = {"kind": "eagle-head", "ref": head, "sha256": sha256_file(Path(head))}
+    entry = _write_model(tmp, "draft", draft_arch(tgt.arch), draft_weights(tgt.weights, head_w, head), opts,
+                         cfg.max_t, source, "eagle")
+    entry.parity = check_eagle(_decoder(tmp, entry), target_dec, tgt.model, head_w, probe.prompt,
+                               probe.target_tokens, precision=cfg.precision, quantized=quantized)
+    return entry
+
+
+def trt_plans(tmp: Path, entries: list[ModelEntry]) -> None:
+    """Standard-lowering graphs -> TensorRT plans for this GPU, recorded on their entries."""
+    from .trt import save_engine
+
+    for entry in entries:
+        entry.trt_plans.append(save_engine(tmp, entry.graph.split("/")[0], entry))
+
+
+def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry | None, tgt: Source) -> Manifest:
+    """Entries + the target's tokenizer -> specrt.json (and genai_config.json), read back by the
+    runtime's own check before the staging folder is swapped in."""
+    man = Manifest(
+        name=name,
+        exporter_version=__version__,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        target=t_entry,
+        draft=d_entry,
+        tokenizer=_save_tokenizer(tgt.tok, tgt.model.config, tmp),
+    )
+    man.save(tmp)
+    genai.write(tmp, man)  # onnxruntime-genai reads the same graphs (runtime/genai.py)
+    load_manifest(tmp)
     return man
 
 

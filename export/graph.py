@@ -36,6 +36,8 @@ from .arch import Arch
 
 OPSET = {"ort": 21, "standard": 24}
 EAGLE_INPUT = "hidden_states"  # target features fed to an EAGLE draft
+FEATURES_OUT = "hidden_states"  # the target's final-norm hidden states, when an EAGLE draft reads them
+EAGLE_FEATURES_OUT = "next_hidden_states"  # an EAGLE draft's predicted features (its next step's input)
 LOGITS_KEEP = "num_logits_to_keep"  # ort lowering: int64 [1], an input with a default (all positions)
 KEEP_ALL = 1 << 30  # the default: Slice clamps -KEEP_ALL to the first position
 MS = "com.microsoft"

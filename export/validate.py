@@ -16,6 +16,10 @@ import numpy as np
 from ..runtime.drafters.eagle import pair_calls
 
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}  # max |logit diff| allowed for full-precision exports
+# An int4 EAGLE graph cannot match its fp32 torch module's logits; it must still agree on the
+# argmax far more often than a broken graph's ~1/V. Quantization alone kept 0.86 on the default
+# head and 0.47 on a random tiny one (docs/design.md, "EAGLE draft").
+EAGLE_INT4_MIN_ARGMAX_MATCH = 0.2
 
 
 class ParityError(RuntimeError):
@@ -113,11 +117,13 @@ def draft_agreement(draft, target_tokens: np.ndarray, prompt: np.ndarray) -> flo
     return hits / max(1, len(target_tokens))
 
 
-def check_eagle(draft, target, model, head_w: dict, prompt: np.ndarray, target_tokens: np.ndarray) -> dict:
+def check_eagle(draft, target, model, head_w: dict, prompt: np.ndarray, target_tokens: np.ndarray, *,
+                precision: str = "fp32", quantized: bool = False) -> dict:
     """The target graph's feature output vs transformers; the EAGLE draft graph on those features
     vs its torch module (export/eagle.py); and the draft's teacher-forced agreement with the
     target's greedy continuation `target_tokens` of `prompt` (draft step 1, a proxy for greedy
-    acceptance)."""
+    acceptance). precision: the target's (its tolerance applies to the features and, unless
+    `quantized` (an int4 draft graph), to the draft's logits)."""
     import torch
 
     from .eagle import head_module, target_features
@@ -138,7 +144,8 @@ def check_eagle(draft, target, model, head_w: dict, prompt: np.ndarray, target_t
         ref_feats = target_features(model, [seq])[0].float().numpy()
         ref = head.logits(head(torch.from_numpy(feats[None, :-1]), torch.from_numpy(seq[None, 1:])))[0].numpy()
     idx = np.arange(len(prompt) - 2, n - 2)  # positions whose next-next token is a target greedy token
-    return {
+    tol = TOLERANCE[precision]
+    par = {
         # the target graph's feature output vs transformers' (what the head was trained on)
         "target_features_max_abs": float(np.abs(feats - ref_feats).max()),
         "max_abs": float(np.abs(got - ref).max()),
@@ -146,3 +153,6 @@ def check_eagle(draft, target, model, head_w: dict, prompt: np.ndarray, target_t
         "greedy_agreement_with_target": float((got[idx].argmax(-1) == seq[idx + 2]).mean()),
         "positions": int(len(idx)),
     }
+    draft_ok = par["argmax_match_torch"] >= EAGLE_INT4_MIN_ARGMAX_MATCH if quantized else par["max_abs"] <= tol
+    par["passed"] = bool(par["target_features_max_abs"] <= tol and draft_ok)
+    return par

@@ -222,9 +222,6 @@ class Calibration:
             self.n[b] += 1
             self.ok[b] += j < accepted
 
-    def table(self) -> list[float]:
-        return [self.p((b + 0.5) / self.bins) for b in range(self.bins)]
-
 
 class AdaptivePolicy:
     """Per request: picks k each round and decides when drafting should stop early."""

@@ -62,7 +62,7 @@ class Decoder:
 
     def prefill(self, tokens, chunk: int | None = None) -> np.ndarray:
         """Feed any number of tokens in chunks of at most max_prefill_t; returns the last row's
-        logits [V]. Only that row goes through the LM head (21% of a token's FLOPs here)."""
+        logits [V]. Only that row goes through the LM head (a fifth of a token's FLOPs for the default target)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         chunk = min(chunk or self.max_prefill_t, self.max_prefill_t)
         self.kv.reserve(len(tokens))

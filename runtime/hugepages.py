@@ -5,11 +5,11 @@ is ~130k TLB misses per step, each a page walk (two-level under a hypervisor). o
 allocates its prepacked weights with plain malloc, which gets 2 MiB pages only where the
 kernel's THP mode is `always`; the common default is `madvise`. After a session is built, the
 anonymous memory it added is collapsed in place with madvise(MADV_COLLAPSE) (Linux >= 6.1;
-synchronous; independent of the THP sysfs mode). Measured on the 2-core CPU (docs/benchmarks.md
-§1): ~1% per target step, ~3–4% per draft step, RSS unchanged, but +0.3–1.7 s at load for the
-default pair (the kernel's free-memory state sets it), so it pays after ~1,500–4,000
-speculative tokens: on by default for `load()` / `Pipeline` (services) and `specrt bench`, off
-for the one-shot `specrt generate` (docs/design.md). Anywhere it
+synchronous; independent of the THP sysfs mode). The trade: slightly faster steps (draft steps
+gain most: smaller kernels, same page walks) for a longer load that the kernel's free-memory
+state sets, so it pays only after some thousands of tokens (numbers: docs/benchmarks.md §1, §4
+"Session 5"): on by default for `load()` / `Pipeline` (services) and `specrt bench`, off for the
+one-shot `specrt generate` (docs/design.md). Anywhere it
 is unsupported it does nothing; a collapse that stalls (fragmented memory: the kernel compacts
 synchronously) stops at a time budget and leaves the rest on 4 KiB pages.
 

@@ -59,7 +59,7 @@ def sample(p: np.ndarray, u: float) -> int:
 
 
 def _top_p(p: np.ndarray, top_p: float, head: int = 256) -> np.ndarray:
-    """Nucleus filter on rows of p. Sorting all V entries costs ~3 ms per row at V = 49k; the
+    """Nucleus filter on rows of p. Sorting all V entries costs milliseconds per row at V = 49k; the
     nucleus is almost always inside the `head` most probable tokens, so those are sorted first
     and the full sort is only the fallback. Same result either way (stable order: -p, index)."""
     flat = p.reshape(-1, p.shape[-1])

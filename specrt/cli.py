@@ -174,7 +174,7 @@ def inspect(path, as_json):
               help="cpu / cuda: onnxruntime execution provider; trt: the bundle's TensorRT plans")
 @click.option("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
 @click.option("--hugepages/--no-hugepages", default=False, show_default=True,
-              help="2 MiB pages for the sessions' memory: 1-4% faster steps for 0.3-1.7 s more load (pays after ~1,500-4,000 tokens)")
+              help="2 MiB pages for the sessions' memory: faster steps for a longer load (pays on long runs; docs/benchmarks.md §1)")
 def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k, draft, adaptive, chat, stop,
              as_json, show_stats, device, threads, hugepages):
     """Generate from PROMPT (or '-' / nothing: read stdin) with speculative decoding."""

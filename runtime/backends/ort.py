@@ -60,10 +60,10 @@ def use_global_pool(threads: int) -> bool:
 
 def session_options(threads: int | None = None, spin: bool = True, global_pool: bool = False) -> ort.SessionOptions:
     """Draft and target sessions alternate on the same cores. Spinning workers pick up the next
-    kernel without a futex wake-up (fp32 target on 2 cores: 64 -> 30 ms/token), but a pool that
+    kernel without a futex wake-up (about twice as fast a target step here), but a pool that
     keeps spinning after its run steals the cores from the other session's run, so each run ends
-    its spinning (`session.force_spinning_stop`). A global pool (one for all sessions) measured
-    another ~5% faster; see docs/benchmarks.md."""
+    its spinning (`session.force_spinning_stop`). A global pool (one for all sessions) is a little
+    faster still: no wake-up between draft and target (numbers: docs/benchmarks.md §1)."""
     threads = threads or os.cpu_count() or 1
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -77,8 +77,8 @@ def session_options(threads: int | None = None, spin: bool = True, global_pool: 
         so.inter_op_num_threads = 1
         so.add_session_config_entry("session.force_spinning_stop", "1")
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-    # Prepacking the fp32 weights is ~95% of building a session; packing them on all threads
-    # took the default pair's load from 1.1-1.7 s to 0.7-0.9 s, with bit-identical outputs.
+    # Prepacking the fp32 weights is most of building a session; packing them on all threads
+    # loads faster with bit-identical outputs (docs/benchmarks.md §1).
     so.add_session_config_entry("session.prepack.enable_parallel", "1")
     return so
 

@@ -18,10 +18,9 @@ from ..pipeline import Pipeline
 from . import peer
 from .stats import alpha_from_expected, interleave, median_spread, paired_ratio, predicted_speedup
 
-# Idle gap before each timed run. A thread pool keeps spinning for ~10-30 ms after its last
-# call (onnxruntime-genai's does: a prompt prefill right after a genai run took 126 ms, 85 ms
-# after a 30 ms pause); the next arm would pay for it in TTFT. The gap puts every arm on the
-# same footing whichever arm ran before it.
+# Idle gap before each timed run. A thread pool keeps spinning for tens of ms after its last
+# call (onnxruntime-genai's does), and the next arm would pay for it in TTFT. The gap puts every
+# arm on the same footing whichever arm ran before it.
 SETTLE_S = 0.05
 
 
@@ -41,7 +40,7 @@ class BenchConfig:
     rss: bool = False  # peak RSS per arm in fresh processes (+ a long generation)
     # The CLI measures with the global pool, as `specrt generate` runs. Per-session pools that
     # stop spinning after each run are the library default (safe beside other sessions in the
-    # process) and cost ~2% per step (docs/design.md, "Benchmark").
+    # process) and cost a little per step (docs/benchmarks.md §1).
     global_pool: bool = False
     adaptive: bool = False  # add a "<draft>-adaptive" arm per drafter
     hugepages: bool = True  # our sessions on 2 MiB pages, as Pipeline's default (services); the peer as it ships
