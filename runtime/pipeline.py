@@ -20,7 +20,7 @@ from pathlib import Path
 from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
 from .engine import Engine, Request, Scheduler, Stats
 from .kv import ContextOverflow
-from .loader import DRAFTS, load_parts
+from .loader import DRAFTS, Parts, load_parts
 from .manifest import BundleError
 from .policies import PolicyStore
 from .sampling import SamplingConfig
@@ -43,7 +43,7 @@ class Pipeline:
     def __init__(self, folder: str | Path, *, draft: str | None = None, device: str = "cpu",
                  threads: int | None = None, k: int | None = None, global_pool: bool = False, adaptive: bool = False,
                  hugepages: bool = True, cost_cache: bool = True, max_batch: int = DEFAULT_MAX_BATCH,
-                 max_queue: int = 64, plan_batches: bool = True):
+                 max_queue: int = 64, plan_batches: bool = True, parts: Parts | None = None):
         """draft: "model" | "none" | "ngram" | "auto"; None follows the bundle (its draft model
         if it has one, else none). max_batch: KV slots, i.e. requests decoded at once (allocated now: see
         `kv_bytes_per_slot`); max_queue: requests that may wait for a slot, beyond which calls
@@ -54,14 +54,17 @@ class Pipeline:
         hugepages: put the sessions' memory on 2 MiB pages after loading (CPU; faster steps for
         more load time, docs/benchmarks.md §1: on for services, which embed this class; `specrt
         generate` turns it off). cost_cache: start adaptive k from this bundle's call-cost probe
-        kept on disk for this machine (runtime/cost_cache.py)."""
+        kept on disk for this machine (runtime/cost_cache.py). parts: models already built
+        (runtime/loader.py `Parts`: tests drive fake backends this way); then nothing is loaded
+        from `folder` and the loading options do not apply."""
         if draft is not None and draft not in DRAFTS:
             raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
         # None loads the bundle's draft model if it has one, and then drafts with it
-        self.parts = p = load_parts(folder, draft=draft or "model", device=device, threads=threads,
-                                    global_pool=global_pool, hugepages=hugepages, max_batch=max_batch)
+        self.parts = p = parts if parts is not None else load_parts(
+            folder, draft=draft or "model", device=device, threads=threads, global_pool=global_pool,
+            hugepages=hugepages, max_batch=max_batch)
         draft = draft or ("model" if p.draft is not None else "none")
         self._check_draft(draft)
         self.folder, self.manifest, self.tokenizer = p.folder, p.manifest, p.tokenizer
