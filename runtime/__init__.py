@@ -10,7 +10,7 @@ Any number of threads may call `generate` / `stream` on one pipeline (asyncio: `
 
 from .decoder import NonFiniteLogits
 from .engine import EngineBusy, EngineClosed, Stats
-from .kv import ContextOverflow
+from .kvpool import ContextOverflow
 from .manifest import BundleError, Manifest, load_manifest
 from .pipeline import Pipeline, Result, load
 from .sampling import InvalidSampling, SamplingConfig

@@ -1,10 +1,17 @@
-"""One model = backend session + KV length pointer. `forward` is the only way tokens go in."""
+"""One sequence through one backend, outside the engine (export validation, graph tests, tools):
+backend session + the KV length pointer of a one-slot pool. `forward` is the only way tokens go in.
+
+The backend binds each layer's buffer as both past input and present output, so a call of T
+tokens writes rows [length, length + T) in place; a rewind only moves `length` back (the next
+call's shorter attention_mask hides the stale rows).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .kv import KVCache
+from .kvpool import KVPool
+from .manifest import KVLayout
 
 
 class NonFiniteLogits(RuntimeError):
@@ -17,7 +24,8 @@ class Decoder:
         (row p = position p; rows past `length` are stale), for an EAGLE draft to read."""
         self.backend = backend
         self.name = name
-        self.kv = KVCache(backend.max_seq_len)
+        self.kv = KVPool(KVLayout(max_seq_len=backend.max_seq_len), 1, allocate=False)  # bookkeeping only
+        self._track = self.kv.track(name)
         self.max_t = backend.max_t  # widest verification call (the manifest's contract)
         self.max_prefill_t = backend.max_prefill_t  # widest call at all (prompt chunks)
         self.vocab = backend.vocab
@@ -30,7 +38,7 @@ class Decoder:
 
     @property
     def length(self) -> int:
-        return self.kv.length
+        return self.kv.length(self._track, 0)
 
     def forward(self, tokens, hidden=None, keep: int | None = None) -> np.ndarray:
         """tokens [T] (T <= max_prefill_t) -> logits [T, V] for each of them; the cache advances by T.
@@ -45,14 +53,14 @@ class Decoder:
         T = len(tokens)
         if not 0 < T <= self.max_prefill_t:
             raise ValueError(f"{self.name}: a call takes 1..{self.max_prefill_t} tokens, got {T}")
-        pos = self.kv.reserve(T)
+        pos = self.kv.reserve(self._track, 0, T)
         if hidden is not None and np.shape(hidden) != (T, self.backend.hidden_size):
             raise ValueError(f"{self.name}: hidden must be [{T}, {self.backend.hidden_size}], got {np.shape(hidden)}")
         # hidden=None on a feature-taking graph reuses the backend's buffer (cost probes only)
         logits = self.backend.run(tokens, pos, hidden, keep)
         if self.features is not None:
             self.features[pos : pos + T] = self.backend.hidden
-        self.kv.advance(T)
+        self.kv.advance(self._track, 0, T)
         return logits
 
     @property
@@ -65,14 +73,14 @@ class Decoder:
         logits [V]. Only that row goes through the LM head (a fifth of a token's FLOPs for the default target)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         chunk = min(chunk or self.max_prefill_t, self.max_prefill_t)
-        self.kv.reserve(len(tokens))
+        self.kv.reserve(self._track, 0, len(tokens))
         logits = None
         for s in range(0, len(tokens), chunk):
             logits = self.forward(tokens[s : s + chunk], keep=1)
         return logits[-1]
 
     def rewind(self, pos: int) -> None:
-        self.kv.rewind(pos)
+        self.kv.rewind(self._track, 0, pos)
 
     def reset(self) -> None:
-        self.kv.rewind(0)
+        self.rewind(0)

@@ -10,6 +10,7 @@ committed tokens are the target's (it adopts them), and it writes only at or pas
 length, which the next verification call overwrites before reading (GQA writes, then
 attends). This object is the one place that knows which model may write where:
 
+  * `reserve` / `advance(track, slot, n)`: check that n more rows fit, then commit them;
   * `adopt(track, slot, n, source)`: take `source`'s rows [0, n) (a pointer move, no copy);
   * `rewind(track, slot, pos)`: keep rows [0, pos); moving forward is refused (stale rows);
   * `spare_row(slot)`: a row no track needs, where a call that covers the slot without serving
@@ -20,8 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kv import ContextOverflow
 from .manifest import KVLayout
+
+
+class ContextOverflow(ValueError):
+    """A call would write past the KV buffers' capacity (S_max)."""
 
 
 class KVPool:

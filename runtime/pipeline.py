@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
 from .engine import Engine, Request, Scheduler, Stats
-from .kv import ContextOverflow
+from .kvpool import ContextOverflow
 from .loader import DRAFTS, Parts, load_parts
 from .manifest import BundleError
 from .policies import PolicyStore

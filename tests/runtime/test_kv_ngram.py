@@ -2,25 +2,12 @@ import numpy as np
 import pytest
 
 from specrt.runtime.drafters import NgramDrafter, Proposal
-from specrt.runtime.kv import ContextOverflow, KVCache
-from specrt.runtime.kvpool import KVPool
+from specrt.runtime.kvpool import ContextOverflow, KVPool
 from specrt.runtime.manifest import KVLayout
 
 
-def test_kv_pointer():
-    kv = KVCache(10)
-    assert kv.reserve(4) == 0
-    kv.advance(4)
-    kv.rewind(2)
-    assert kv.length == 2 and kv.room() == 8
-    with pytest.raises(ValueError):
-        kv.rewind(3)  # forward "rewind" would expose stale rows
-    with pytest.raises(ContextOverflow, match="max_seq_len 10"):
-        kv.advance(9)
-
-
 def test_kv_pool_tracks_per_slot():
-    """The pool's pointers: one length per track and slot, the same rules as KVCache, plus
+    """The pool's pointers: one length per track and slot, plus
     adopting another track's rows and the spare row of a slot."""
     pool = KVPool(KVLayout(layers=1, kv_heads=1, head_dim=2, max_seq_len=10, dtype="float32"), 3, allocate=False)
     t, d = pool.track("target"), pool.track("draft")
