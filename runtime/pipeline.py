@@ -278,6 +278,13 @@ class Pipeline:
     def counters(self) -> dict:
         return self.engine.counters()
 
+    def forget_learned(self) -> None:
+        """Start adaptive k again from its priors: drop the acceptance and calibration earlier
+        requests taught, and the scheduler's kept no-drafting plan (the call-cost probe stays).
+        Call it while no request runs (tests, or a service switching to a different workload)."""
+        self.store.forget()
+        self.scheduler.forget_plan()
+
     @property
     def kv_bytes_per_slot(self) -> int:
         return self.parts.kv_bytes_per_slot

@@ -17,6 +17,10 @@ class PolicyStore:
         self._costs: Costs | None = None
         self._learned: dict[tuple[str, bool], tuple[AcceptanceModel, Calibration]] = {}
 
+    def forget(self) -> None:
+        """Drop the learned acceptance and calibration (the next request starts from priors)."""
+        self._learned.clear()
+
     def costs(self) -> Costs:
         """The cached probe, else measured now on a free slot (engine thread, or before any
         request runs) and cached."""

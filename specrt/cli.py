@@ -60,14 +60,18 @@ def export(target, draft, k, out, config_path, max_seq_len, max_draft_tokens, pr
     if not target:
         _fail("no --target given and the config names none")
     name = cfg.get("name", "default")
-    ex = cfg.get("export", {})
+    ex, dr = cfg.get("export", {}), cfg.get("draft", {})
+
+    def flag_or(flag, value):  # a flag given on the command line wins, 0 included (it is then refused)
+        return flag if flag is not None else value
+
     kwargs = dict(
-        draft=draft or _config_relative(cfg.get("draft", {}).get("source", "self-int8"), cfg_file),
-        k=k or cfg.get("draft", {}).get("k"),
-        max_seq_len=max_seq_len or ex.get("max_seq_len", 2048),
-        max_draft_tokens=max_draft_tokens or ex.get("max_draft_tokens", 16),
-        precision=precision or ex.get("precision", "fp32"),
-        lowering=lowering or ex.get("lowering", "ort"),
+        draft=flag_or(draft, _config_relative(dr.get("source", "self-int8"), cfg_file)),
+        k=flag_or(k, dr.get("k")),
+        max_seq_len=flag_or(max_seq_len, ex.get("max_seq_len", 2048)),
+        max_draft_tokens=flag_or(max_draft_tokens, ex.get("max_draft_tokens", 16)),
+        precision=flag_or(precision, ex.get("precision", "fp32")),
+        lowering=flag_or(lowering, ex.get("lowering", "ort")),
         trt=trt,
     )
     out = out or f"engines/{name}"

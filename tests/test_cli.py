@@ -139,3 +139,47 @@ def test_a_bundle_without_a_draft_loads_by_default(tiny_bundles):
         specrt.load(tiny_bundles["none"], draft="model")
     r = run("generate", "--engines", str(tiny_bundles["none"]), "--raw", "--max-new-tokens", "3", "w5")
     assert r.returncode == 0, r.stderr
+
+
+def _pair_config(tmp_path, **export):
+    """A model-pair TOML like configs/default.toml whose target does not exist (a flag must name it)."""
+    lines = ['name = "from-config"', "[target]", f'source = "{tmp_path / "no-such-model"}"',
+             "[draft]", 'source = "self-int4"', "k = 3", "[export]"]
+    lines += [f'{key} = "{value}"' if isinstance(value, str) else f"{key} = {value}" for key, value in export.items()]
+    cfg = tmp_path / "pair.toml"
+    cfg.write_text("\n".join(lines) + "\n")
+    return cfg
+
+
+def test_export_flags_win_over_the_config(tiny_dirs, tmp_path):
+    """`specrt export --config`: every flag given overrides the config's value; what no flag
+    names comes from the config."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+    from specrt.runtime.manifest import load_manifest
+
+    cfg = _pair_config(tmp_path, max_seq_len=96, max_draft_tokens=8, precision="fp32", lowering="ort")
+    out = tmp_path / "b"
+    res = CliRunner().invoke(main, ["export", "--config", str(cfg), "--target", str(tiny_dirs["target"]),
+                                    "--draft", "self-int8", "--k", "2", "--max-draft-tokens", "4", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    man = load_manifest(out)
+    assert man.draft.recipe == "self-int8" and man.draft.default_k == 2  # flags (the config: self-int4, k 3)
+    assert man.target.max_tokens_per_call == 5  # --max-draft-tokens 4 (the config: 8)
+    assert man.target.kv.max_seq_len == 96 and man.target.precision == "fp32"  # no flag: the config's
+
+
+@pytest.mark.parametrize("flag,msg", [(["--k", "0"], "k must be between 1"),
+                                      (["--max-draft-tokens", "0"], "max_draft_tokens >= 1")])
+def test_export_flag_of_zero_is_not_replaced_by_the_config(tiny_dirs, tmp_path, flag, msg):
+    """A flag's 0 is the user's value, refused with its reason, never silently the config's."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    cfg = _pair_config(tmp_path, max_seq_len=96, max_draft_tokens=8)
+    res = CliRunner().invoke(main, ["export", "--config", str(cfg), "--target", str(tiny_dirs["target"]), *flag,
+                                    "--out", str(tmp_path / "b")])
+    assert res.exit_code == 2 and msg in res.output, res.output
+    assert not (tmp_path / "b").exists()

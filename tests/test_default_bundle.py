@@ -19,7 +19,8 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def pipe(default_bundle):
-    return specrt.load(default_bundle)
+    with specrt.load(default_bundle) as p:
+        yield p
 
 
 def test_export_parity_recorded(default_bundle):
@@ -34,15 +35,17 @@ def test_export_parity_recorded(default_bundle):
 
 
 def _margins(pipe, prompt_ids, tokens):
-    """Target top-1 minus top-2 logit at each generated position (teacher-forced)."""
-    dec = pipe.target
-    dec.reset()
+    """Target top-1 minus top-2 logit at each generated position (teacher-forced, on a session
+    of its own: the pipeline's models belong to its engine)."""
+    from specrt.runtime.backends.ort import OrtBackend
+    from specrt.runtime.decoder import Decoder
+
+    dec = Decoder(OrtBackend(pipe.folder / pipe.manifest.target.graph, pipe.manifest.target))
     rows = []
     row = dec.prefill(prompt_ids)
     rows.append(row.copy())
     for t in tokens[:-1]:
         rows.append(dec.forward([t])[0].copy())
-    dec.reset()
     top2 = np.sort(np.stack(rows), axis=-1)[:, -2:]
     return top2[:, 1] - top2[:, 0]
 

@@ -80,9 +80,13 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.counters = Counters(target.max_t - 1)
+        self.forget_plan()
+
+    def forget_plan(self) -> None:
         self._idle_plan = [0, 0]  # [rows, steps left]: the last plan for this many rows drafted nothing
 
     # --- 1-2: retire, admit ------------------------------------------------------------------
+
     def _retire(self, r: Request, reason: str | None = None, error: Exception | None = None) -> None:
         if reason and not r.stats.stop_reason:
             r.stats.stop_reason = reason

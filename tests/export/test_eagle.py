@@ -46,7 +46,11 @@ def test_fp32_graph_equals_torch_head(target, head_file, tiny_bundles, tmp_path)
     prompt = probe_tokens(arch.vocab, 12)
     toks, _ = reference_greedy(target, prompt, 20)  # 32 rows: more than one draft call of 9
     res = check_eagle(ddec, tdec, target, hw, prompt, toks)
-    assert res["max_abs"] < 1e-4 and res["argmax_match_torch"] == 1.0, res
+    assert res["max_abs"] < 1e-4 and res["argmax_match_torch"] == 1.0 and res["passed"], res
+    # the same graph judged as an int4 one (argmax floor) passes; a fp32 graph that far off fails
+    assert check_eagle(ddec, tdec, target, hw, prompt, toks, quantized=True)["passed"]
+    off = {k: v * 1.5 if k == "norm.weight" else v for k, v in hw.items()}
+    assert not check_eagle(ddec, tdec, target, off, prompt, toks)["passed"]
     assert res["positions"] == 20
 
 
@@ -78,6 +82,7 @@ def test_eagle_bundle_manifest(tiny_bundles):
     assert man.draft.io.hidden_in == "hidden_states" and man.draft.io.hidden_out == "next_hidden_states"
     assert man.target.io.hidden_out == "hidden_states" and man.target.io.hidden_in == ""
     assert set(man.draft.parity) >= {"max_abs", "argmax_match_torch", "greedy_agreement_with_target"}
+    assert man.draft.parity["passed"]
     assert man.draft.source["kind"] == "eagle-head" and len(man.draft.source["sha256"]) == 64
     # bundles without an EAGLE draft keep the plain contract
     assert load_manifest(tiny_bundles["int4"]).target.io.hidden_out == ""

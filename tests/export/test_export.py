@@ -20,11 +20,20 @@ def test_bundle_layout_and_manifest_roundtrip(tiny_bundles):
     assert man.draft.default_k == export_api.RECOMMENDED_K["self-int4"]
     assert man.target.max_tokens_per_call == 9
     assert man.target.parity["passed"] and man.target.parity["greedy_match"] == man.target.parity["greedy_steps"]
-    assert 0 <= man.draft.parity["greedy_agreement_with_target"] <= 1
     assert man.tokenizer.eos_token_ids == [2] and man.tokenizer.chat_template
     raw = json.loads((folder / "specrt.json").read_text())
     assert manifest_from_dict(raw) == man
     assert not list(folder.parent.glob(".*tmp-*")), "staging folders left behind"
+
+
+def test_draft_agreement_with_the_target_orders_the_drafts(tiny_bundles):
+    """greedy_agreement_with_target (the draft's teacher-forced argmax agreement with the
+    target's greedy tokens): a draft that is the target in the same precision agrees at every
+    step; int8 keeps more of it than int4; an unrelated random model the least."""
+    a = {name: load_manifest(tiny_bundles[name]).draft.parity["greedy_agreement_with_target"]
+         for name in ("good", "int8", "int4", "bad")}
+    assert a["good"] == 1.0
+    assert a["bad"] < a["int4"] < a["int8"] <= a["good"], a
 
 
 def test_standard_lowering_bundle(tiny_dirs, tmp_path):
@@ -143,6 +152,28 @@ def test_parity_failure_refuses_bundle(tiny_dirs, tmp_path, monkeypatch):
         export_bundle(str(tiny_dirs["target"]), tmp_path / "b", draft="none", **KW)
     assert not (tmp_path / "b").exists()
 
+
+
+def test_one_parity_gate_refuses_a_broken_draft(tiny_dirs, tmp_path, monkeypatch):
+    """A separate draft is held to the target's tolerance: a draft graph that differs from its
+    transformers model fails the same gate the target goes through, and nothing is written. A
+    self-draft differs by design (it is quantized) and passes with its agreement recorded."""
+    import numpy as np
+
+    from specrt.export import graph as graph_mod
+
+    real, built = graph_mod.build_graph, []
+
+    def draft_broken(arch, w, opts):
+        built.append(opts)
+        if len(built) == 2:  # the draft's graph (the target's is the first)
+            w = dict(w, **{"model.norm.weight": w["model.norm.weight"] * np.float32(1.5)})
+        return real(arch, w, opts)
+
+    monkeypatch.setattr(export_api, "build_graph", draft_broken)
+    with pytest.raises(ParityError, match="draft graph failed parity"):
+        export_bundle(str(tiny_dirs["target"]), tmp_path / "b", draft=str(tiny_dirs["bad_draft"]), **KW)
+    assert len(built) == 2 and not (tmp_path / "b").exists()
 
 
 def test_weight_files_honour_the_umask(tiny_bundles):

@@ -8,6 +8,7 @@ import specrt
 from specrt.runtime.backends.ort import OrtBackend, OrtModel
 from specrt.runtime.decoder import Decoder
 from specrt.runtime.drafters import AutoDrafter, DraftCall, EagleDrafter, Proposal
+from specrt.runtime.drafters.eagle import pair_calls
 from specrt.runtime.engine.request import DECODE, PREFILL
 from specrt.runtime.kvpool import KVPool
 from specrt.runtime.manifest import load_manifest
@@ -34,9 +35,8 @@ def scratch_proposal(fresh, seq, k):
     target.prefill(seq[:-1])  # features of positions 0 .. n-2
     feats = target.features[: len(seq) - 1].copy()
     draft.reset()
-    for s in range(0, len(seq) - 1, draft.max_t):
-        e = min(s + draft.max_t, len(seq) - 1)
-        logits = draft.forward(seq[s + 1 : e + 1], feats[s:e])
+    for call in pair_calls(seq, feats, 0, len(seq) - 1, draft.max_t):
+        logits = draft.forward(call.tokens, call.hidden)
     out = []
     for _ in range(k):
         out.append(int(logits[-1].argmax()))
@@ -156,3 +156,14 @@ def test_needs_features_from_the_target(eagle, tiny_bundles):
     draft = fresh[1]
     with pytest.raises(ValueError, match="hidden must be"):
         draft.forward([5, 6], np.zeros((1, draft.backend.hidden_size), np.float32))
+
+
+def test_pair_calls_feed_each_feature_with_the_token_it_chose():
+    """Pairs (f_p, x_{p+1}) for p in [start, end), at most max_t rows a call, in order."""
+    seq = np.arange(100, 110)
+    feats = np.arange(10, dtype=np.float32)[:, None] * np.ones((1, 3), np.float32)  # row p = p
+    calls = pair_calls(seq, feats, 2, 9, 3)
+    assert [c.tokens.tolist() for c in calls] == [[103, 104, 105], [106, 107, 108], [109]]
+    assert [c.hidden[:, 0].tolist() for c in calls] == [[2, 3, 4], [5, 6, 7], [8]]
+    assert pair_calls(seq, feats, 4, 4, 3) == []
+

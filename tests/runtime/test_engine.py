@@ -55,10 +55,17 @@ def _margins(pipe, prompt, tokens):
 
 
 @pytest.fixture(scope="module")
-def int8(tiny_bundles):
+def shared_int8(tiny_bundles):
     pipe = specrt.load(tiny_bundles["int8"], max_batch=4, max_queue=32)
     yield pipe
     pipe.close()
+
+
+@pytest.fixture
+def int8(shared_int8):
+    """The module's pipeline, loaded once, with nothing learned by adaptive k in earlier tests."""
+    shared_int8.forget_learned()
+    return shared_int8
 
 
 @pytest.mark.parametrize("draft,adaptive", MODES)

@@ -240,7 +240,7 @@ def test_request_timeout_ends_with_a_clear_finish(tiny_bundles):
         r = s.client(api_key="x").completions.create(model="none", prompt="w5", max_tokens=240, temperature=0,
                                                       extra_body={"ignore_eos": True})
         assert r.choices[0].finish_reason == "timeout"
-        assert 0 < r.usage.completion_tokens < 200
+        assert 0 < r.usage.completion_tokens < 240  # ended by the timeout, not by max_tokens
         assert s.pipe.counters()["running"] == 0
     finally:
         s.stop()

@@ -19,11 +19,19 @@ PROMPTS = [[1, 5, 9, 33, 7], [1, 100, 4, 4, 4, 90, 12, 60], [1, 3]]
 
 
 @pytest.fixture(scope="module")
-def pipes(tiny_bundles):
+def shared_pipes(tiny_bundles):
     out = {name: specrt.load(path, draft="model" if name != "none" else "none") for name, path in tiny_bundles.items()}
     yield out
     for pipe in out.values():
         pipe.close()
+
+
+@pytest.fixture
+def pipes(shared_pipes):
+    """The module's pipelines, loaded once, with nothing learned by adaptive k in earlier tests."""
+    for pipe in shared_pipes.values():
+        pipe.forget_learned()
+    return shared_pipes
 
 
 def target_only(pipe, prompt, n):
@@ -144,14 +152,18 @@ def _second_token_dist(pipe, prompt, cfg):
     return total
 
 
-SAMPLING_CASES = [(d, a, SamplingConfig(1.0)) for d, a in MODES] + [
-    ("model", False, SamplingConfig(0.8, top_p=0.9)), ("auto", True, SamplingConfig(0.8, top_p=0.9)),
-    ("model", True, SamplingConfig(1.2, top_k=10)), ("ngram", False, SamplingConfig(1.2, top_k=10)),
+# Every drafter x fixed / adaptive k x sampling setting runs on the fake backend
+# (tests/runtime/test_scheduler.py); here each kind of real draft: a separate model (`bad`), the
+# self-draft on the target's pool (`int8`) and an EAGLE head, under each drafter once.
+SAMPLING_CASES = [
+    ("bad", "model", False, SamplingConfig(1.0)), ("bad", "auto", True, SamplingConfig(0.8, top_p=0.9)),
+    ("bad", "ngram", False, SamplingConfig(1.2, top_k=10)), ("bad", "model", True, SamplingConfig(1.2, top_k=10)),
+    ("int8", "model", False, SamplingConfig(1.0)), ("int8", "auto", True, SamplingConfig(0.8, top_p=0.9)),
+    ("eagle", "model", False, SamplingConfig(1.0)), ("eagle", "auto", True, SamplingConfig(0.8, top_p=0.9)),
 ]
 
 
-@pytest.mark.parametrize("bundle,draft,adaptive,cfg", [("bad", *c) for c in SAMPLING_CASES] + [
-    ("eagle", "model", False, SamplingConfig(1.0)), ("eagle", "auto", True, SamplingConfig(0.8, top_p=0.9))])
+@pytest.mark.parametrize("bundle,draft,adaptive,cfg", SAMPLING_CASES)
 def test_sampling_distribution_matches_target(pipes, bundle, draft, adaptive, cfg, monkeypatch):
     pipe = pipes[bundle]
     # tiny draft and target cost the same here; pretend drafting and verifying are nearly free
@@ -298,11 +310,12 @@ def test_auto_adaptive_learns_ngram_and_model_rounds_apart(tiny_bundles):
         assert st.drafter_rounds.get("ngram", 0) > 0
 
 
-def test_first_token_goes_out_before_the_draft_reads_the_prompt(tiny_bundles):
+def test_first_token_goes_out_before_the_draft_reads_the_prompt(tiny_bundles, monkeypatch):
     """TTFT is the target's prefill alone; the draft's prompt prefill follows the first token
     and is counted in decode time (and reported as draft_prefill_ms)."""
     with specrt.load(tiny_bundles["good"]) as pipe:
         draft = pipe.parts.draft
+        widths = _Widths(draft, monkeypatch).widths
         assert draft.pool is not pipe.parts.target.pool  # a separate model: it computes the prompt itself
         want = target_only(pipe, PROMPTS[1], 20)
         seen = []  # (new tokens so far, draft rows) at each committed chunk
@@ -311,11 +324,15 @@ def test_first_token_goes_out_before_the_draft_reads_the_prompt(tiny_bundles):
         assert got == want
         assert seen[0] == (1, 0)  # the first token went out before the draft had seen the prompt
         assert all(rows >= len(PROMPTS[1]) for _, rows in seen[1:])  # then it read it
+        # in one call, of the prompt and the first token (the widest chunk holds both), timed
+        # as the draft's prefill and counted in decode time, not in TTFT
+        assert widths[0] == len(PROMPTS[1]) + 1 and max(widths[1:]) <= 2
         assert st.draft_prefill_ms > 0 and st.prefill_ms >= st.draft_prefill_ms
-        assert st.decode_ms >= st.draft_prefill_ms  # counted in decode time, not in TTFT
+        assert st.decode_ms >= st.draft_prefill_ms
         # a request that asks for one token never runs the draft
+        widths.clear()
         _, one = run(pipe, PROMPTS[1], max_new_tokens=1, k=4)
-        assert one.draft_prefill_ms == 0 and one.rounds == 0
+        assert widths == [] and one.draft_prefill_ms == 0 and one.rounds == 0
 
 
 def _target_rows(pipe, slot, n):
@@ -383,8 +400,23 @@ def test_self_draft_is_a_track_on_the_targets_pool_and_never_writes_its_rows(tin
     assert run(pipe, PROMPTS[0], on_tokens, max_new_tokens=12, k=3, ignore_eos=True)[0] == short
     for a, b in zip(_target_rows(pipe, slot, m), rows_short, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
-    sampled, st = run(pipe, PROMPTS[1], max_new_tokens=20, k=3, temperature=0.8, seed=3)
-    assert len(sampled) >= 1 and max(widths) == 1
+    # sampling: what the same seed gives whatever the pool held before (the draft only reads the
+    # target's rows and its own), and the target's rows are its own computation of those tokens
+    sampled = []
+    for i in (10, 11):
+        _scramble(pool, slot, i)
+        widths.clear()
+        got, st = run(pipe, PROMPTS[1], on_tokens, max_new_tokens=20, k=3, temperature=0.8, seed=3, ignore_eos=True)
+        sampled.append(got)
+        assert len(got) == 20 and st.draft_tokens > 0 and widths and max(widths) == 1
+    assert sampled[0] == sampled[1]
+    m = len(PROMPTS[1]) + 20 - 1
+    fresh = OrtBackend(pipe.folder / pipe.manifest.target.graph, pipe.manifest.target)
+    fresh.run(np.array(PROMPTS[1] + sampled[0][:-1]), 0)
+    for layer, (k_rows, v_rows) in enumerate(_target_rows(pipe, slot, m)):
+        k_ref, v_ref = fresh.kv_host(layer)
+        np.testing.assert_allclose(k_rows, k_ref[0, :, :m], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(v_rows, v_ref[0, :, :m], atol=1e-5, rtol=0)
     pipe.close()
 
 
