@@ -41,7 +41,7 @@ def main():
 @click.option("--max-draft-tokens", type=int, default=None, help="widest verification is this + 1 (default 16)")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default=None)
 @click.option("--lowering", type=click.Choice(["ort", "standard"]), default=None)
-@click.option("--trt", is_flag=True, help="also build TensorRT plans for this GPU (standard lowering, extra trt)")
+@click.option("--trt/--no-trt", default=None, help="also build TensorRT plans for this GPU (standard lowering, extra trt; config: [export] trt)")
 def export(target, draft, k, out, config_path, max_seq_len, max_draft_tokens, precision, lowering, trt):
     """Export a target (+ draft) to an ONNX bundle, validated against transformers."""
     try:
@@ -72,7 +72,7 @@ def export(target, draft, k, out, config_path, max_seq_len, max_draft_tokens, pr
         max_draft_tokens=flag_or(max_draft_tokens, ex.get("max_draft_tokens", 16)),
         precision=flag_or(precision, ex.get("precision", "fp32")),
         lowering=flag_or(lowering, ex.get("lowering", "ort")),
-        trt=trt,
+        trt=bool(flag_or(trt, ex.get("trt", False))),
     )
     out = out or f"engines/{name}"
     try:

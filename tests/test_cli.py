@@ -145,7 +145,8 @@ def _pair_config(tmp_path, **export):
     """A model-pair TOML like configs/default.toml whose target does not exist (a flag must name it)."""
     lines = ['name = "from-config"', "[target]", f'source = "{tmp_path / "no-such-model"}"',
              "[draft]", 'source = "self-int4"', "k = 3", "[export]"]
-    lines += [f'{key} = "{value}"' if isinstance(value, str) else f"{key} = {value}" for key, value in export.items()]
+    lines += [f'{key} = "{value}"' if isinstance(value, str) else f"{key} = {str(value).lower() if isinstance(value, bool) else value}"
+              for key, value in export.items()]
     cfg = tmp_path / "pair.toml"
     cfg.write_text("\n".join(lines) + "\n")
     return cfg
@@ -183,3 +184,19 @@ def test_export_flag_of_zero_is_not_replaced_by_the_config(tiny_dirs, tmp_path, 
                                     "--out", str(tmp_path / "b")])
     assert res.exit_code == 2 and msg in res.output, res.output
     assert not (tmp_path / "b").exists()
+
+
+def test_export_takes_trt_from_the_config_and_no_trt_wins(tiny_dirs, tmp_path):
+    """`[export] trt = true` asks for TensorRT plans (refused here with its reason: they need the
+    standard lowering); `--no-trt` overrides the config."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    cfg = _pair_config(tmp_path, max_seq_len=96, max_draft_tokens=4, lowering="ort", trt=True)
+    args = ["export", "--config", str(cfg), "--target", str(tiny_dirs["target"]), "--draft", "none"]
+    res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a")])
+    assert res.exit_code == 2 and "TensorRT plans are built from the standard lowering" in res.output, res.output
+    res = CliRunner().invoke(main, [*args, "--no-trt", "--out", str(tmp_path / "b")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "b" / "specrt.json").is_file()
