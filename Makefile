@@ -44,6 +44,7 @@ test-unit: $(VENV)/.stamp
 
 runtime-only: export
 	$(PYTHON) -m venv .venv-runtime
+	rm -rf build  # setuptools keeps files deleted from the tree in build/lib and would ship them
 	.venv-runtime/bin/python -m pip install -q .
 	.venv-runtime/bin/python -c "import importlib.util as u, sys; bad=[m for m in ('torch','transformers','optimum') if u.find_spec(m)]; sys.exit('runtime venv has %s' % bad if bad else 0)"
 	.venv-runtime/bin/specrt generate --engines $(BUNDLE) --max-new-tokens 16 --json "Say hello." > .venv-runtime/out.json

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import gc
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from . import __version__
 from .arch import Arch, arch_from_model, numpy_weights
 from .bundle import save_graph, staging
 from .eagle import draft_arch, draft_weights, load_head
-from .graph import EAGLE_FEATURES_OUT, FEATURES_OUT, GraphOptions, build_graph, graph_io
+from .graph import EAGLE_FEATURES_OUT, FEATURES, GraphOptions, build_graph, graph_io
 from .sources import SourceError, load_source, resolve_source, sha256_file
 from .validate import (
     ParityError,
@@ -64,11 +65,11 @@ class Progress:
 class Settings:
     """What every export step reads."""
 
-    max_seq_len: int = 2048
-    max_draft_tokens: int = 16
-    precision: str = "fp32"  # the target's (and a separate draft's) graph precision
-    lowering: str = "ort"
-    greedy_steps: int = 32  # greedy tokens compared with transformers at each parity check
+    max_seq_len: int
+    max_draft_tokens: int
+    precision: str  # the target's (and a separate draft's) graph precision
+    lowering: str
+    greedy_steps: int  # greedy tokens compared with transformers at each parity check
 
     @property
     def max_t(self) -> int:  # widest call: a verification of max_draft_tokens + the target's token
@@ -79,21 +80,22 @@ class Settings:
                                "max_seq_len": self.max_seq_len, **kw})
 
 
-@dataclass
 class Source:
-    """A loaded model source: transformers model + tokenizer, and its graph-ready form."""
+    """A loaded model source: transformers model + tokenizer; its graph-ready form (`arch`,
+    NumPy `weights`) is made when a step first reads it."""
 
-    src: object  # sources.Resolved
-    model: object
-    tok: object
-    arch: Arch
-    weights: dict
+    def __init__(self, ref: str, max_seq_len: int):
+        self.src = resolve_source(ref)
+        self.model, self.tok = load_source(self.src)
+        self.max_seq_len = max_seq_len
 
-    @classmethod
-    def load(cls, ref: str, max_seq_len: int) -> Source:
-        src = resolve_source(ref)
-        model, tok = load_source(src)
-        return cls(src, model, tok, arch_from_model(model, max_seq_len), numpy_weights(model))
+    @functools.cached_property
+    def arch(self) -> Arch:
+        return arch_from_model(self.model, self.max_seq_len)
+
+    @functools.cached_property
+    def weights(self) -> dict:
+        return numpy_weights(self.model)
 
 
 def export_bundle(
@@ -125,7 +127,7 @@ def export_bundle(
     step = Progress(4 + (kind != "none") + (kind == "model") + trt, echo)
 
     step(f"loading target {target}")
-    tgt = Source.load(target, max_seq_len)
+    tgt = Source(target, max_seq_len)
     head = head_w = None
     if kind == "eagle":  # read before any graph is built: a wrong head file fails fast
         head = draft[len("eagle:"):]
@@ -133,13 +135,13 @@ def export_bundle(
     separate = None
     if kind == "model":
         step(f"loading draft {draft}")
-        separate = Source.load(draft, max_seq_len)
+        separate = Source(draft, max_seq_len)
         check_same_vocabulary(tgt.tok, separate.tok, tgt.model.config, separate.model.config)
 
     with staging(out) as tmp:
         step(f"building target graph ({lowering}, {precision})")
         t_entry, target_dec = target_entry(tmp, tgt, cfg, features=kind == "eagle")
-        require_parity(t_entry, "target graph")
+        require_parity(t_entry, "target")
 
         d_entry = None
         if kind != "none":
@@ -151,7 +153,7 @@ def export_bundle(
                 d_entry = eagle_entry(tmp, tgt, target_dec, head, head_w, cfg, probe)
             else:
                 d_entry = model_draft_entry(tmp, separate, cfg, probe)
-            require_parity(d_entry, "draft graph")
+            require_parity(d_entry, kind)
             d_entry.default_k = k or RECOMMENDED_K.get(draft, 0)
         del target_dec
 
@@ -191,11 +193,20 @@ def _check_settings(cfg: Settings, kind: str, draft: str, k: int | None, trt: bo
                          "pass --draft none or a separate draft model with --lowering standard")
 
 
-def require_parity(entry: ModelEntry, what: str) -> ModelEntry:
-    """The one parity gate: an entry whose export-time numbers did not pass never gets written."""
+# what each entry's parity compares against, for the gate's message
+REFERENCE = {
+    "target": "target graph failed parity with transformers",
+    "model": "draft graph failed parity with transformers",
+    "eagle": "EAGLE draft failed parity (target feature output vs transformers, draft graph vs its torch module)",
+    "self": "self-draft graph failed its check",  # never: quantized drafts have no logit tolerance
+}
+
+
+def require_parity(entry: ModelEntry, kind: str) -> None:
+    """The one parity gate: an entry whose export-time numbers did not pass never gets written.
+    kind: "target", or the draft's kind."""
     if not entry.parity.get("passed"):
-        raise ParityError(f"{what} failed parity with its reference: {entry.parity}")
-    return entry
+        raise ParityError(f"{REFERENCE[kind]}: {entry.parity}")
 
 
 @dataclass
@@ -216,7 +227,7 @@ def target_entry(tmp: Path, tgt: Source, cfg: Settings, features: bool) -> tuple
     """The target -> its graph, its entry with parity numbers against transformers, and a decoder
     over it (the EAGLE check reads its features). features: also output the final-norm hidden
     states (an EAGLE draft reads them)."""
-    opts = cfg.graph(hidden_out=FEATURES_OUT if features else "")
+    opts = cfg.graph(hidden_out=FEATURES if features else "")
     entry = _write_model(tmp, "target", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), "export")
     dec = _decoder(tmp, entry, keep_hidden=features)
     entry.parity = check_decoder(dec, tgt.model, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,

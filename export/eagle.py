@@ -5,7 +5,7 @@ At sequence position p the head gets the pair (f_p, x_{p+1}): f_p = the target's
 hidden state at p (what its LM head turns into the logits that chose x_{p+1}) and the token
 x_{p+1}. It predicts f_{p+1}; the target's (tied) LM head turns the prediction into draft logits
 for x_{p+2}. Drafting further feeds the head its own predicted features. One layer of the
-target's width costs ~1/30 of a SmolLM2-135M step, so the draft is cheap; its accuracy comes
+target's width is a small fraction of a whole target step, so the draft is cheap; its accuracy comes
 from self-distillation on the target's own outputs (`tools/train_eagle.py`).
 
 A head file is safetensors: `fc.weight` [H, 2H], `fc.bias` [H], `layer.*` (the HF decoder-layer

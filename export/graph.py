@@ -35,8 +35,7 @@ from . import quantize
 from .arch import Arch
 
 OPSET = {"ort": 21, "standard": 24}
-EAGLE_INPUT = "hidden_states"  # target features fed to an EAGLE draft
-FEATURES_OUT = "hidden_states"  # the target's final-norm hidden states, when an EAGLE draft reads them
+FEATURES = "hidden_states"  # the target's final-norm hidden states: its output and an EAGLE draft's input
 EAGLE_FEATURES_OUT = "next_hidden_states"  # an EAGLE draft's predicted features (its next step's input)
 LOGITS_KEEP = "num_logits_to_keep"  # ort lowering: int64 [1], an input with a default (all positions)
 KEEP_ALL = 1 << 30  # the default: Slice clamps -KEEP_ALL to the first position
@@ -91,7 +90,7 @@ class _G:
 def graph_io(opts: GraphOptions) -> IONames:
     """The IO names a graph built with `opts` has: IONames' fixed names (the manifest's one home
     for them) plus the optional inputs and outputs `opts` asks for."""
-    return IONames(hidden_out=opts.hidden_out, hidden_in=EAGLE_INPUT if opts.eagle else "",
+    return IONames(hidden_out=opts.hidden_out, hidden_in=FEATURES if opts.eagle else "",
                    logits_to_keep=LOGITS_KEEP if opts.lowering == "ort" else "")
 
 

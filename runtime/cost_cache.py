@@ -1,7 +1,7 @@
 """Call-cost probes kept on disk, per bundle and machine.
 
 Adaptive k starts from a probe of the target's call time per width and the draft's step
-(`adaptive.measure_costs`, ~2 s for the default pair on 2 cores) and then follows the measured
+(`adaptive.measure_costs`, seconds for the default pair on 2 cores) and then follows the measured
 rounds online (`Costs.observe` rescales the whole curve). A service probes once; a one-shot
 `specrt generate --adaptive` paid the probe on every run, longer than its generation. The probe's
 *shape* (how a wider call compares with a step, and the draft with the target) is a property of

@@ -24,7 +24,7 @@ import time
 
 HUGE = 2 << 20
 MADV_COLLAPSE = 25
-BUDGET_S = 3.0  # per session; the default pair's ~860 MB took 0.27-1.7 s in all
+BUDGET_S = 3.0  # per session: well above what the default pair takes (docs/design.md, "2 MiB pages")
 
 
 def enabled() -> bool:

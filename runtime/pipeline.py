@@ -26,7 +26,7 @@ from .policies import PolicyStore
 from .sampling import SamplingConfig
 from .textstream import TextStream
 
-DEFAULT_MAX_BATCH = 4  # KV slots allocated at load (~94 MB each for the default bundle)
+DEFAULT_MAX_BATCH = 4  # KV slots allocated at load (`kv_bytes_per_slot` each; docs/benchmarks.md §5)
 
 
 @dataclass

@@ -72,8 +72,10 @@ def export(target, draft, k, out, config_path, max_seq_len, max_draft_tokens, pr
         max_draft_tokens=flag_or(max_draft_tokens, ex.get("max_draft_tokens", 16)),
         precision=flag_or(precision, ex.get("precision", "fp32")),
         lowering=flag_or(lowering, ex.get("lowering", "ort")),
-        trt=bool(flag_or(trt, ex.get("trt", False))),
+        trt=flag_or(trt, ex.get("trt", False)),
     )
+    if not isinstance(kwargs["trt"], bool):
+        _fail(f"{cfg_file}: [export] trt must be true or false, got {kwargs['trt']!r}")
     out = out or f"engines/{name}"
     try:
         export_bundle(target, out, echo=lambda m: click.echo(m, err=True), **kwargs)

@@ -200,3 +200,16 @@ def test_export_takes_trt_from_the_config_and_no_trt_wins(tiny_dirs, tmp_path):
     res = CliRunner().invoke(main, [*args, "--no-trt", "--out", str(tmp_path / "b")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "b" / "specrt.json").is_file()
+
+
+def test_export_trt_in_the_config_must_be_a_boolean(tiny_dirs, tmp_path):
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+
+    cfg = _pair_config(tmp_path, max_seq_len=96, trt="false")  # a string, not TOML's false
+    res = CliRunner().invoke(main, ["export", "--config", str(cfg), "--target", str(tiny_dirs["target"]),
+                                    "--out", str(tmp_path / "b")])
+    assert res.exit_code == 2 and "trt must be true or false, got 'false'" in res.output, res.output
+    assert "Traceback" not in res.output and not (tmp_path / "b").exists()
+

@@ -72,8 +72,9 @@ def _merge(cfg: dict, extra: dict) -> None:
 
 def bundle_overlay(man: Manifest, max_draft_tokens: int | None, ngram_size: int = 0) -> dict:
     """What the bench adds to the bundle's own genai_config.json: our thread count (genai's
-    default picked fewer threads than cores on this container, a much slower step) and, for a speculative arm, the draft (the bundle's genai_speculative.json
-    with this k) or prompt lookup."""
+    default picked fewer threads than cores on this container, a much slower step) and, for a
+    speculative arm, the draft (the bundle's genai_speculative.json with this k) or prompt
+    lookup."""
     threads = os.cpu_count() or 1
     over = {"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}
     _merge(over, _speculative(man.draft, max_draft_tokens, ngram_size, threads))

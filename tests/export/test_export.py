@@ -148,7 +148,7 @@ def test_parity_failure_refuses_bundle(tiny_dirs, tmp_path, monkeypatch):
         return real(arch, w, opts)
 
     monkeypatch.setattr(export_api, "build_graph", broken)
-    with pytest.raises(ParityError, match="parity"):
+    with pytest.raises(ParityError, match="target graph failed parity with transformers"):
         export_bundle(str(tiny_dirs["target"]), tmp_path / "b", draft="none", **KW)
     assert not (tmp_path / "b").exists()
 
@@ -171,7 +171,7 @@ def test_one_parity_gate_refuses_a_broken_draft(tiny_dirs, tmp_path, monkeypatch
         return real(arch, w, opts)
 
     monkeypatch.setattr(export_api, "build_graph", draft_broken)
-    with pytest.raises(ParityError, match="draft graph failed parity"):
+    with pytest.raises(ParityError, match="^draft graph failed parity with transformers"):
         export_bundle(str(tiny_dirs["target"]), tmp_path / "b", draft=str(tiny_dirs["bad_draft"]), **KW)
     assert len(built) == 2 and not (tmp_path / "b").exists()
 

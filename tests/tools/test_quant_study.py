@@ -21,8 +21,10 @@ def test_full_precision_agrees_everywhere_and_weights_are_restored():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     seqs = _greedy_sequences(model)
     assert quant_study.agreement(model, seqs, (None, None, None)) == [1.0, 1.0]
+    # fewer bits move more greedy choices (measured on this tiny model: int8 0.92, int4 0.67)
     q4 = quant_study.agreement(model, seqs, quant_study.RECIPES["int4"])
-    assert all(0.0 <= a <= 1.0 for a in q4)
+    q8 = quant_study.agreement(model, seqs, quant_study.RECIPES["int8"])
+    assert np.mean(q4) < np.mean(q8) < 1.0, (q4, q8)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), f"{k} not restored"
 
