@@ -267,7 +267,6 @@ class Scheduler:
         out: list = [None] * len(calls)
         ones = [i for i, (_, c) in enumerate(calls) if len(c.tokens) == 1]
         if model.batch_rows and len(ones) > 1:
-            self.counters.draft_calls += 1
             rows = self._rows_call(model, [calls[i][0] for i in ones], [calls[i][1].tokens[0] for i in ones],
                                    [calls[i][1].hidden for i in ones])
             for i, res in zip(ones, rows, strict=True):
@@ -291,7 +290,8 @@ class Scheduler:
     def _rows_call(self, model, reqs: list[Request], tokens, hidden=None) -> list:
         """One call of one token for each of `reqs` on `model`, over the smallest slot range
         that holds them; slots in the range that are not served write a filler token at their
-        spare row. -> per request (logits row, hidden row | None)."""
+        spare row. The target's calls record EAGLE features, as in `_call`.
+        -> per request (logits row, hidden row | None)."""
         pool = model.pool
         by_slot = {r.slot: i for i, r in enumerate(reqs)}
         lo, hi = min(by_slot), max(by_slot) + 1
@@ -310,12 +310,19 @@ class Scheduler:
                 if feats is not None and hidden[i] is not None:
                     feats[s - lo] = np.reshape(hidden[i], -1)
         logits = model.run_rows(lo, toks, pasts, feats)
+        record = model is self.target and self.features is not None
         res = []
         for r in reqs:
             row = r.slot - lo
+            if record:
+                self.features[r.slot, pasts[row]] = model.hidden[row]
             model.pool.advance(model.track, r.slot, 1)
             # copies: the next call on this model reuses its logits buffer
             res.append((logits[row].copy(), model.hidden[row].copy() if model.has_hidden_out else None))
+        if model is self.target:
+            self.counters.target_calls += 1
+        else:
+            self.counters.draft_calls += 1
         return res
 
     def _verify_plain(self, rows: list[Request], draft_ms: float) -> int:
@@ -326,7 +333,7 @@ class Scheduler:
                 # copies: each call reuses the model's logits buffer
                 results = [(self._target_call(r, r.seq[-1:])[-1].copy(), None) for r in rows]
             else:
-                results = self._target_rows(rows)
+                results = self._rows_call(self.target, rows, [r.seq[-1] for r in rows])
         except Exception as e:  # noqa: BLE001 - the call failed for all its rows
             for r in rows:
                 self._retire(r, "error", e)
@@ -345,14 +352,6 @@ class Scheduler:
                 pol.costs.observe(0, 0.0, verify_ms)
             tokens += self._commit(r, Proposal(np.empty(0, np.int64)), 0, nxt, draft_ms, verify_ms)
         return tokens
-
-    def _target_rows(self, rows: list[Request]) -> list:
-        res = self._rows_call(self.target, rows, [r.seq[-1] for r in rows])
-        if self.features is not None:
-            for r, (_, h) in zip(rows, res, strict=True):
-                self.features[r.slot, self.pool.length("target", r.slot) - 1] = h
-        self.counters.target_calls += 1
-        return res
 
     def _verify_one(self, r: Request, prop: Proposal, draft_ms: float, single: bool) -> int:
         draft = prop.tokens
@@ -378,7 +377,7 @@ class Scheduler:
         """Keep draft[:n_ok] + [nxt]; the target track goes back to n' - 1."""
         new = [int(t) for t in prop.tokens[:n_ok]] + [nxt]
         n_after = len(r.seq) + len(new)
-        self.pool.rewind("target", r.slot, n_after - 1)
+        self.pool.rewind(self.target.track, r.slot, n_after - 1)
         if r.drafter is not None:
             r.drafter.commit(n_after)
         r.stats.draft_ms += draft_ms

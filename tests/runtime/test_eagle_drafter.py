@@ -167,3 +167,32 @@ def test_pair_calls_feed_each_feature_with_the_token_it_chose():
     assert [c.hidden[:, 0].tolist() for c in calls] == [[2, 3, 4], [5, 6, 7], [8]]
     assert pair_calls(seq, feats, 4, 4, 3) == []
 
+
+
+def test_batched_target_rows_record_each_rows_features(eagle):
+    """Rows that do not draft go through one batched target call (ragged positions); the
+    features it records in each row's slot equal the target's own features of that sequence,
+    as a single-sequence call records them: an EAGLE round after plain steps reads these."""
+    from collections import deque
+
+    pipe, (target, _) = eagle
+    sched = pipe.scheduler
+    reqs = [pipe.request(p, max_new_tokens=12, draft="none", ignore_eos=True) for p in ([1, 5, 9], [1, 3], [1, 7, 22, 40, 9, 13, 5, 60])]
+    for r in reqs:
+        r.sink = lambda kind, value: None
+    waiting, checked = deque(reqs), 0
+    calls0, rows0 = sched.counters.target_calls, sched.counters.rows
+    while waiting or sched.running:
+        sched.step(lambda: waiting.popleft() if waiting else None)
+        for r in sched.running:
+            if r.state != DECODE or len(r.seq) < len(r.prompt) + 2:
+                continue
+            n = len(r.seq)
+            target.reset()
+            target.prefill(r.seq[:-1])
+            np.testing.assert_allclose(pipe.parts.features[r.slot, : n - 1], target.features[: n - 1], atol=1e-4)
+            checked += 1
+    target.reset()
+    assert checked > 10 and all(len(r.seq) == len(r.prompt) + 12 for r in reqs)
+    # decode rows were batched: fewer target calls than rows (3 prefills + one call per step)
+    assert sched.counters.target_calls - calls0 < 3 + (sched.counters.rows - rows0)
