@@ -156,5 +156,39 @@ def assert_same_greedy(got: list[int], want: list[int], margins=None, tie: float
     return None
 
 
+def run_request(pipe, prompt, on_tokens=None, *, wait_s: float = 120, **kw):
+    """One request through the pipeline's engine; on_tokens(request) runs on the engine thread
+    at each committed chunk, while the request's slot and KV tracks are live.
+    -> (tokens, Stats); a request that ends with an error raises it, and so does a failing hook.
+    wait_s: the longest wait for the next event."""
+    import queue
+
+    r = pipe.request(prompt, **kw)
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    failed: list[Exception] = []  # a hook's failure, re-raised here (the engine would cancel the request)
+
+    def sink(kind, value):
+        if kind == "tokens" and on_tokens is not None and not failed:
+            try:
+                on_tokens(r)
+            except Exception as e:  # noqa: BLE001
+                failed.append(e)
+        events.put((kind, value))
+
+    r.sink = sink
+    pipe.engine.submit(r)
+    out = []
+    while True:
+        kind, value = events.get(timeout=wait_s)
+        if kind == "tokens":
+            out += value
+        elif kind == "error":
+            raise value
+        elif failed:
+            raise failed[0]
+        else:
+            return out, value
+
+
 def rng(seed=0):
     return np.random.default_rng(seed)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from conftest import run_request as _run_request
 from specrt.runtime.kvpool import KVPool
 from specrt.runtime.loader import Parts
 from specrt.runtime.manifest import KVLayout, Manifest, ModelEntry, TokenizerInfo
@@ -214,36 +215,8 @@ def fake_pipeline(folder: Path, *, costs=None, plan_batches: bool = True, **kw):
 
 
 def run_request(pipe, prompt, on_tokens=None, **kw):
-    """One request through the pipeline's engine; on_tokens(request) runs on the engine thread
-    at each committed chunk, while the request's slot and KV tracks are live.
-    -> (tokens, Stats); a request that ends with an error raises it."""
-    import queue
-
-    r = pipe.request(prompt, **kw)
-    events: queue.SimpleQueue = queue.SimpleQueue()
-    failed: list[Exception] = []  # a hook's failure, re-raised here (the engine would cancel the request)
-
-    def sink(kind, value):
-        if kind == "tokens" and on_tokens is not None and not failed:
-            try:
-                on_tokens(r)
-            except Exception as e:  # noqa: BLE001
-                failed.append(e)
-        events.put((kind, value))
-
-    r.sink = sink
-    pipe.engine.submit(r)
-    out = []
-    while True:
-        kind, value = events.get(timeout=30)
-        if kind == "tokens":
-            out += value
-        elif kind == "error":
-            raise value
-        elif failed:
-            raise failed[0]
-        else:
-            return out, value
+    """conftest.run_request with the fake's bound: its requests take milliseconds."""
+    return _run_request(pipe, prompt, on_tokens, wait_s=30, **kw)
 
 
 def drive(pipe, requests) -> list[list[int]]:

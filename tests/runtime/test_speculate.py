@@ -1,12 +1,11 @@
 """End to end on tiny exported models: speculation is lossless."""
 
-import queue
-
 import numpy as np
 import pytest
 from scipy import stats as sps
 
 import specrt
+from conftest import run_request
 from specrt.runtime.adaptive import Costs
 from specrt.runtime.backends.ort import OrtBackend, OrtModel
 from specrt.runtime.decoder import Decoder
@@ -36,30 +35,6 @@ def pipes(shared_pipes):
 
 def target_only(pipe, prompt, n):
     return [t for c in pipe.stream_ids(prompt, max_new_tokens=n, draft="none", k=0) for t in c]
-
-
-def run(pipe, prompt, on_tokens=None, **kw):
-    """One request through the engine; on_tokens(request) runs on the engine thread at each
-    committed chunk, while the request's slot and KV tracks are live. -> (tokens, Stats)"""
-    r = pipe.request(prompt, **kw)
-    events = queue.SimpleQueue()
-
-    def sink(kind, value):
-        if kind == "tokens" and on_tokens is not None:
-            on_tokens(r)
-        events.put((kind, value))
-
-    r.sink = sink
-    pipe.engine.submit(r)
-    out = []
-    while True:
-        kind, value = events.get(timeout=120)
-        if kind == "tokens":
-            out += value
-        elif kind == "error":
-            raise value
-        else:
-            return out, value
 
 
 # every drafter mode, fixed k and adaptive k (with confidence early stop)
@@ -284,7 +259,7 @@ def test_prompt_chunks_wider_than_a_verification_call(pipes, tiny_bundles, monke
     real_pool = target.run
     monkeypatch.setattr(target, "run", lambda slot, t, p, h=None, keep=None:
                         (calls.append((len(t), keep)), real_pool(slot, t, p, h, keep))[1])
-    out, st = run(pipe, [int(t) for t in ids], max_new_tokens=1, draft="none")
+    out, st = run_request(pipe, [int(t) for t in ids], max_new_tokens=1, draft="none")
     assert calls == [(40, 1)] and out == [int(got.argmax())] and st.prompt_tokens == 40
 
 
@@ -319,7 +294,7 @@ def test_first_token_goes_out_before_the_draft_reads_the_prompt(tiny_bundles, mo
         assert draft.pool is not pipe.parts.target.pool  # a separate model: it computes the prompt itself
         want = target_only(pipe, PROMPTS[1], 20)
         seen = []  # (new tokens so far, draft rows) at each committed chunk
-        got, st = run(pipe, PROMPTS[1], max_new_tokens=20, k=4,
+        got, st = run_request(pipe, PROMPTS[1], max_new_tokens=20, k=4,
                       on_tokens=lambda r: seen.append((r.produced, draft.pool.length(draft.track, r.slot))))
         assert got == want
         assert seen[0] == (1, 0)  # the first token went out before the draft had seen the prompt
@@ -331,7 +306,7 @@ def test_first_token_goes_out_before_the_draft_reads_the_prompt(tiny_bundles, mo
         assert st.decode_ms >= st.draft_prefill_ms
         # a request that asks for one token never runs the draft
         widths.clear()
-        _, one = run(pipe, PROMPTS[1], max_new_tokens=1, k=4)
+        _, one = run_request(pipe, PROMPTS[1], max_new_tokens=1, k=4)
         assert widths == [] and one.draft_prefill_ms == 0 and one.rounds == 0
 
 
@@ -376,7 +351,7 @@ def test_self_draft_is_a_track_on_the_targets_pool_and_never_writes_its_rows(tin
     widths = _Widths(p.draft, monkeypatch).widths
     slots = []
     on_tokens = lambda r: slots.append(r.slot)  # noqa: E731
-    want, _ = run(pipe, PROMPTS[1], on_tokens, max_new_tokens=30, draft="none", ignore_eos=True)
+    want, _ = run_request(pipe, PROMPTS[1], on_tokens, max_new_tokens=30, draft="none", ignore_eos=True)
     slot = slots[0]
     n = len(PROMPTS[1]) + 30 - 1  # the committed tokens the target has fed
     rows_target_only = _target_rows(pipe, slot, n)
@@ -385,7 +360,7 @@ def test_self_draft_is_a_track_on_the_targets_pool_and_never_writes_its_rows(tin
         _scramble(pool, slot, i)
         widths.clear()
         slots.clear()
-        got, st = run(pipe, PROMPTS[1], on_tokens, max_new_tokens=30, k=3, draft=draft, adaptive=adaptive,
+        got, st = run_request(pipe, PROMPTS[1], on_tokens, max_new_tokens=30, k=3, draft=draft, adaptive=adaptive,
                       ignore_eos=True)
         assert got == want and set(slots) == {slot}
         assert st.draft_tokens > 0 and widths and max(widths) == 1  # drafted, never computed the prompt
@@ -393,11 +368,11 @@ def test_self_draft_is_a_track_on_the_targets_pool_and_never_writes_its_rows(tin
         for a, b in zip(_target_rows(pipe, slot, n), rows_target_only, strict=True):
             np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)  # an int8 draft row would differ by ~1e-2
     # a shorter prompt next, then sampling: still the target's own rows and exact
-    short, _ = run(pipe, PROMPTS[0], max_new_tokens=12, draft="none", ignore_eos=True)
+    short, _ = run_request(pipe, PROMPTS[0], max_new_tokens=12, draft="none", ignore_eos=True)
     m = len(PROMPTS[0]) + 12 - 1
     rows_short = _target_rows(pipe, slot, m)
     _scramble(pool, slot, 9)
-    assert run(pipe, PROMPTS[0], on_tokens, max_new_tokens=12, k=3, ignore_eos=True)[0] == short
+    assert run_request(pipe, PROMPTS[0], on_tokens, max_new_tokens=12, k=3, ignore_eos=True)[0] == short
     for a, b in zip(_target_rows(pipe, slot, m), rows_short, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     # sampling: what the same seed gives whatever the pool held before (the draft only reads the
@@ -406,7 +381,7 @@ def test_self_draft_is_a_track_on_the_targets_pool_and_never_writes_its_rows(tin
     for i in (10, 11):
         _scramble(pool, slot, i)
         widths.clear()
-        got, st = run(pipe, PROMPTS[1], on_tokens, max_new_tokens=20, k=3, temperature=0.8, seed=3, ignore_eos=True)
+        got, st = run_request(pipe, PROMPTS[1], on_tokens, max_new_tokens=20, k=3, temperature=0.8, seed=3, ignore_eos=True)
         sampled.append(got)
         assert len(got) == 20 and st.draft_tokens > 0 and widths and max(widths) == 1
     assert sampled[0] == sampled[1]
@@ -435,7 +410,7 @@ def test_separate_draft_keeps_its_own_pool_in_step(tiny_bundles, bundle, monkeyp
         p = pipe.parts
         assert p.draft.pool is not p.target.pool and p.draft.pool.slots == p.target.pool.slots
         widths = _Widths(p.draft, monkeypatch).widths
-        want, _ = run(pipe, REPETITIVE, max_new_tokens=30, draft="none", ignore_eos=True)
+        want, _ = run_request(pipe, REPETITIVE, max_new_tokens=30, draft="none", ignore_eos=True)
         seen = []
 
         def snapshot(r):  # the draft's valid rows, against a fresh computation (and the target's)
@@ -458,7 +433,7 @@ def test_separate_draft_keeps_its_own_pool_in_step(tiny_bundles, bundle, monkeyp
             widths.clear()
             seen.clear()
             _scramble(p.draft.pool, 0, 0)
-            got, st = run(pipe, REPETITIVE, snapshot, max_new_tokens=30, k=3, draft=draft, ignore_eos=True)
+            got, st = run_request(pipe, REPETITIVE, snapshot, max_new_tokens=30, k=3, draft=draft, ignore_eos=True)
             assert got == want and st.draft_tokens > 0
             assert seen[0] == 0 and max(seen) >= len(REPETITIVE) + 20  # it read the prompt, then kept up
             if bundle == "good":
