@@ -6,6 +6,7 @@ fake backend (tests/fakes.py)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from fakes import fake_pipeline, write_tokenizer
@@ -107,8 +108,11 @@ def test_earliest_stop_string_wins_and_empty_ones_are_ignored(words):
 def test_stop_string_ends_the_request_early(tmp_path):
     """Through the pipeline: the text is cut where the stop string begins, the stats say "stop",
     the streamed pieces are the text, and the request was ended then (fewer tokens than a run
-    without it)."""
+    without it). The fake target is slowed to a few ms a call: at the fake's microseconds the
+    engine could finish all 40 tokens before the client read the chunk that holds the stop."""
     pipe = fake_pipeline(tmp_path, draft="self")
+    real = pipe.parts.target.run
+    pipe.parts.target.run = lambda *a, **kw: time.sleep(0.005) or real(*a, **kw)
     try:
         prompt = "<s> w5 w9 w7"
         full = pipe.generate(prompt, max_new_tokens=40, chat=False, ignore_eos=True, k=3)
