@@ -15,6 +15,12 @@ attends). This object is the one place that knows which model may write where:
   * `rewind(track, slot, pos)`: keep rows [0, pos); moving forward is refused (stale rows);
   * `spare_row(slot)`: a row no track needs, where a call that covers the slot without serving
     it (a batched call over a range of slots) may write its filler token.
+
+Slots are *empty*, *busy* (a request holds it) or *idle*: a finished request's slot keeps its
+rows and the token ids they hold (`park`), so a later prompt that shares a prefix takes the
+slot as it is or copies the rows (`copy_rows`) instead of computing them again
+(runtime/engine/prefix.py chooses). An idle slot is emptied only when a slot is needed and no
+empty one is left, least recently used first (parked, or copied from: `alloc`).
 """
 
 from __future__ import annotations
@@ -45,7 +51,9 @@ class KVPool:
         if allocate:
             self.allocate()
         self._tracks: dict[str, np.ndarray] = {}
-        self._free = list(range(slots))
+        self._empty = list(range(slots))
+        self._idle: dict[int, tuple[list[int], int]] = {}  # slot -> (token ids of its rows, park stamp)
+        self._stamp = 0
 
     def allocate(self) -> None:
         """Allocate (and touch) the buffers, once. The loader calls it after the sessions are
@@ -71,26 +79,130 @@ class KVPool:
 
     # --- slots -------------------------------------------------------------------------------
     def alloc(self) -> int | None:
-        """Lowest free slot (keeps the slots in use packed low: batched calls cover fewer
-        filler rows), or None when all are taken."""
-        if not self._free:
+        """Lowest empty slot (keeps the slots in use packed low: batched calls cover fewer
+        filler rows); with none empty, the least recently used idle slot, emptied; None when
+        every slot is busy."""
+        if not self._empty and self._idle:
+            self.clear(self.lru_idle())
+        if not self._empty:
             return None
-        self._free.sort()
-        return self._free.pop(0)
+        self._empty.sort()
+        return self._empty.pop(0)
+
+    def assign(self, slot: int, keep: int = 0, source: int | None = None) -> None:
+        """Make an empty or idle `slot` busy with rows [0, keep) of a prompt already in place:
+        its own rows (source None: an idle slot holding that prefix) or a copy of `source`'s (idle
+        or busy: rows below a busy slot's lengths are committed and never rewritten). Every
+        track's length becomes min(its length there, keep); an idle slot's other rows are dropped."""
+        if slot in self._idle:
+            del self._idle[slot]
+        elif slot in self._empty:
+            self._empty.remove(slot)
+        else:
+            raise ValueError(f"slot {slot} is busy")
+        origin = slot if source is None else source
+        kept = {name: min(int(lengths[origin]), keep) for name, lengths in self._tracks.items()}
+        if source is not None:
+            self.copy_rows(source, slot, max(kept.values(), default=0))
+            if source in self._idle:  # a prefix just reused is recently used: evicted last
+                self._stamp += 1
+                self._idle[source] = (self._idle[source][0], self._stamp)
+        for name, n in kept.items():
+            self._tracks[name][slot] = n
 
     def free(self, slot: int) -> None:
-        if slot in self._free:
+        """Give a busy slot back empty: every track's length goes to 0."""
+        self._release(slot)
+        self._zero(slot)
+        self._empty.append(slot)
+
+    def park(self, slot: int, tokens: list[int]) -> None:
+        """Give a busy slot back idle, keeping its rows. tokens: the ids its rows hold; every
+        track's length is cut to at most len(tokens) (rows past them hold nothing reusable)."""
+        self._release(slot)
+        for lengths in self._tracks.values():
+            lengths[slot] = min(lengths[slot], len(tokens))
+        n = max((int(t[slot]) for t in self._tracks.values()), default=0)
+        if n == 0:
+            self._empty.append(slot)
+            return
+        self._stamp += 1
+        self._idle[slot] = (list(tokens[:n]), self._stamp)
+
+    def clear(self, slot: int) -> None:
+        """Empty an idle slot (its rows are forgotten)."""
+        if slot not in self._idle:
+            raise ValueError(f"slot {slot} is not idle")
+        del self._idle[slot]
+        self._zero(slot)
+        self._empty.append(slot)
+
+    def _release(self, slot: int) -> None:
+        if slot in self._empty or slot in self._idle:
             raise ValueError(f"slot {slot} is already free")
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"no slot {slot} in a pool of {self.slots}")
+
+    def _zero(self, slot: int) -> None:
         for lengths in self._tracks.values():
             lengths[slot] = 0
-        self._free.append(slot)
 
     @property
     def free_slots(self) -> int:
-        return len(self._free)
+        """Slots a request can get now: empty or idle."""
+        return len(self._empty) + len(self._idle)
 
     def in_use(self) -> list[int]:
-        return sorted(set(range(self.slots)) - set(self._free))
+        """Busy slots."""
+        return sorted(set(range(self.slots)) - set(self._empty) - set(self._idle))
+
+    def empty_slots(self) -> list[int]:
+        return sorted(self._empty)
+
+    def lru_idle(self) -> int | None:
+        """The idle slot least recently parked or copied from (the next one `alloc` empties)."""
+        return min(self._idle, key=lambda s: self._idle[s][1]) if self._idle else None
+
+    @property
+    def can_copy(self) -> bool:
+        """Whether `copy_rows` works here: host buffers, or device buffers with cuda-python."""
+        if not self.ptrs:
+            return False
+        if self.device == "cpu":
+            return True
+        try:
+            from .backends.cudart import cudart
+
+            cudart()
+            return True
+        except RuntimeError:
+            return False
+
+    def idle(self) -> dict[int, list[int]]:
+        """Idle slot -> the token ids its rows hold (rows [0, len) of the longest track)."""
+        return {s: toks for s, (toks, _) in self._idle.items()}
+
+    def copy_rows(self, src: int, dst: int, n: int) -> None:
+        """Copy rows [0, n) of slot `src` into slot `dst`, every layer's K and V. On the host a
+        strided memcpy per buffer ([Hkv, n, D] of [Hkv, S_max, D]); on a GPU a device-to-device
+        2-D copy (runtime/backends/cudart.py). Lengths are the caller's to set."""
+        if n == 0 or src == dst:
+            return
+        if not 0 <= n <= self.capacity:
+            raise ValueError(f"cannot copy {n} rows (capacity {self.capacity})")
+        if not self.ptrs:
+            raise RuntimeError("this pool holds no buffers (a backend owns them): rows cannot be copied")
+        if self.device == "cpu":
+            for a in self.host:
+                a[dst, :, :n] = a[src, :, :n]
+            return
+        from .backends.cudart import copy_device_rows
+
+        kv_heads, s_max, head_dim = self.slot_shape
+        row = head_dim * self.dtype.itemsize
+        for base in self.ptrs:
+            copy_device_rows(base + dst * self.slot_bytes, base + src * self.slot_bytes,
+                             pitch=s_max * row, width=n * row, height=kv_heads)
 
     # --- lengths per track -------------------------------------------------------------------
     def track(self, name: str) -> str:

@@ -41,14 +41,22 @@ class Result:
 
 class Pipeline:
     def __init__(self, folder: str | Path, *, draft: str | None = None, device: str = "cpu",
-                 threads: int | None = None, k: int | None = None, global_pool: bool = False, adaptive: bool = False,
-                 hugepages: bool = True, cost_cache: bool = True, max_batch: int = DEFAULT_MAX_BATCH,
-                 max_queue: int = 64, plan_batches: bool = True, parts: Parts | None = None):
+                 threads: int | None = None, k: int | None = None, global_pool: bool = False,
+                 adaptive: bool | None = None, hugepages: bool = True, cost_cache: bool = True,
+                 max_batch: int = DEFAULT_MAX_BATCH, max_queue: int = 64, plan_batches: bool = True,
+                 prefix_cache: bool = True, parts: Parts | None = None):
         """draft: "model" | "none" | "ngram" | "auto"; None follows the bundle (its draft model
         if it has one, else none). max_batch: KV slots, i.e. requests decoded at once (allocated now: see
         `kv_bytes_per_slot`); max_queue: requests that may wait for a slot, beyond which calls
         raise EngineBusy. plan_batches: adaptive requests draft only where it pays inside the
         batch (runtime/engine/plan.py); off, each drafts as it would alone.
+        adaptive: choose k per round (runtime/adaptive.py), capped by the batch plan; None (the
+        default) means on whenever more than one request can run (max_batch > 1) — a fixed k
+        loses throughput under load (docs/benchmarks.md §5) — and fixed k for one slot.
+        prefix_cache: finished requests' slots keep their KV rows, and a prompt that shares a
+        prefix with what any slot holds (a conversation's history, a system prompt) reuses those
+        rows instead of computing them (runtime/engine/prefix.py); `Stats.cached_tokens` says
+        how many.
         global_pool: one onnxruntime thread pool for the whole process (faster; but every other
         onnxruntime session in the process must then disable per-session threads).
         hugepages: put the sessions' memory on 2 MiB pages after loading (CPU; faster steps for
@@ -75,11 +83,12 @@ class Pipeline:
         man = p.manifest
         # k: the caller's, else what the exporter recommends for this draft, else 4
         self.default_k = k if k is not None else (man.draft.default_k if man.draft and man.draft.default_k else 4)
-        self.default_adaptive = adaptive
+        self.default_adaptive = adaptive if adaptive is not None else p.target.pool.slots > 1
         self.store = PolicyStore(p, self.max_k, threads=threads, device=device, global_pool=global_pool,
                                  hugepages=hugepages, cost_cache=cost_cache)
         self.scheduler = Scheduler(p.target, p.draft, features=p.features, make_drafter=self._drafter,
-                                   policies=self.store.policies, plan_batches=plan_batches)
+                                   policies=self.store.policies, plan_batches=plan_batches,
+                                   prefix_cache=prefix_cache)
         self.engine = Engine(self.scheduler, max_queue=max_queue, before_admit=self._before_admit)
         self._local = threading.local()
 

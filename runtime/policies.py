@@ -35,12 +35,18 @@ class PolicyStore:
                     key = None
             if self._costs is None:
                 pool = self.parts.target.pool
-                busy = pool.in_use()
-                free = [s for s in range(pool.slots) if s not in busy]
-                if not free:
+                slot = pool.alloc()  # an empty slot (an idle one emptied if need be)
+                if slot is None:
                     raise RuntimeError("no free KV slot to probe call costs on")
-                self._costs = measure_costs(self.parts.target, self.parts.draft, free[0], self.max_k + 1,
-                                            rows=pool.slots, busy=busy)
+                d = self.parts.draft
+                if d is not None and d.pool is not pool and slot in d.pool.idle():
+                    d.pool.clear(slot)  # a separate draft's pool follows the target's slots
+                try:  # busy and idle slots' rows are kept: batched probes write at their spare row
+                    keep = [s for s in range(pool.slots) if s != slot and s not in pool.empty_slots()]
+                    self._costs = measure_costs(self.parts.target, self.parts.draft, slot, self.max_k + 1,
+                                                rows=pool.slots, busy=keep)
+                finally:
+                    pool.free(slot)
                 if key:
                     probe_cache.save(key, self._costs)  # never raises: no cache then
         return self._costs

@@ -228,7 +228,7 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
 @main.group(invoke_without_command=True)
 @click.pass_context
 @click.option("--engines", default=None, help="bundle folder (default engines/default or $SPECRT_ENGINES)")
-@click.option("--workload", "workloads", multiple=True, type=click.Path(), help="JSONL prompts (default configs/workloads/*.jsonl)")
+@click.option("--workload", "workloads", multiple=True, type=click.Path(exists=True, dir_okay=False), help="JSONL prompts (default configs/workloads/*.jsonl, conversations excepted)")
 @click.option("--k", "ks", default="1,2,4,8", show_default=True, help="comma-separated draft lengths")
 @click.option("--draft", "drafts", default="model", show_default=True, help="comma-separated drafters: model,ngram,auto")
 @click.option("--adaptive", is_flag=True, help="add an adaptive-k arm per drafter")
@@ -257,9 +257,13 @@ def bench(ctx, engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_t
         return
     from specrt.runtime import USER_ERRORS
     from specrt.runtime.bench import report
-    from specrt.runtime.bench.runner import BenchConfig, run_bench
+    from specrt.runtime.bench.runner import BenchConfig, is_conversations, run_bench
 
-    wl = [Path(w) for w in workloads] or sorted(Path("configs/workloads").glob("*.jsonl"))
+    # by default every single-prompt workload (conversations run with `bench serve`)
+    wl = [Path(w) for w in workloads] or [w for w in sorted(Path("configs/workloads").glob("*.jsonl"))
+                                          if not is_conversations(w)]
+    if any(is_conversations(w) for w in wl):
+        _fail("multi-turn workloads (conversations) run with `specrt bench serve --workload ...`")
     if not wl:
         _fail("no workloads: pass --workload FILE (JSONL with a 'prompt' field per line)")
     if concurrency:
@@ -312,8 +316,10 @@ def bench(ctx, engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_t
 @click.option("--grace", type=float, default=30.0, show_default=True, help="seconds in-flight requests get after SIGTERM")
 @click.option("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
 @click.option("--hugepages/--no-hugepages", default=True, show_default=True)
+@click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
+              help="reuse the KV rows of prompt prefixes held by finished or running requests (chat turns, system prompts)")
 def serve(engines, host, port, max_batch, max_queue, draft, adaptive, k, api_key, request_timeout, max_body_mb, grace,
-          threads, hugepages):
+          threads, hugepages, prefix_cache):
     """OpenAI-compatible HTTP server over the engine (extra `serve`)."""
     try:
         import uvicorn
@@ -338,7 +344,7 @@ def serve(engines, host, port, max_batch, max_queue, draft, adaptive, k, api_key
 
     def _load():
         return load(folder, draft=draft, threads=threads, k=k, global_pool=True, hugepages=hugepages,
-                    adaptive=adaptive, max_batch=max_batch, max_queue=max_queue)
+                    adaptive=adaptive, max_batch=max_batch, max_queue=max_queue, prefix_cache=prefix_cache)
 
     failed: list = []
     server = None
@@ -367,7 +373,7 @@ def serve(engines, host, port, max_batch, max_queue, draft, adaptive, k, api_key
 
 @bench.command("serve")
 @click.option("--engines", default=None, help="bundle folder (default engines/default or $SPECRT_ENGINES)")
-@click.option("--workload", "workloads", multiple=True, type=click.Path(), help="JSONL prompts (default chat)")
+@click.option("--workload", "workloads", multiple=True, type=click.Path(exists=True, dir_okay=False), help="JSONL prompts or conversations (default chat)")
 @click.option("--levels", default="1,2,4,8,16", show_default=True, help="comma-separated concurrency levels")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="output tokens per request (EOS ignored)")
 @click.option("--arms", default="specrt-off,specrt-fixed,specrt-policy", show_default=True,
@@ -392,7 +398,14 @@ def bench_serve(engines, workloads, levels, max_tokens, arms, k, llama_server, l
         _fail(f"--levels takes comma-separated integers, got {levels!r}")
     folder = Path(engines or _engines_default())
     wl = [Path(w) for w in workloads] or [Path("configs/workloads/chat.jsonl")]
-    prompts = [it["prompt"] for w in wl for it in load_workload(w)]
+    try:
+        items = [it for w in wl for it in load_workload(w)]
+    except (OSError, ValueError, KeyError) as e:
+        _fail(f"cannot read the workload: {e}")
+    convs = [it for it in items if "turns" in it]
+    if convs and len(convs) != len(items):
+        _fail("a workload is either prompts or conversations (turns), not both")
+    prompts = [it["prompt"] for it in items if "prompt" in it]
     n_threads = threads or os.cpu_count() or 1
     base = [sys.executable, "-m", "specrt.cli", "serve", "--engines", str(folder), "--port", "{port}",
             "--max-batch", str(max(lv)), "--max-queue", str(max(lv)), "--threads", str(n_threads)]
@@ -401,6 +414,7 @@ def bench_serve(engines, workloads, levels, max_tokens, arms, k, llama_server, l
         "specrt-off": lambda: Arm("specrt-off", base + ["--draft", "none"], model),
         "specrt-fixed": lambda: Arm("specrt-fixed", base + ["--fixed-k"] + (["--k", str(k)] if k else []), model),
         "specrt-policy": lambda: Arm("specrt-policy", base + ["--adaptive"], model),
+        "specrt-nocache": lambda: Arm("specrt-nocache", base + ["--adaptive", "--no-prefix-cache"], model),
     }
     if llama_server and llama_model:
         lbase = [llama_server, "-m", llama_model, "--host", "127.0.0.1", "--port", "{port}", "-t", str(n_threads),
@@ -415,7 +429,7 @@ def bench_serve(engines, workloads, levels, max_tokens, arms, k, llama_server, l
             _fail(f"unknown or unconfigured arm {name!r} (llama arms need --llama-server and --llama-model"
                   f"{', llama-draft also --llama-draft' if name == 'llama-draft' else ''})")
         chosen.append(known[name]())
-    cfg = ServeBenchConfig(chosen, prompts, lv, max_tokens, requests_per_client)
+    cfg = ServeBenchConfig(chosen, prompts, lv, max_tokens, requests_per_client, conversations=convs or None)
 
     def progress(i, n, what):
         click.echo(f"\r[{i + 1}/{n}] {what:<40}", nl=False, err=True)

@@ -199,16 +199,18 @@ def fake_parts(folder: Path, *, draft: str | None = "self", slots: int = 4, seed
     return Parts(folder, man, Tokenizer(folder, man.tokenizer), target, d, False, draft == "self", None, "cpu")
 
 
-def fake_pipeline(folder: Path, *, costs=None, plan_batches: bool = True, **kw):
+def fake_pipeline(folder: Path, *, costs=None, plan_batches: bool = True, adaptive: bool | None = False,
+                  prefix_cache: bool = True, **kw):
     """A Pipeline (runtime/pipeline.py) over `fake_parts(folder, **kw)`. costs: what adaptive k
     starts from (default: drafting cheap against verifying, so adaptive requests draft); the
-    fake's own call times are microseconds and say nothing about a real pair."""
+    fake's own call times are microseconds and say nothing about a real pair. adaptive: the
+    pipeline's default (False: tests ask per request; None: the library's own default)."""
     from specrt.runtime.adaptive import Costs
     from specrt.runtime.pipeline import Pipeline
 
     parts = fake_parts(folder, **kw)
     pipe = Pipeline(folder, parts=parts, hugepages=False, cost_cache=False, max_batch=parts.target.pool.slots,
-                    plan_batches=plan_batches)
+                    plan_batches=plan_batches, adaptive=adaptive, prefix_cache=prefix_cache)
     pipe.store._costs = costs or Costs({1: 10.0, 2: 10.2, 5: 10.8, 9: 11.6}, draft_ms=0.5,
                                        rows_ms={1: 10.0, 2: 10.5, 4: 11.5})
     return pipe

@@ -17,23 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from ..manifest import ModelEntry
+from .cudart import ck as _ck
+from .cudart import cudart as _cuda
 from .features import FeatureBuffers
-
-
-def _cuda():
-    try:
-        from cuda.bindings import runtime as cudart
-    except ImportError as e:
-        raise RuntimeError(f"the TensorRT backend needs cuda-python (pip install 'specrt[trt]'): {e}") from None
-    return cudart
-
-
-def _ck(result):
-    """cuda-python returns (err, *values); raise on error, return the values."""
-    err, *vals = result if isinstance(result, tuple) else (result,)
-    if int(err) != 0:
-        raise RuntimeError(f"CUDA error {err}")
-    return vals[0] if len(vals) == 1 else vals
 
 
 def gpu_tag() -> str:

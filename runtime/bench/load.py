@@ -112,8 +112,10 @@ def run_level(pipe: Pipeline, ids: list[list[int]], level: int, arm: str, cfg: L
 
 
 def run_load(cfg: LoadConfig, progress=None) -> dict:
+    # no prefix reuse: every arm and level computes its prompts (a workload's prompts repeat across
+    # arms, and the arm that ran first would pay for the others); reuse is measured by `bench serve`
     pipe = Pipeline(cfg.bundle, draft="model", global_pool=cfg.global_pool, hugepages=cfg.hugepages, cost_cache=False,
-                    max_batch=max(cfg.levels), max_queue=max(cfg.levels))
+                    max_batch=max(cfg.levels), max_queue=max(cfg.levels), prefix_cache=False)
     try:
         ids = [pipe.tokenizer.encode(p) for p in cfg.prompts]
         costs = pipe.costs()  # the run's own probe, before any request (the policy arm's costs)
@@ -157,7 +159,7 @@ def soak(cfg: LoadConfig, level: int, minutes: float, arm: str = "policy", every
     """Closed-loop load at one level for `minutes`, RSS sampled every `every_s`: the slots are
     allocated at load, so RSS should stay flat after the first requests."""
     pipe = Pipeline(cfg.bundle, draft="model", global_pool=cfg.global_pool, hugepages=cfg.hugepages, cost_cache=False,
-                    max_batch=level, max_queue=level)
+                    max_batch=level, max_queue=level, prefix_cache=False)
     try:
         ids = [pipe.tokenizer.encode(p) for p in cfg.prompts]
         pipe.scheduler.costs = pipe.costs()

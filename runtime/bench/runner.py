@@ -48,12 +48,23 @@ class BenchConfig:
 
 
 def load_workload(path: Path) -> list[dict]:
+    """JSONL: {"id", "prompt"} per line, or a conversation {"id", "system"?, "turns": [user, ...]}."""
     items = []
     for line in Path(path).read_text().splitlines():
         if line.strip():
             d = json.loads(line)
-            items.append({"id": d.get("id", str(len(items))), "prompt": d["prompt"], "workload": Path(path).stem})
+            it = {"id": d.get("id", str(len(items))), "workload": Path(path).stem}
+            if "turns" in d:
+                it.update(system=d.get("system", ""), turns=list(d["turns"]))
+            else:
+                it["prompt"] = d["prompt"]
+            items.append(it)
     return items
+
+
+def is_conversations(path: Path) -> bool:
+    """Whether a workload file holds multi-turn conversations (not single prompts)."""
+    return any("turns" in it for it in load_workload(path))
 
 
 def probe_costs(pipe: Pipeline, ks: list[int]) -> dict:
@@ -69,9 +80,12 @@ def probe_costs(pipe: Pipeline, ks: list[int]) -> dict:
 
 def run_bench(cfg: BenchConfig, progress=None) -> dict:
     items = [it for w in cfg.workloads for it in load_workload(w)[: cfg.limit]]
+    if any("turns" in it for it in items):
+        raise ValueError("multi-turn workloads (conversations) run with `specrt bench serve`")
     pipe = Pipeline(cfg.bundle, draft="model" if _has_draft(cfg.bundle) else "none", global_pool=cfg.global_pool,
                     hugepages=cfg.hugepages, cost_cache=False,  # the run's own probe: c and v of this run
-                    max_batch=1)  # one request at a time, as `specrt generate` (--concurrency: bench/load.py)
+                    max_batch=1,  # one request at a time, as `specrt generate` (--concurrency: bench/load.py)
+                    prefix_cache=False)  # every arm computes its prompt: TTFT is prefill, arm against arm
     for it in items:
         it["ids"] = pipe.tokenizer.encode(it["prompt"])
     arms = ["target"] + [f"{d}-k{k}" for d in cfg.drafts for k in cfg.ks]

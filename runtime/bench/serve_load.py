@@ -7,6 +7,12 @@ output length (`ignore_eos`, which both specrt and llama-server accept). Per (le
 fields of vLLM's `bench serve`: request throughput, output tokens/s, TTFT, TPOT (after the
 first token), ITL (gaps between streamed chunks) and end-to-end latency as mean / p50 / p90 /
 p99, and errors. Arms run one after another at each level, so they never share the cores.
+
+Multi-turn workloads (`{"id", "system", "turns": [...]}` lines, configs/workloads/multiturn.jsonl):
+each client plays whole conversations, one turn after another, every request resending the
+system prompt and the history with the server's own earlier answers — what a chat client does.
+Per arm it adds TTFT of first turns and of later turns, and the share of later turns' prompt
+tokens the server reported cached (`usage.prompt_tokens_details.cached_tokens`).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class ServeBenchConfig:
     requests_per_client: int = 2
     min_requests: int = 4
     startup_s: float = 300.0
+    conversations: list[dict] | None = None  # multi-turn: {"system", "turns"}; then prompts are unused
 
 
 def _free_port() -> int:
@@ -81,11 +88,13 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-async def _one(client, model: str, prompt: str, max_tokens: int) -> dict:
+async def _one(client, model: str, prompt: str | list[dict], max_tokens: int) -> dict:
+    """One streamed chat request (a user prompt, or the whole message list)."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     t0 = time.perf_counter()
     stamps, usage, text = [], None, []
     stream = await client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
+        model=model, messages=messages, max_tokens=max_tokens, temperature=0,
         stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
     async for ch in stream:
         if ch.usage is not None:
@@ -97,12 +106,30 @@ async def _one(client, model: str, prompt: str, max_tokens: int) -> dict:
     n = usage.completion_tokens if usage is not None else len(stamps)
     if not stamps:
         raise RuntimeError("no content streamed")
+    details = getattr(usage, "prompt_tokens_details", None) if usage is not None else None
     return {"ttft_ms": 1000 * (stamps[0] - t0), "e2e_ms": 1000 * (end - t0), "tokens": n,
             "tpot_ms": 1000 * (end - stamps[0]) / max(1, n - 1),
-            "itl_ms": [1000 * (b - a) for a, b in zip(stamps, stamps[1:], strict=False)]}
+            "itl_ms": [1000 * (b - a) for a, b in zip(stamps, stamps[1:], strict=False)],
+            "prompt_tokens": usage.prompt_tokens if usage is not None else None,
+            "cached_tokens": (details.cached_tokens or 0) if details is not None else None, "text": "".join(text)}
 
 
-async def _level(url: str, model: str, prompts: list[str], level: int, total: int, max_tokens: int) -> dict:
+async def _conversation(client, model: str, conv: dict, max_tokens: int) -> list[dict]:
+    """Every turn of one conversation, each resending the history with the earlier answers."""
+    messages = [{"role": "system", "content": conv["system"]}] if conv.get("system") else []
+    recs = []
+    for i, user in enumerate(conv["turns"]):
+        messages.append({"role": "user", "content": user})
+        rec = await _one(client, model, list(messages), max_tokens)
+        messages.append({"role": "assistant", "content": rec.pop("text")})
+        recs.append({**rec, "turn": i})
+    return recs
+
+
+async def _level(url: str, model: str, prompts: list, level: int, total: int, max_tokens: int,
+                 conversations: bool = False) -> dict:
+    """`total` jobs by `level` clients: prompts (one request each) or, with conversations=True,
+    conversation dicts (every turn, in order)."""
     import httpx
     import openai
 
@@ -115,9 +142,12 @@ async def _level(url: str, model: str, prompts: list[str], level: int, total: in
 
     async def worker():
         while queue:
-            i = queue.pop(0)
+            job = prompts[queue.pop(0) % len(prompts)]
             try:
-                recs.append(await _one(client, model, prompts[i % len(prompts)], max_tokens))
+                if conversations:
+                    recs.extend(await _conversation(client, model, job, max_tokens))
+                else:
+                    recs.append(await _one(client, model, job, max_tokens))
             except Exception as e:  # noqa: BLE001 - counted and reported
                 errors.append(repr(e)[:200])
 
@@ -127,10 +157,29 @@ async def _level(url: str, model: str, prompts: list[str], level: int, total: in
     await client.close()
     await http.aclose()
     tokens = sum(r["tokens"] for r in recs)
-    return {"requests": len(recs), "errors": len(errors), "error_samples": errors[:3], "wall_s": wall,
-            "request_throughput": len(recs) / wall, "output_tokens_per_s": tokens / wall,
-            "ttft_ms": dist(r["ttft_ms"] for r in recs), "tpot_ms": dist(r["tpot_ms"] for r in recs),
-            "itl_ms": dist(x for r in recs for x in r["itl_ms"]), "e2e_ms": dist(r["e2e_ms"] for r in recs)}
+    out = {"requests": len(recs), "errors": len(errors), "error_samples": errors[:3], "wall_s": wall,
+           "request_throughput": len(recs) / wall, "output_tokens_per_s": tokens / wall,
+           "ttft_ms": dist(r["ttft_ms"] for r in recs), "tpot_ms": dist(r["tpot_ms"] for r in recs),
+           "itl_ms": dist(x for r in recs for x in r["itl_ms"]), "e2e_ms": dist(r["e2e_ms"] for r in recs)}
+    if conversations:
+        out.update(turns(recs))
+    return out
+
+
+def turns(recs: list[dict]) -> dict:
+    """Multi-turn fields: TTFT of first and later turns, per turn, and the cached share of later
+    turns' prompt tokens (None where the server reports no cached tokens)."""
+    later = [r for r in recs if r["turn"] > 0]
+    known = [r for r in later if r["cached_tokens"] is not None and r["prompt_tokens"]]
+    return {"ttft_first_turn_ms": dist(r["ttft_ms"] for r in recs if r["turn"] == 0),
+            "ttft_later_turns_ms": dist(r["ttft_ms"] for r in later),
+            "ttft_by_turn_ms": {t: dist(r["ttft_ms"] for r in recs if r["turn"] == t)["p50"]
+                                for t in sorted({r["turn"] for r in recs})},
+            "prompt_tokens_by_turn": {t: dist(r["prompt_tokens"] or 0 for r in recs if r["turn"] == t)["p50"]
+                                      for t in sorted({r["turn"] for r in recs})},
+            "later_turns_cached_share": (sum(r["cached_tokens"] for r in known) / sum(r["prompt_tokens"] for r in known)
+                                         if known else None),
+            "later_turns_found_cached": (sum(r["cached_tokens"] > 0 for r in known) / len(known) if known else None)}
 
 
 def run_serve_bench(cfg: ServeBenchConfig, progress=None) -> dict:
@@ -141,15 +190,20 @@ def run_serve_bench(cfg: ServeBenchConfig, progress=None) -> dict:
             progress(n, len(plan), f"concurrency {level} {arm.name}")
         proc, url = _start(arm, level, cfg.startup_s)
         try:
-            asyncio.run(_level(url, arm.model, cfg.prompts, 1, 1, 16))  # warm-up
-            total = max(cfg.min_requests, cfg.requests_per_client * level)
-            rec = asyncio.run(_level(url, arm.model, cfg.prompts, level, total, cfg.max_tokens))
+            asyncio.run(_level(url, arm.model, ["Hello."], 1, 1, 16))  # warm-up (shares no prefix with the runs)
+            if cfg.conversations:  # every conversation once per level
+                rec = asyncio.run(_level(url, arm.model, cfg.conversations, level, len(cfg.conversations),
+                                         cfg.max_tokens, conversations=True))
+            else:
+                total = max(cfg.min_requests, cfg.requests_per_client * level)
+                rec = asyncio.run(_level(url, arm.model, cfg.prompts, level, total, cfg.max_tokens))
         finally:
             _stop(proc)
         rec.update(level=level, arm=arm.name)
         runs.append(rec)
     return {"config": {"levels": cfg.levels, "max_tokens": cfg.max_tokens, "requests_per_client": cfg.requests_per_client,
-                       "arms": {a.name: " ".join(a.cmd) for a in cfg.arms}},
+                       "arms": {a.name: " ".join(a.cmd) for a in cfg.arms},
+                       "conversations": len(cfg.conversations) if cfg.conversations else None},
             "runs": runs, "command": " ".join(["specrt"] + sys.argv[1:]) if sys.argv else ""}
 
 
@@ -162,6 +216,14 @@ def table(results: dict) -> str:
                      f"{r['ttft_ms']['p50'] or 0:>8.0f} {r['ttft_ms']['p99'] or 0:>7.0f} {r['tpot_ms']['p50'] or 0:>8.1f} "
                      f"{r['tpot_ms']['p99'] or 0:>6.1f} {r['itl_ms']['p50'] or 0:>7.1f} {r['e2e_ms']['p50'] or 0:>8.0f} "
                      f"{r['e2e_ms']['p99'] or 0:>7.0f} {r['errors']:>4}")
+    if any("ttft_later_turns_ms" in r for r in results["runs"]):
+        lines += ["", f"{'conc':>4} {'arm':<18} {'TTFT turn 1 p50':>15} {'later turns p50':>15} {'cached share':>12} "
+                      f"{'found cached':>12}"]
+        for r in results["runs"]:
+            share, found = r["later_turns_cached_share"], r["later_turns_found_cached"]
+            lines.append(f"{r['level']:>4} {r['arm']:<18} {r['ttft_first_turn_ms']['p50'] or 0:>15.0f} "
+                         f"{r['ttft_later_turns_ms']['p50'] or 0:>15.0f} "
+                         f"{'-' if share is None else f'{share:.2f}':>12} {'-' if found is None else f'{found:.2f}':>12}")
     return "\n".join(lines)
 
 

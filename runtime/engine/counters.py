@@ -15,7 +15,9 @@ class Counters:
     drafting_steps: int = 0  # steps in which at least one row drafted
     target_calls: int = 0
     draft_calls: int = 0
-    prefill_tokens: int = 0  # prompt tokens through the target
+    prefill_tokens: int = 0  # prompt tokens computed by the target (reused prefixes not included)
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache (vLLM's name)
+    prefix_cache_hits: int = 0  # of them, tokens whose rows were reused
     finished: int = 0  # requests ended (any reason)
     drafts: int = 0  # verification rounds with >= 1 proposed token
     draft_tokens: int = 0  # proposed

@@ -38,7 +38,7 @@ class Request:
     state: str = WAITING
     slot: int = -1
     seq: list[int] = field(default_factory=list)  # prompt + committed new tokens
-    prefilled: int = 0  # prompt tokens in the target's cache
+    prefilled: int = 0  # prompt tokens in the target's cache (reused ones included)
     produced: int = 0  # new tokens emitted
     rng: np.random.Generator | None = None  # this request's own random stream
     drafter: object = None  # per-request drafter state (runtime/drafters)
@@ -67,6 +67,7 @@ class Request:
 @dataclass
 class Stats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV rows were reused, not computed (prefix cache)
     new_tokens: int = 0
     prefill_ms: float = 0.0  # admitted -> first new token (target prompt chunks, in steps shared
     #                          with others), plus draft_prefill_ms

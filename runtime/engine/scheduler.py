@@ -2,8 +2,10 @@
 
 A step:
   1. retire cancelled requests (their slot is free for this step's admissions);
-  2. admit waiting requests into free KV slots, in arrival order;
-  3. prefill: prompt chunks of the requests still in prefill, oldest first, up to one widest
+  2. admit waiting requests into free KV slots, in arrival order, each where the longest prefix
+     of its prompt is already computed (runtime/engine/prefix.py: idle slots keep what finished
+     requests held; running ones share their committed rows);
+  3. prefill: the rest of each prompt in chunks of the requests still in prefill, oldest first, up to one widest
      call's worth of tokens per step: a long prompt holds the others up by at most one chunk;
   4. decode: choose k per row (fixed, or the request's adaptive policy capped by the batch
      plan, runtime/engine/plan.py); run the draft calls, one-token calls of all drafting rows
@@ -29,6 +31,7 @@ from ..sampling import probs, sample
 from ..verify import verify_greedy, verify_sampling
 from .counters import Counters
 from .plan import Row, plan
+from .prefix import place
 from .request import DECODE, DONE, PREFILL, Request
 
 
@@ -65,13 +68,18 @@ def _check_finite(logits: np.ndarray, what: str):
 
 class Scheduler:
     def __init__(self, target, draft=None, *, features=None, make_drafter=None, policies=None,
-                 plan_batches: bool = True):
+                 plan_batches: bool = True, prefix_cache: bool = True):
         """target/draft: pool models (runtime/backends/ort.py). features: [slots, S_max, H] target
         hidden states per slot (EAGLE drafts) or None. make_drafter(request) -> drafter | None;
         policies(request) -> {route: AdaptivePolicy}; plan_batches: cap adaptive rows' k with
-        the batch plan (off: each request drafts as it would alone)."""
+        the batch plan (off: each request drafts as it would alone). prefix_cache: finished
+        requests' slots keep their rows and new prompts reuse the longest prefix held anywhere
+        (off: every prompt is computed from its first token)."""
         self.target, self.draft = target, draft
         self.pool = target.pool
+        self.prefix_cache = prefix_cache
+        # a separate draft's pool follows the target's slot for slot (same slot numbers)
+        self.pools = [self.pool] + ([draft.pool] if draft is not None and draft.pool is not self.pool else [])
         self.features = features
         self.make_drafter = make_drafter or (lambda r: None)
         self.policies = policies or (lambda r: {})
@@ -92,9 +100,13 @@ class Scheduler:
             r.stats.stop_reason = reason
         r.state = DONE
         if r.slot >= 0:
-            self.pool.free(r.slot)
-            if self.draft is not None and self.draft.pool is not self.pool:
-                self.draft.pool.free(r.slot)
+            # an error may have left rows half written or non-finite: nothing of it is kept
+            keep = self.prefix_cache and error is None
+            for pool in self.pools:
+                if keep:
+                    pool.park(r.slot, r.seq)
+                else:
+                    pool.free(r.slot)
             r.slot = -1
         if r in self.running:
             self.running.remove(r)
@@ -118,9 +130,7 @@ class Scheduler:
             if r.cancelled or r.expired(now):
                 end_unstarted(r, "stop" if r.cancelled else "timeout")
                 continue
-            r.slot = self.pool.alloc()
-            if self.draft is not None and self.draft.pool is not self.pool:
-                assert self.draft.pool.alloc() == r.slot  # both pools hand out slots alike
+            self._place(r)
             r.state = PREFILL
             r.stats.queue_ms = 1000 * (time.perf_counter() - r.t_submit)
             try:
@@ -130,6 +140,24 @@ class Scheduler:
                 self._retire(r, "error", e)
                 continue
             self.running.append(r)
+
+    def _place(self, r: Request) -> None:
+        """Give `r` a slot holding the longest computed prefix of its prompt (runtime/engine/prefix.py)."""
+        tt = self.target.track
+        running = {q.slot: q.seq[: self.pool.length(tt, q.slot)] for q in self.running}
+        pl = place(r.prompt, self.pool, running, self.prefix_cache)
+        for pool in self.pools:
+            # an EAGLE head re-feeds the target's features of every committed token from its
+            # first round (its rows pair each position with the next token): only features move
+            own = self.features is not None and pool is not self.pool
+            pool.assign(pl.slot, 0 if own else pl.reuse, pl.source)
+        if self.features is not None and pl.source is not None:
+            self.features[pl.slot, : pl.reuse] = self.features[pl.source, : pl.reuse]
+        r.slot = pl.slot
+        r.prefilled = r.stats.cached_tokens = self.pool.length(tt, pl.slot)
+        if self.prefix_cache:
+            self.counters.prefix_cache_queries += len(r.prompt)
+            self.counters.prefix_cache_hits += r.prefilled
 
     # --- 3: prefill --------------------------------------------------------------------------
     def _prefill(self) -> None:
@@ -158,7 +186,7 @@ class Scheduler:
         r.stats.ttft_ms = 1000 * (now - r.t_submit)
         r.stats.prefill_ms = r.stats.ttft_ms - r.stats.queue_ms
         r.state = DECODE
-        self.counters.prefill_tokens += len(r.prompt)
+        self.counters.prefill_tokens += len(r.prompt) - r.stats.cached_tokens
         self._emit(r, [first])
         return len(chunk)
 

@@ -232,7 +232,8 @@ class _Job:
 
     def _usage(self) -> dict:
         n = len(self.text.ids)
-        return {"prompt_tokens": self.n_prompt, "completion_tokens": n, "total_tokens": self.n_prompt + n}
+        return {"prompt_tokens": self.n_prompt, "completion_tokens": n, "total_tokens": self.n_prompt + n,
+                "prompt_tokens_details": {"cached_tokens": self.r.stats.cached_tokens}}
 
     def _record(self) -> None:
         m = self.st.metrics

@@ -46,6 +46,9 @@ class _EngineCollector:
         for j, v in enumerate(c["accepted_per_position"]):
             per.add_metric([self.model, str(j)], v)
         yield per
+        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", c["prefix_cache_queries"])
+        yield counter("prefix_cache_hits", "Prompt tokens whose KV rows were reused from the prefix cache.",
+                      c["prefix_cache_hits"])
         yield counter("engine_steps", "Scheduler decode steps.", c["steps"])
         yield counter("engine_step_rows", "Decoding requests summed over steps (rows / steps = batch).", c["rows"])
         yield counter("engine_drafting_steps", "Steps in which at least one request drafted.", c["drafting_steps"])

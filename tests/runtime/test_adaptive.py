@@ -87,9 +87,11 @@ def test_observed_call_times_rescale_every_width():
 def _store(base: Costs, monkeypatch) -> PolicyStore:
     """A PolicyStore over stand-in parts whose cost probe returns `base` (no models, no cache)."""
     from specrt.runtime import policies
+    from specrt.runtime.kvpool import KVPool
+    from specrt.runtime.manifest import KVLayout
 
-    pool = SimpleNamespace(slots=1, in_use=lambda: [])
-    parts = SimpleNamespace(draft=object(), target=SimpleNamespace(pool=pool))
+    pool = KVPool(KVLayout(layers=1, kv_heads=1, head_dim=1, dtype="float32", max_seq_len=8), 1, allocate=False)
+    parts = SimpleNamespace(draft=SimpleNamespace(pool=pool), target=SimpleNamespace(pool=pool))
     monkeypatch.setattr(policies, "measure_costs", lambda *a, **k: base)
     return PolicyStore(parts, 8, threads=None, device="cpu", global_pool=False, hugepages=False, cost_cache=False)
 

@@ -56,7 +56,7 @@ def _margins(pipe, prompt, tokens):
 
 @pytest.fixture(scope="module")
 def shared_int8(tiny_bundles):
-    pipe = specrt.load(tiny_bundles["int8"], max_batch=4, max_queue=32)
+    pipe = specrt.load(tiny_bundles["int8"], max_batch=4, max_queue=32, adaptive=False)
     yield pipe
     pipe.close()
 
@@ -77,6 +77,7 @@ def test_staggered_threads_each_get_their_solo_output(int8, draft, adaptive):
     want = [_solo(int8, p, n) for p, n in zip(prompts, lens, strict=True)]
     got: dict[int, list[int]] = {}
     errors = []
+    before = int8.counters()
 
     def client(i):
         try:
@@ -96,7 +97,7 @@ def test_staggered_threads_each_get_their_solo_output(int8, draft, adaptive):
         assert_same_greedy(got[i], w)
     c = int8.counters()
     assert c["running"] == 0 and c["waiting"] == 0
-    assert c["rows"] > c["steps"]  # some steps served several requests in one call
+    assert c["rows"] - before["rows"] > c["steps"] - before["steps"]  # some steps served several requests
 
 
 def test_interleaved_generators(int8):
@@ -245,7 +246,7 @@ def test_batched_sampling_follows_the_target_distribution(tiny_bundles):
     from specrt.runtime.decoder import Decoder
     from specrt.runtime.sampling import SamplingConfig, probs
 
-    pipe = specrt.load(tiny_bundles["bad"], max_batch=4, max_queue=2000)
+    pipe = specrt.load(tiny_bundles["bad"], max_batch=4, max_queue=2000, adaptive=False)
     try:
         cfg = SamplingConfig(1.0, 0, 1.0)
         prompt = [5, 9, 17]
@@ -396,7 +397,7 @@ def test_one_sequence_per_call_lowering_under_concurrency(tiny_dirs, tmp_path):
 
     folder = export_bundle(str(tiny_dirs["target"]), tmp_path / "std", draft="none", lowering="standard",
                            max_seq_len=128, max_draft_tokens=4, echo=None) and tmp_path / "std"
-    pipe = specrt.load(folder, max_batch=3, hugepages=False)
+    pipe = specrt.load(folder, max_batch=3, hugepages=False, adaptive=False)
     try:
         assert not pipe.parts.target.batch_rows
         prompts = _prompts(3, seed=41)
@@ -433,7 +434,7 @@ def test_default_bundle_under_concurrency(default_bundle):
     """The real pair: 8 requests with different prompts and lengths, staggered, 8 slots, under
     model / n-gram / auto drafting with fixed and adaptive k: each equals its solo target-only
     output token for token (a difference would have to be a near-tie, and the test says so)."""
-    pipe = specrt.load(default_bundle, max_batch=8)
+    pipe = specrt.load(default_bundle, max_batch=8, adaptive=False)
     try:
         texts = ["Explain KV caches in two sentences.", "Write a haiku about the sea.",
                  "List three prime numbers and say why they are prime.", "What is the capital of France?",

@@ -64,7 +64,8 @@ class Server:
 
 @pytest.fixture(scope="module")
 def srv(tiny_bundles):
-    s = Server(tiny_bundles["int8"], api_key=KEY, max_batch=4, max_queue=16)
+    # fixed k: a seed reproduces tokens exactly (adaptive k only in distribution, docs/design.md "Seeds")
+    s = Server(tiny_bundles["int8"], api_key=KEY, max_batch=4, max_queue=16, adaptive=False)
     yield s
     s.stop()
 
@@ -104,6 +105,38 @@ def test_streamed_equals_non_streamed(srv):
                                           temperature=0, stream=True))
     assert chat[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in chat) == _solo(srv.pipe, "w9", 12).text
+
+
+def test_a_conversations_next_turn_reports_its_cached_prompt(srv):
+    """Turn 2 resends turn 1 and its answer: usage says how many prompt tokens were reused (also
+    in the streamed usage chunk), the answer is the one a cold pipeline gives, and /metrics counts
+    the hits under vLLM's names."""
+    c = srv.client()
+    msgs = [{"role": "system", "content": "w40 w41 w42 w43 w44 w45"}, {"role": "user", "content": "w5 w6 w7"}]
+    first = c.chat.completions.create(model="int8", messages=msgs, max_tokens=10, temperature=0)
+    msgs += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "w8 w9"}]
+    chunks = list(c.chat.completions.create(model="int8", messages=msgs, max_tokens=10, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    usage = chunks[-1].usage
+    turn1 = first.usage.prompt_tokens + first.usage.completion_tokens
+    # everything turn 1 left in its slot: its prompt and answer but the last answer token (never fed)
+    assert turn1 - 1 <= usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    with specrt.load(srv.pipe.folder, max_batch=1, prefix_cache=False) as cold:
+        ids = cold.tokenizer.encode_messages(msgs)
+        assert text == cold.tokenizer.decode(_ids(cold, ids, 10))
+    again = c.chat.completions.create(model="int8", messages=msgs, max_tokens=10, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    assert again.choices[0].message.content == text
+    metrics = httpx.get(srv.url + "/metrics").text
+    hits = float(next(ln.split()[-1] for ln in metrics.splitlines() if ln.startswith("specrt:prefix_cache_hits_total")))
+    queries = float(next(ln.split()[-1] for ln in metrics.splitlines()
+                         if ln.startswith("specrt:prefix_cache_queries_total")))
+    assert 0 < hits < queries
+
+
+def _ids(pipe, prompt_ids, n):
+    return [t for ch in pipe.stream_ids(prompt_ids, max_new_tokens=n, draft="none") for t in ch]
 
 
 def test_sse_wire_format_ends_with_done(srv):

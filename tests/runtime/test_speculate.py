@@ -19,7 +19,7 @@ PROMPTS = [[1, 5, 9, 33, 7], [1, 100, 4, 4, 4, 90, 12, 60], [1, 3]]
 
 @pytest.fixture(scope="module")
 def shared_pipes(tiny_bundles):
-    out = {name: specrt.load(path, draft="model" if name != "none" else "none") for name, path in tiny_bundles.items()}
+    out = {name: specrt.load(path, draft="model" if name != "none" else "none", adaptive=False) for name, path in tiny_bundles.items()}
     yield out
     for pipe in out.values():
         pipe.close()
@@ -79,11 +79,11 @@ def test_default_k_comes_from_the_manifest(pipes, tiny_bundles):
 
     assert pipes["int8"].default_k == RECOMMENDED_K["self-int8"]  # written by the exporter
     assert pipes["good"].default_k == 4  # a separate draft: unset in the manifest, runtime default
-    with specrt.load(tiny_bundles["int8"], k=3) as pipe:
+    with specrt.load(tiny_bundles["int8"], k=3, adaptive=False) as pipe:
         assert pipe.default_k == 3  # the caller's k wins
     # a request without k runs at the default: with a perfect draft every round proposes it
     st = Stats()
-    with specrt.load(tiny_bundles["good"], k=6) as pipe:
+    with specrt.load(tiny_bundles["good"], k=6, adaptive=False) as pipe:
         list(pipe.stream_ids(PROMPTS[1], max_new_tokens=30, ignore_eos=True, stats=st))
     assert st.k_history[:3] == [6, 6, 6]
 
@@ -272,7 +272,7 @@ def fresh_row(folder, man, ids):
 
 
 def test_auto_adaptive_learns_ngram_and_model_rounds_apart(tiny_bundles):
-    with specrt.load(tiny_bundles["good"]) as pipe:
+    with specrt.load(tiny_bundles["good"], adaptive=False) as pipe:
         want = target_only(pipe, REPETITIVE, 40)
         st = Stats()
         got = [t for c in pipe.stream_ids(REPETITIVE, max_new_tokens=40, draft="auto", adaptive=True, stats=st)
@@ -288,7 +288,7 @@ def test_auto_adaptive_learns_ngram_and_model_rounds_apart(tiny_bundles):
 def test_first_token_goes_out_before_the_draft_reads_the_prompt(tiny_bundles, monkeypatch):
     """TTFT is the target's prefill alone; the draft's prompt prefill follows the first token
     and is counted in decode time (and reported as draft_prefill_ms)."""
-    with specrt.load(tiny_bundles["good"]) as pipe:
+    with specrt.load(tiny_bundles["good"], adaptive=False) as pipe:
         draft = pipe.parts.draft
         widths = _Widths(draft, monkeypatch).widths
         assert draft.pool is not pipe.parts.target.pool  # a separate model: it computes the prompt itself
@@ -340,11 +340,12 @@ def test_self_draft_is_a_track_on_the_targets_pool_and_never_writes_its_rows(tin
     only write rows at or past the target's length (the next verification overwrites them), so
     after a speculative run the target's rows are still the target's: equal to a target-only
     run's, and the output is exact."""
-    pipe = specrt.load(tiny_bundles["int8"])
+    # no prefix reuse: the test scrambles the slot between runs (what it held must not matter)
+    pipe = specrt.load(tiny_bundles["int8"], adaptive=False, prefix_cache=False)
     p = pipe.parts
     assert p.shared_kv and p.draft.pool is p.target.pool and p.draft.track != p.target.track
     assert p.kv_bytes_per_slot == p.target.pool.bytes_per_slot()  # one cache per slot
-    with specrt.load(tiny_bundles["good"]) as other:  # a separate model: a pool of its own
+    with specrt.load(tiny_bundles["good"], adaptive=False) as other:  # a separate model: a pool of its own
         assert not other.parts.shared_kv and other.parts.draft.pool is not other.parts.target.pool
         assert other.kv_bytes_per_slot == 2 * other.parts.target.pool.bytes_per_slot()
     pool = p.target.pool
@@ -406,7 +407,7 @@ def test_separate_draft_keeps_its_own_pool_in_step(tiny_bundles, bundle, monkeyp
     man = load_manifest(folder)
     fresh = Decoder(OrtBackend(folder / man.draft.graph, man.draft))
     layers = range(man.draft.kv.layers)
-    with specrt.load(folder) as pipe:
+    with specrt.load(folder, adaptive=False) as pipe:
         p = pipe.parts
         assert p.draft.pool is not p.target.pool and p.draft.pool.slots == p.target.pool.slots
         widths = _Widths(p.draft, monkeypatch).widths
