@@ -139,7 +139,7 @@ def test_stop_strings_and_seeds(srv):
     ({"model": "int8", "prompt": "w5", "max_tokens": "ten"}, 400, "max_tokens"),
     ({"model": "int8", "prompt": "w5", "max_tokens": 10**400}, 400, "max_tokens"),
     ({"model": "int8", "prompt": "w5", "n": 2}, 400, "n"),
-    ({"model": "int8", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0]"),
+    ({"model": "int8", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
     ({"prompt": "w5"}, 400, "model"),
     ({"model": "gpt-4", "prompt": "w5"}, 404, "model"),
 ])
