@@ -1,10 +1,14 @@
 """`specrt serve`: an OpenAI-compatible HTTP API over one Pipeline (FastAPI + uvicorn).
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health (503
-while the bundle loads), GET /metrics (Prometheus). Every error is OpenAI's shape
-`{"error": {"message", "type", "param", "code"}}`; a user's mistake is a 4xx with a message
-that says what to change, never a traceback. The handlers are thin: `protocol.parse` checks
-the body, `Pipeline.request` checks the limits, the engine runs it, `TextStream` makes text.
+while the bundle loads), GET /metrics (Prometheus), GET /openapi.json (the schema of the
+protocol models). Three layers, as in the OpenAI reference servers:
+- routes only take a checked body and hand it on; FastAPI validates it against the models
+  in `protocol.py` first;
+- `OpenAIServing` holds the pipeline, config and metrics and turns a request into a response
+  (`chat`, `complete`); `_Job` streams or collects one request's text;
+- `_error` maps every exception to OpenAI's `{"error": {...}}` by its class, in one place. A
+  user's mistake is a 4xx with a message that says what to change, never a traceback.
 """
 
 from __future__ import annotations
@@ -17,18 +21,38 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Annotated
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import EngineBusy, EngineClosed
 from ..sampling import InvalidSampling
 from ..textstream import TextStream
-from . import protocol
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import APIError
+from .protocol import (
+    AssistantMessage,
+    ChatCompletionChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionStreamChoice,
+    ChatCompletionStreamResponse,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    ErrorInfo,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+    UsageInfo,
+    openai_error,
+)
 
 log = logging.getLogger("specrt.serve")
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "timeout"}
@@ -44,159 +68,164 @@ class ServerConfig:
     adaptive: bool | None = None
 
 
-@dataclass
-class _State:
-    cfg: ServerConfig
-    pipe: object = None  # Pipeline once loaded
-    error: str | None = None  # why loading failed
-    metrics: Metrics | None = None
-    created: int = field(default_factory=lambda: int(time.time()))
+class APIError(HTTPException):
+    """An error with OpenAI's body. An HTTPException, so FastAPI lets it through when raised
+    while the body is read (it turns any other exception there into a bare 400)."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(status, message, headers)
+        self.info = ErrorInfo(message=message, type=type, param=param, code=code)
 
 
-def build_app(cfg: ServerConfig, load, on_load_error=None) -> FastAPI:
-    """load() -> Pipeline, run in a thread at startup; /health says 503 until it returns.
-    on_load_error(exception): called if it raises (the CLI stops the server)."""
-    st = _State(cfg)
+def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
 
-    def _load():
+
+# ---- the serving layer ----------------------------------------------------------------------
+
+class OpenAIServing:
+    """The pipeline (loaded in a thread: the port opens at once), its config and metrics;
+    `chat` / `complete` turn a validated request into a JSON or SSE response."""
+
+    def __init__(self, cfg: ServerConfig, load, on_load_error=None):
+        self.cfg, self._load, self._on_load_error = cfg, load, on_load_error
+        self.pipe = None  # Pipeline once loaded
+        self.error: str | None = None  # why loading failed
+        self.metrics: Metrics | None = None
+        self.created = int(time.time())
+
+    def load(self) -> None:
+        """Run in a thread at startup; /health says 503 until it returns."""
         try:
-            pipe = load()
-            st.metrics = Metrics(cfg.model_id, pipe.counters)
-            st.pipe = pipe
-            log.info("specrt: %s ready (%d slots)", cfg.model_id, pipe.counters()["slots"])
+            pipe = self._load()
+            self.metrics = Metrics(self.cfg.model_id, pipe.counters)
+            self.pipe = pipe
+            log.info("specrt: %s ready (%d slots)", self.cfg.model_id, pipe.counters()["slots"])
         except Exception as e:  # noqa: BLE001 - reported by /health and the log
-            st.error = str(e)
-            log.error("specrt: cannot load %s: %s", cfg.model_id, e)
-            if on_load_error is not None:
-                on_load_error(e)
+            self.error = str(e)
+            log.error("specrt: cannot load %s: %s", self.cfg.model_id, e)
+            if self._on_load_error is not None:
+                self._on_load_error(e)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        threading.Thread(target=_load, name="specrt-load", daemon=True).start()
-        yield
-        if st.pipe is not None:
-            st.pipe.close()
+    def close(self) -> None:
+        if self.pipe is not None:
+            self.pipe.close()
 
-    app = FastAPI(title="specrt", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    app.state.specrt = st
-
-    def fail(e: APIError) -> JSONResponse:
-        if st.metrics is not None:
-            st.metrics.error(e.status)
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, e: APIError):
-        return fail(e)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, e: StarletteHTTPException):
-        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        msg = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
-        return fail(APIError(e.status_code, msg, kind, None, "not_found" if e.status_code == 404 else None))
-
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, e: Exception):
-        log.exception("specrt: internal error on %s", request.url.path)
-        return fail(APIError(500, "internal server error", "server_error"))
-
-    def ready():
-        if st.pipe is None:
-            msg = f"the model failed to load: {st.error}" if st.error else "the model is loading"
+    def ready(self):
+        if self.pipe is None:
+            msg = f"the model failed to load: {self.error}" if self.error else "the model is loading"
             raise APIError(503, msg, "server_error", code="model_loading", headers={"Retry-After": "2"})
-        return st.pipe
+        return self.pipe
 
-    def auth(request: Request):
-        if cfg.api_key is None:
+    def check_key(self, authorization: str) -> None:
+        if self.cfg.api_key is None:
             return
-        got = request.headers.get("authorization", "")
-        token = got[7:] if got[:7].lower() == "bearer " else ""
-        if not hmac.compare_digest(token.encode(), cfg.api_key.encode()):
+        token = authorization[7:] if authorization[:7].lower() == "bearer " else ""
+        if not hmac.compare_digest(token.encode(), self.cfg.api_key.encode()):
             raise APIError(401, "invalid or missing API key (Authorization: Bearer <key>)", "authentication_error",
                            code="invalid_api_key")
 
-    async def read_json(request: Request):
-        n = request.headers.get("content-length")
-        if n is not None and n.isdigit() and int(n) > cfg.max_body_bytes:
-            raise APIError(413, f"request body of {n} bytes exceeds the limit of {cfg.max_body_bytes}", code="body_too_large")
-        buf = bytearray()
-        async for part in request.stream():
-            buf += part
-            if len(buf) > cfg.max_body_bytes:
-                raise APIError(413, f"request body exceeds the limit of {cfg.max_body_bytes} bytes", code="body_too_large")
+    def models(self) -> ModelList:
+        return ModelList(data=[ModelCard(id=self.cfg.model_id, created=self.created,
+                                         max_model_len=self.ready().max_seq_len)])
+
+    async def chat(self, req: ChatCompletionRequest, request: Request) -> Response:
+        pipe = self._served(req.model)
         try:
-            return json.loads(buf)
-        except (ValueError, UnicodeDecodeError, RecursionError) as e:
-            raise protocol.bad(f"the request body is not valid JSON: {str(e)[:200]}") from None
-
-    @app.get("/health")
-    async def health():
-        if st.pipe is None:
-            return JSONResponse({"status": "error" if st.error else "loading", "error": st.error}, status_code=503,
-                                headers={"Retry-After": "2"})
-        return {"status": "ok"}
-
-    @app.get("/metrics")
-    async def metrics():
-        if st.metrics is None:
-            return Response(b"", media_type=CONTENT_TYPE)
-        return Response(st.metrics.render(), media_type=CONTENT_TYPE)
-
-    @app.get("/v1/models")
-    async def models(request: Request):
-        auth(request)
-        pipe = ready()
-        return {"object": "list", "data": [{"id": cfg.model_id, "object": "model", "created": st.created,
-                                            "owned_by": "specrt", "max_model_len": pipe.max_seq_len}]}
-
-    async def generate(request: Request, chat: bool):
-        auth(request)
-        pipe = ready()
-        p = protocol.parse(await read_json(request), chat)
-        if p.model != cfg.model_id:
-            raise APIError(404, f"model {p.model!r} does not exist; this server serves {cfg.model_id!r}",
-                           "invalid_request_error", "model", "model_not_found")
-        tok = pipe.tokenizer
-        try:
-            ids = tok.encode_messages(p.messages) if chat else tok.encode(p.prompt, chat=False)
+            ids = pipe.tokenizer.encode_messages(req.chat_messages())
         except Exception as e:  # noqa: BLE001 - the bundle's chat template refused these messages
-            raise protocol.bad(f"the chat template cannot render these messages: {str(e)[:300]}",
-                               "messages" if chat else "prompt") from None
+            raise bad(f"the chat template cannot render these messages: {str(e)[:300]}", "messages") from None
+        return await self._generate(req, ids, "messages", _ChatOutput(req.model), request)
+
+    async def complete(self, req: CompletionRequest, request: Request) -> Response:
+        pipe = self._served(req.model)
+        ids = pipe.tokenizer.encode(req.prompt, chat=False)
+        return await self._generate(req, ids, "prompt", _CompletionOutput(req.model), request)
+
+    def _served(self, model: str):
+        if model != self.cfg.model_id:
+            raise APIError(404, f"model {model!r} does not exist; this server serves {self.cfg.model_id!r}",
+                           "invalid_request_error", "model", "model_not_found")
+        return self.ready()
+
+    async def _generate(self, req, ids: list[int], prompt_param: str, out, request: Request) -> Response:
+        pipe = self.pipe
         room = pipe.max_seq_len - len(ids)
         if room < 1:
-            raise protocol.bad(f"the prompt has {len(ids)} tokens and the context holds {pipe.max_seq_len}: "
-                               "shorten it", "messages" if chat else "prompt", "context_length_exceeded")
-        # defaults as OpenAI-compatible servers: chat runs to the context's end, completions 16
-        max_new = p.max_tokens if p.max_tokens is not None else (room if chat else 16)
+            raise bad(f"the prompt has {len(ids)} tokens and the context holds {pipe.max_seq_len}: shorten it",
+                      prompt_param, "context_length_exceeded")
+        p = req.to_gen_params(room)
         try:
-            r = pipe.request(ids, max_new_tokens=max_new, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
-                             seed=p.seed, draft=cfg.draft, adaptive=cfg.adaptive, timeout_s=cfg.request_timeout_s,
-                             ignore_eos=p.ignore_eos)
+            r = pipe.request(ids, **p.engine_kwargs(), draft=self.cfg.draft, adaptive=self.cfg.adaptive,
+                             timeout_s=self.cfg.request_timeout_s)
         except (ValueError, InvalidSampling) as e:  # ContextOverflow is a ValueError
-            raise protocol.bad(f"{e} (prompt: {len(ids)} tokens, context: {pipe.max_seq_len})",
-                               "max_tokens" if "max_new_tokens" in str(e) else None) from None
-        try:
-            events = pipe.asubmit(r)
-        except EngineBusy as e:
-            raise APIError(503, str(e), "server_error", code="queue_full", headers={"Retry-After": "1"}) from None
-        except EngineClosed:
-            raise APIError(503, "the server is shutting down", "server_error", code="shutting_down") from None
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        job = _Job(st, pipe, r, events, TextStream(tok, p.stop), rid, chat, p, len(ids))
-        if p.stream:
-            return _Stream(job.sse(), lambda: pipe.engine.cancel(r), media_type="text/event-stream",
+            param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+            raise bad(f"{e} (prompt: {len(ids)} tokens, context: {pipe.max_seq_len})",
+                      param if "max_new_tokens" in str(e) else None) from None
+        events = pipe.asubmit(r)  # EngineBusy / EngineClosed: 503 (see _error)
+        job = _Job(self, r, events, TextStream(pipe.tokenizer, list(p.stop)), out, len(ids))
+        if req.stream:
+            return _Stream(job.sse(req.include_usage), lambda: pipe.engine.cancel(r), media_type="text/event-stream",
                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return JSONResponse(await job.collect(request))
+        return JSONResponse(_dump(await job.collect(request)))
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await generate(request, True)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await generate(request, False)
+def _dump(model) -> dict:
+    """A response as the JSON clients read: null fields kept (`"logprobs": null`), fields
+    marked `exclude_if` dropped."""
+    return model.model_dump(mode="json")
 
-    return app
+
+# ---- responses: the two endpoints' shapes ---------------------------------------------------
+
+class _ChatOutput:
+    def __init__(self, model: str):
+        self.id, self.model, self.created = "chatcmpl-" + uuid.uuid4().hex[:24], model, int(time.time())
+
+    def first(self) -> list[ChatCompletionStreamResponse]:
+        return [self.chunk(DeltaMessage(role="assistant", content=""))]
+
+    def piece(self, text: str) -> ChatCompletionStreamResponse:
+        return self.chunk(DeltaMessage(content=text))
+
+    def chunk(self, delta: DeltaMessage, finish: str | None = None) -> ChatCompletionStreamResponse:
+        return ChatCompletionStreamResponse(id=self.id, created=self.created, model=self.model,
+                                            choices=[ChatCompletionStreamChoice(delta=delta, finish_reason=finish)])
+
+    def last(self, finish: str) -> ChatCompletionStreamResponse:
+        return self.chunk(DeltaMessage(), finish)
+
+    def usage(self, usage: UsageInfo) -> ChatCompletionStreamResponse:
+        return ChatCompletionStreamResponse(id=self.id, created=self.created, model=self.model, choices=[],
+                                            usage=usage)
+
+    def whole(self, text: str, finish: str, usage: UsageInfo) -> ChatCompletionResponse:
+        choice = ChatCompletionChoice(message=AssistantMessage(content=text), finish_reason=finish)
+        return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=[choice],
+                                      usage=usage)
+
+
+class _CompletionOutput:
+    def __init__(self, model: str):
+        self.id, self.model, self.created = "cmpl-" + uuid.uuid4().hex[:24], model, int(time.time())
+
+    def first(self) -> list[CompletionResponse]:
+        return []  # completions have no role chunk
+
+    def piece(self, text: str, finish: str | None = None) -> CompletionResponse:
+        return CompletionResponse(id=self.id, created=self.created, model=self.model,
+                                  choices=[CompletionChoice(text=text, finish_reason=finish)])
+
+    def last(self, finish: str) -> CompletionResponse:
+        return self.piece("", finish)
+
+    def usage(self, usage: UsageInfo) -> CompletionResponse:
+        return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[], usage=usage)
+
+    def whole(self, text: str, finish: str, usage: UsageInfo) -> CompletionResponse:
+        return CompletionResponse(id=self.id, created=self.created, model=self.model,
+                                  choices=[CompletionChoice(text=text, finish_reason=finish)], usage=usage)
 
 
 class _Stream(StreamingResponse):
@@ -218,10 +247,9 @@ class _Stream(StreamingResponse):
 class _Job:
     """One request's response: streamed as SSE chunks or collected into one body."""
 
-    def __init__(self, st, pipe, r, events, text, rid, chat, p, n_prompt):
-        self.st, self.pipe, self.r, self.events, self.text = st, pipe, r, events, text
-        self.rid, self.chat, self.p, self.n_prompt = rid, chat, p, n_prompt
-        self.created = int(time.time())
+    def __init__(self, serving: OpenAIServing, r, events, text: TextStream, out, n_prompt: int):
+        self.serving, self.r, self.events, self.text, self.out = serving, r, events, text, out
+        self.n_prompt = n_prompt
         self.t0 = time.perf_counter()
         self.t_first = None
 
@@ -230,13 +258,13 @@ class _Job:
             return "stop"
         return FINISH.get(self.r.stats.stop_reason, "stop")
 
-    def _usage(self) -> dict:
+    def _usage(self) -> UsageInfo:
         n = len(self.text.ids)
-        return {"prompt_tokens": self.n_prompt, "completion_tokens": n, "total_tokens": self.n_prompt + n,
-                "prompt_tokens_details": {"cached_tokens": self.r.stats.cached_tokens}}
+        return UsageInfo(prompt_tokens=self.n_prompt, completion_tokens=n, total_tokens=self.n_prompt + n,
+                         prompt_tokens_details=PromptTokensDetails(cached_tokens=self.r.stats.cached_tokens))
 
     def _record(self) -> None:
-        m = self.st.metrics
+        m = self.serving.metrics
         if m is None:
             return
         n = len(self.text.ids)
@@ -257,49 +285,37 @@ class _Job:
                 return
         self.text.flush()
 
-    def _chunk(self, content: str | None = None, finish: str | None = None, role: bool = False) -> dict:
-        if self.chat:
-            delta = {"role": "assistant", "content": ""} if role else ({"content": content} if content else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            obj = "chat.completion.chunk"
-        else:
-            choice = {"index": 0, "text": content or "", "logprobs": None, "finish_reason": finish}
-            obj = "text_completion"
-        return {"id": self.rid, "object": obj, "created": self.created, "model": self.p.model, "choices": [choice]}
-
-    async def sse(self):
-        def data(obj) -> str:
-            return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    async def sse(self, include_usage: bool):
+        def data(model) -> str:
+            return f"data: {json.dumps(_dump(model), ensure_ascii=False)}\n\n"
 
         try:
-            if self.chat:
-                yield data(self._chunk(role=True))
+            for chunk in self.out.first():
+                yield data(chunk)
             async for piece in self._pieces():
-                yield data(self._chunk(piece))
+                yield data(self.out.piece(piece))
             tail = self.text.tail()
             if tail:
-                yield data(self._chunk(tail))
+                yield data(self.out.piece(tail))
             await self.events.aclose()  # a stop string ends the request now
-            yield data(self._chunk(finish=self._finish()))
-            if self.p.include_usage:
-                u = self._chunk()
-                u["choices"], u["usage"] = [], self._usage()
-                yield data(u)
+            yield data(self.out.last(self._finish()))
+            if include_usage:
+                yield data(self.out.usage(self._usage()))
             yield "data: [DONE]\n\n"
             self._record()
         except Exception as e:  # noqa: BLE001 - mid-stream: the status is sent; say it in the stream
-            log.error("specrt: request %s failed mid-stream: %s", self.rid, e)
-            yield data(APIError(500, f"generation failed: {e}", "server_error").body())
+            log.error("specrt: request %s failed mid-stream: %s", self.out.id, e)
+            yield data(ErrorResponse(error=ErrorInfo(message=f"generation failed: {e}", type="server_error")))
             yield "data: [DONE]\n\n"
         finally:
             await self.events.aclose()  # a client that went away cancels its request
 
-    async def collect(self, request: Request) -> dict:
+    async def collect(self, request: Request):
         async def watch():  # a client that disconnects cancels its request
             while True:
                 await asyncio.sleep(0.5)
                 if await request.is_disconnected():
-                    self.pipe.engine.cancel(self.r)
+                    self.serving.pipe.engine.cancel(self.r)
                     return
 
         watcher = asyncio.ensure_future(watch())
@@ -308,15 +324,156 @@ class _Job:
         finally:
             watcher.cancel()
             await self.events.aclose()
-        text = "".join(parts) + self.text.tail()
         self._record()
-        finish = self._finish()
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            obj = "text_completion"
-        return {"id": self.rid, "object": obj, "created": self.created, "model": self.p.model, "choices": [choice],
-                "usage": self._usage()}
+        return self.out.whole("".join(parts) + self.text.tail(), self._finish(), self._usage())
+
+
+# ---- reading bodies -------------------------------------------------------------------------
+
+class _BodyRequest(Request):
+    """A request whose body is read under the server's size limit (413, checked on
+    Content-Length and while a chunked body arrives) and parsed with an error that says what
+    is wrong with the JSON."""
+
+    async def body(self) -> bytes:
+        if not hasattr(self, "_body"):
+            limit = self.app.state.serving.cfg.max_body_bytes
+            n = self.headers.get("content-length")
+            if n is not None and n.isdigit() and int(n) > limit:
+                raise APIError(413, f"request body of {n} bytes exceeds the limit of {limit}", code="body_too_large")
+            buf = bytearray()
+            async for part in self.stream():
+                buf += part
+                if len(buf) > limit:
+                    raise APIError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
+            self._body = bytes(buf)
+        return self._body
+
+    async def json(self):
+        if not hasattr(self, "_json"):
+            try:
+                self._json = json.loads(await self.body())
+            except (ValueError, UnicodeDecodeError, RecursionError) as e:  # nesting too deep is not a 500
+                raise bad(f"the request body is not valid JSON: {str(e)[:200]}") from None
+        return self._json
+
+
+class _Route(APIRoute):
+    """FastAPI's route, reading the body through `_BodyRequest` (FastAPI's custom-route idiom)."""
+
+    def get_route_handler(self):
+        handle = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            return await handle(_BodyRequest(request.scope, request.receive))
+
+        return route
+
+
+# ---- routes ---------------------------------------------------------------------------------
+
+def _serving(request: Request) -> OpenAIServing:
+    return request.app.state.serving
+
+
+Serving = Annotated[OpenAIServing, Depends(_serving)]
+
+
+def _authorized(request: Request, serving: Serving) -> None:
+    serving.check_key(request.headers.get("authorization", ""))
+
+
+def _ready(serving: Serving) -> None:
+    serving.ready()  # before the body is validated: a loading server says 503 to any request
+
+
+# OpenAI's error body for every refusal; "4XX" also keeps FastAPI from documenting its own 422,
+# which this server never sends (validation errors are 400s, as OpenAI's)
+_ERRORS = {
+    "4XX": {"model": ErrorResponse, "description": "400 invalid or unsupported field, 401 key, 404 model or route, "
+                                                   "413 body too large"},
+    503: {"model": ErrorResponse, "description": "loading, queue full or shutting down (Retry-After)"},
+}
+v1 = APIRouter(prefix="/v1", route_class=_Route, dependencies=[Depends(_authorized), Depends(_ready)],
+               responses=_ERRORS)
+ops = APIRouter()
+
+
+@v1.post("/chat/completions", response_model=ChatCompletionResponse)
+async def create_chat_completion(req: ChatCompletionRequest, request: Request, serving: Serving):
+    return await serving.chat(req, request)
+
+
+@v1.post("/completions", response_model=CompletionResponse)
+async def create_completion(req: CompletionRequest, request: Request, serving: Serving):
+    return await serving.complete(req, request)
+
+
+@v1.get("/models", response_model=ModelList)
+async def list_models(serving: Serving):
+    return JSONResponse(_dump(serving.models()))
+
+
+@ops.get("/health")
+async def health(serving: Serving):
+    if serving.pipe is None:
+        return JSONResponse({"status": "error" if serving.error else "loading", "error": serving.error},
+                            status_code=503, headers={"Retry-After": "2"})
+    return {"status": "ok"}
+
+
+@ops.get("/metrics")
+async def metrics(serving: Serving):
+    return Response(serving.metrics.render() if serving.metrics else b"", media_type=CONTENT_TYPE)
+
+
+# ---- errors: one mapping from exception class to OpenAI's error -----------------------------
+
+def _as_api_error(request: Request, e: Exception) -> APIError:
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, RequestValidationError):
+        info = openai_error(list(e.errors()))
+        return APIError(400, info.message, info.type, info.param, info.code)
+    if isinstance(e, EngineBusy):
+        return APIError(503, str(e), "server_error", code="queue_full", headers={"Retry-After": "1"})
+    if isinstance(e, EngineClosed):
+        return APIError(503, "the server is shutting down", "server_error", code="shutting_down")
+    if isinstance(e, StarletteHTTPException):  # routing: unknown path or method
+        if e.status_code in (404, 405):
+            return APIError(e.status_code, f"no route {request.method} {request.url.path}",
+                            "not_found_error" if e.status_code == 404 else "invalid_request_error",
+                            code="not_found" if e.status_code == 404 else None)
+        return APIError(e.status_code, str(e.detail))
+    log.exception("specrt: internal error on %s", request.url.path)  # our bug: the only traceback logged
+    return APIError(500, "internal server error", "server_error")
+
+
+async def _error(request: Request, e: Exception) -> JSONResponse:
+    err = _as_api_error(request, e)
+    serving = request.app.state.serving
+    if serving.metrics is not None:
+        serving.metrics.error(err.status_code)
+    return JSONResponse(_dump(ErrorResponse(error=err.info)), status_code=err.status_code, headers=err.headers)
+
+
+def build_app(cfg: ServerConfig, load, on_load_error=None) -> FastAPI:
+    """load() -> Pipeline, run in a thread at startup; /health says 503 until it returns.
+    on_load_error(exception): called if it raises (the CLI stops the server)."""
+    serving = OpenAIServing(cfg, load, on_load_error)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        threading.Thread(target=serving.load, name="specrt-load", daemon=True).start()
+        yield
+        serving.close()
+
+    # /openapi.json is served (the protocol models' schema); the docs UIs stay off. A body
+    # without Content-Type is read as JSON, as before FastAPI 0.132 made that strict.
+    app = FastAPI(title="specrt", docs_url=None, redoc_url=None, lifespan=lifespan, strict_content_type=False)
+    app.state.serving = serving
+    for cls in (RequestValidationError, StarletteHTTPException, EngineBusy, EngineClosed, Exception):
+        app.add_exception_handler(cls, _error)
+    app.include_router(v1)
+    app.include_router(ops)
+    return app

@@ -1,146 +1,527 @@
-"""OpenAI request bodies -> checked generation settings; errors in OpenAI's shape.
+"""OpenAI request and response bodies as pydantic models (the `serve` extra only).
 
-Pure (no HTTP framework): the app parses the body with `json.loads`, hands the dict here, and
-turns an `APIError` into `{"error": {"message", "type", "param", "code"}}` with its status.
-Unknown fields are ignored, as OpenAI-compatible servers do.
+Models hold data, validation and conversion, nothing else: FastAPI validates a body against
+`ChatCompletionRequest` / `CompletionRequest` before a route runs, `to_gen_params` turns a
+checked request into engine settings, and `openai_error` turns pydantic's errors into OpenAI's
+`{"error": {...}}` with `param` naming the field as the client wrote it (`messages[0].content`).
+The serving layer (app.py) calls the engine and picks HTTP statuses.
+
+Unknown fields are ignored (logged at debug level), as OpenAI-compatible servers do. Fields the
+server understands but cannot honour yet are refused with a 400, never ignored: `UNSUPPORTED`
+is the one table to edit as the engine gains each feature (issue 20).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
+from pydantic_core import PydanticCustomError
+
+log = logging.getLogger("specrt.serve")
 
 
-class APIError(Exception):
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-        self.headers = headers or {}
+# ---- scalar types: JSON numbers and booleans as they are written ----------------------------
 
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(400, message, "invalid_request_error", param, code)
-
-
-@dataclass
-class GenParams:
-    chat: bool
-    model: str
-    messages: list[dict] | None = None  # chat
-    prompt: str | None = None  # completions
-    max_tokens: int | None = None  # None: the server's default for the endpoint
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stream: bool = False
-    include_usage: bool = False
-    ignore_eos: bool = False  # extension (vLLM): run to max_tokens (load tests)
-
-
-def _number(body: dict, name: str, default, lo: float, hi: float, integer: bool = False, lo_open: bool = False):
-    v = body.get(name, default)
-    if v is None:
-        return default
+def _json_number(v):
+    # pydantic's lax mode reads true as 1 and "0.5" as 0.5; a client that sends either has a bug
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise bad(f"'{name}' must be {'an integer' if integer else 'a number'}, got {type(v).__name__} {v!r}", name)
-    try:
-        v = float(v) if not integer or isinstance(v, float) else v
-        finite = math.isfinite(float(v))
-    except OverflowError:  # an integer literal too large for a float
-        finite = False
-    if integer and finite and not float(v).is_integer():
-        raise bad(f"'{name}' must be an integer, got {v!r}", name)
-    if not finite or v < lo or v > hi or (lo_open and v == lo):
-        rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
-        raise bad(f"'{name}' must be in {rng}, got {str(v)[:40]}", name)
-    return int(v) if integer else float(v)
+        raise PydanticCustomError("number_type", "must be a number")
+    return v
 
 
-def _content(m, i: int) -> str:
-    c = m.get("content")
-    if isinstance(c, str):
-        return c
-    if isinstance(c, list):  # content parts: only text is supported
-        texts = []
-        for p in c:
-            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                raise bad(f"messages[{i}].content: only text parts ({{'type': 'text', 'text': ...}}) are supported",
-                          f"messages[{i}].content")
-            texts.append(p["text"])
-        return "".join(texts)
-    if c is None and m.get("role") == "assistant":
-        return ""
-    raise bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
+def number(**limits):
+    """A JSON number within `limits` (ge, gt, le). NaN and infinities are refused (Python's json
+    reads the NaN / Infinity literals); so is an integer too large for a float. The limits sit
+    inside the check so the OpenAPI schema shows them as minimum / maximum."""
+    return Annotated[float, Field(allow_inf_nan=False, **limits), BeforeValidator(_json_number)]
 
 
-def parse(body, chat: bool) -> GenParams:
-    """body: the decoded JSON of a /v1/chat/completions (chat=True) or /v1/completions request."""
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad("'model' is required (a string: see GET /v1/models)", "model")
-    p = GenParams(chat=chat, model=model)
-    if chat:
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise bad("'messages' must be a non-empty list of {role, content}", "messages")
-        out = []
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer"):
-                raise bad(f"messages[{i}] must be an object with role system, user or assistant", f"messages[{i}]")
-            role = "system" if m["role"] == "developer" else m["role"]
-            out.append({"role": role, "content": _content(m, i)})
-        p.messages = out
-    else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise bad("'prompt' must be a string (one prompt per request)", "prompt")
-        if not prompt:
-            raise bad("'prompt' is empty", "prompt")
-        p.prompt = prompt
-    n = _number(body, "n", 1, 1, 1e9, integer=True)
-    if n != 1:
-        raise bad(f"'n' must be 1 (one choice per request), got {n}", "n", "unsupported_value")
-    for name in ("max_completion_tokens", "max_tokens"):
-        if body.get(name) is not None:
-            p.max_tokens = _number(body, name, None, 1, 1e12, integer=True)
-            break
-    p.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    p.top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
-    p.top_k = _number(body, "top_k", 0, 0, 1e9, integer=True)  # extension (vLLM, llama.cpp); 0 = off
-    if p.top_k < 0:
-        raise bad("'top_k' must be >= 0 (0 = off)", "top_k")
-    seed = body.get("seed")
-    if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise bad(f"'seed' must be an integer, got {seed!r}", "seed")
-        p.seed = seed
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > 16):
-        raise bad("'stop' must be a string or a list of at most 16 strings", "stop")
-    p.stop = [s for s in (stop or []) if s]
-    stream = body.get("stream", False)
-    if stream is not None and not isinstance(stream, bool):
-        raise bad("'stream' must be a boolean", "stream")
-    p.stream = bool(stream)
-    ie = body.get("ignore_eos", False)
-    if not isinstance(ie, bool):
-        raise bad("'ignore_eos' must be a boolean", "ignore_eos")
-    p.ignore_eos = ie
-    so = body.get("stream_options")
-    if so is not None:
-        if not isinstance(so, dict):
-            raise bad("'stream_options' must be an object", "stream_options")
-        p.include_usage = bool(so.get("include_usage", False))
-    return p
+def integer(**limits):
+    """A JSON integer within `limits`; 5.0 is 5, 5.5 is refused."""
+    return Annotated[int, Field(**limits), BeforeValidator(_json_number)]
+
+
+def _as_list(v):
+    return [v] if isinstance(v, str) else v
+
+
+def _one_prompt(v):
+    if isinstance(v, list) and len(v) == 1 and isinstance(v[0], str):
+        return v[0]
+    if not isinstance(v, str):
+        raise PydanticCustomError("prompt_type", "must be a string (one prompt per request)")
+    return v
+
+
+class OpenAIBaseModel(BaseModel):
+    """Request models: unknown fields are allowed (OpenAI's API grows; clients send fields of
+    other servers) and logged, so a field that is silently dropped can still be found."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _log_ignored(self):
+        if self.model_extra:
+            log.debug("specrt: %s ignores fields %s", type(self).__name__, sorted(self.model_extra))
+        return self
+
+
+# ---- messages -------------------------------------------------------------------------------
+
+class ImageURL(OpenAIBaseModel):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class InputAudio(OpenAIBaseModel):
+    data: str
+    format: Literal["wav", "mp3"]
+
+
+class ContentPart(OpenAIBaseModel):
+    """One part of a message's content. The model reads text only; the other kinds are parsed
+    so that `UNSUPPORTED` can name them in its refusal."""
+
+    type: Literal["text", "image_url", "input_audio", "file"]
+    text: str | None = None
+    image_url: ImageURL | None = None
+    input_audio: InputAudio | None = None
+    file: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _payload(self):
+        if getattr(self, self.type) is None:
+            raise PydanticCustomError("missing", "a {kind} part needs its '{kind}' field", {"kind": self.type})
+        return self
+
+
+class ChatMessage(OpenAIBaseModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+
+    @model_validator(mode="after")
+    def _needs_content(self):
+        if self.content is None and self.role != "assistant":  # an assistant turn may be empty
+            raise PydanticCustomError("missing", "'content' is required (a string or a list of text parts)")
+        return self
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)  # text parts only: others are refused
+        return self.content or ""
+
+
+# ---- request options ------------------------------------------------------------------------
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: StrictBool | None = None
+
+
+class JsonSchemaFormat(OpenAIBaseModel):
+    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(OpenAIBaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise PydanticCustomError("missing", "type 'json_schema' needs a 'json_schema' object")
+        return self
+
+
+class FunctionDefinition(OpenAIBaseModel):
+    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(OpenAIBaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(OpenAIBaseModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIBaseModel):
+    type: Literal["function"]
+    function: FunctionName
+
+
+# ---- what is parsed but refused -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A field the server parses and checks but cannot honour: `used(value)` says whether the
+    request asks for it (True, or the exact param path inside the field); `why` ends the 400."""
+
+    field: str
+    used: Callable[[Any], bool | str | None]
+    why: str
+
+
+def _non_text_part(messages: list[ChatMessage]) -> str | None:
+    for i, m in enumerate(messages):
+        for j, part in enumerate(m.content if isinstance(m.content, list) else []):
+            if part.type != "text":
+                return f"messages[{i}].content[{j}]"
+    return None
+
+
+_SPEC = "not exact under speculative decoding yet (issue 20)"
+_GRAMMAR = "structured output needs grammar-constrained decoding under speculation (issue 20)"
+_NO_TOOLS = "the bundle's chat template has no tool calling"
+
+# Each entry is lifted (removed) when the engine honours the field; types and ranges stay in
+# the models above, so a lifted field is already validated.
+UNSUPPORTED: tuple[Unsupported, ...] = (
+    Unsupported("n", lambda v: v > 1, "one choice per request"),
+    Unsupported("best_of", lambda v: v > 1, "one choice per request"),
+    Unsupported("logprobs", lambda v: v is not None and v is not False, "logprobs are " + _SPEC),
+    Unsupported("frequency_penalty", lambda v: v != 0, "penalties are " + _SPEC),
+    Unsupported("presence_penalty", lambda v: v != 0, "penalties are " + _SPEC),
+    Unsupported("repetition_penalty", lambda v: v != 1, "penalties are " + _SPEC),
+    Unsupported("logit_bias", bool, "logit bias is " + _SPEC),
+    Unsupported("min_tokens", lambda v: v > 0, "min_tokens is " + _SPEC),
+    Unsupported("min_p", lambda v: v > 0, "min_p sampling is " + _SPEC),
+    Unsupported("stop_token_ids", bool, "stop token ids are not implemented yet; use 'stop' strings"),
+    Unsupported("response_format", lambda v: v.type != "text", _GRAMMAR),
+    Unsupported("guided_json", lambda v: True, _GRAMMAR),
+    Unsupported("guided_regex", lambda v: True, _GRAMMAR),
+    Unsupported("guided_grammar", lambda v: True, _GRAMMAR),
+    Unsupported("guided_choice", lambda v: True, _GRAMMAR),
+    Unsupported("grammar", lambda v: True, _GRAMMAR),
+    Unsupported("json_schema", lambda v: True, _GRAMMAR),
+    Unsupported("tools", bool, _NO_TOOLS),
+    # "auto" without tools is plain text, as "none" is
+    Unsupported("tool_choice", lambda v: v not in ("none", "auto"), _NO_TOOLS),
+    Unsupported("messages", _non_text_part, "the model reads text only: send {'type': 'text', 'text': ...} parts"),
+    Unsupported("audio", lambda v: True, "the model writes text only"),
+    Unsupported("modalities", lambda v: "audio" in v, "the model writes text only"),
+    Unsupported("echo", bool, "echoing the prompt is not implemented"),
+    Unsupported("suffix", bool, "the model has no fill-in-the-middle format"),
+)
+
+
+def _unsupported(name: str, why: str) -> PydanticCustomError:
+    return PydanticCustomError("unsupported_parameter", "'{param}' is not supported by this server: {why}",
+                               {"param": name, "why": why})
+
+
+# ---- requests -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GenParams:
+    """What the engine needs from a request; the keyword names are `Pipeline.request`'s."""
+
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    ignore_eos: bool
+    stop: tuple[str, ...]  # for TextStream: stop strings end the text, not the engine
+
+    def engine_kwargs(self) -> dict:
+        return dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                    top_k=self.top_k, seed=self.seed, ignore_eos=self.ignore_eos)
+
+
+class _GenerationRequest(OpenAIBaseModel):
+    """Fields both endpoints share."""
+
+    model: str = Field(min_length=1, description="the served model's id: see GET /v1/models")
+    max_tokens: integer(ge=1, le=10**12) | None = None
+    temperature: number(ge=0, le=2) | None = None
+    top_p: number(gt=0, le=1) | None = None
+    top_k: integer(ge=0, le=10**9) | None = Field(default=None, description="extension (vLLM, llama.cpp); 0 = off")
+    seed: integer() | None = None
+    stop: Annotated[list[str] | None, Field(max_length=16),
+                    BeforeValidator(_as_list, json_schema_input_type=str | list[str] | None)] = None
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+    n: integer(ge=1, le=10**9) | None = 1
+    ignore_eos: StrictBool | None = Field(default=False, description="extension (vLLM): run to max_tokens")
+    # parsed and range-checked, refused while `UNSUPPORTED` lists them
+    frequency_penalty: number(ge=-2, le=2) | None = 0.0
+    presence_penalty: number(ge=-2, le=2) | None = 0.0
+    repetition_penalty: number(gt=0, le=2) | None = Field(default=1.0, description="extension (vLLM)")
+    logit_bias: dict[Annotated[str, Field(pattern=r"^\d+$")], number(ge=-100, le=100)] | None = None
+    min_tokens: integer(ge=0) | None = Field(default=0, description="extension (vLLM)")
+    min_p: number(ge=0, le=1) | None = Field(default=0.0, description="extension (vLLM, llama.cpp)")
+    stop_token_ids: list[integer()] | None = Field(default=None, description="extension (vLLM)")
+    response_format: ResponseFormat | None = None
+    guided_json: str | dict[str, Any] | None = Field(default=None, description="extension (vLLM)")
+    guided_regex: str | None = Field(default=None, description="extension (vLLM)")
+    guided_grammar: str | None = Field(default=None, description="extension (vLLM)")
+    guided_choice: list[str] | None = Field(default=None, description="extension (vLLM)")
+    grammar: str | None = Field(default=None, description="extension (llama.cpp)")
+    json_schema: dict[str, Any] | None = Field(default=None, description="extension (llama.cpp)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stream_options_need_stream(cls, data):
+        if isinstance(data, dict) and data.get("stream_options") is not None and data.get("stream") is not True:
+            raise PydanticCustomError("invalid_combination", "'{param}' is only allowed with 'stream': true",
+                                      {"param": "stream_options"})
+        return data
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self):
+        declared = type(self).model_fields
+        for u in UNSUPPORTED:
+            value = getattr(self, u.field) if u.field in declared else None
+            hit = value is not None and u.used(value)
+            if hit:
+                raise _unsupported(hit if isinstance(hit, str) else u.field, u.why)
+        return self
+
+    def _requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def default_max_tokens(self, room: int) -> int:
+        """The server's default when the request names none; room: tokens left in the context."""
+        raise NotImplementedError
+
+    def to_gen_params(self, room: int) -> GenParams:
+        """Request value, else the server's default, else the built-in default; the request
+        itself is left as it is."""
+        asked = self._requested_max_tokens()
+        return GenParams(
+            max_new_tokens=asked if asked is not None else self.default_max_tokens(room),
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            seed=self.seed,
+            ignore_eos=bool(self.ignore_eos),
+            stop=tuple(s for s in self.stop or () if s),
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: integer(ge=1, le=10**12) | None = None
+    logprobs: StrictBool | None = False
+    top_logprobs: integer(ge=0, le=20) | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None  # nothing to parallelise while tools are refused
+    audio: dict[str, Any] | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, data):
+        asked = data.get("top_logprobs") if isinstance(data, dict) else None
+        if isinstance(asked, int) and asked > 0 and data.get("logprobs") is not True:
+            raise PydanticCustomError("invalid_combination", "'{param}' needs 'logprobs': true",
+                                      {"param": "top_logprobs"})
+        return data
+
+    def _requested_max_tokens(self) -> int | None:
+        # max_tokens is deprecated in OpenAI's chat API in favour of max_completion_tokens
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def default_max_tokens(self, room: int) -> int:
+        return room  # to the end of the context (vLLM's default)
+
+    def chat_messages(self) -> list[dict]:
+        """{role, content} for the chat template; `developer` is OpenAI's new name for system."""
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: Annotated[str, Field(min_length=1), BeforeValidator(_one_prompt, json_schema_input_type=str | list[str])]
+    logprobs: integer(ge=0, le=5) | None = None
+    echo: StrictBool | None = False
+    best_of: integer(ge=1, le=20) | None = None
+    suffix: str | None = None
+
+    def default_max_tokens(self, room: int) -> int:
+        return 16  # OpenAI's and vLLM's default for completions
+
+
+# ---- responses ------------------------------------------------------------------------------
+
+def _none(v) -> bool:
+    return v is None
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    # prompt tokens whose KV rows were reused (prefix cache); always sent by specrt serve
+    prompt_tokens_details: PromptTokensDetails | None = Field(default=None, exclude_if=_none)
+
+
+FinishReason = Literal["stop", "length", "timeout"]  # timeout: --request-timeout (not OpenAI's)
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatCompletionChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None  # always null while logprobs are refused; clients expect the key
+    finish_reason: FinishReason
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: UsageInfo
+
+
+class DeltaMessage(BaseModel):
+    """What a chunk adds: the role once, then content pieces; the last chunk's delta is {}."""
+
+    role: Literal["assistant"] | None = Field(default=None, exclude_if=_none)
+    content: str | None = Field(default=None, exclude_if=_none)
+
+
+class ChatCompletionStreamChoice(BaseModel):
+    index: int = 0
+    delta: DeltaMessage
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionStreamResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatCompletionStreamChoice]  # [] in the usage chunk
+    usage: UsageInfo | None = Field(default=None, exclude_if=_none)  # only in the usage chunk
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReason | None = None  # None in a stream's content chunks
+
+
+class CompletionResponse(BaseModel):
+    """A whole completion, or (usage None) one streamed chunk: OpenAI uses one shape for both."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = Field(default=None, exclude_if=_none)
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "specrt"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+# ---- pydantic's errors as OpenAI's ----------------------------------------------------------
+
+# pydantic names each member of a union in an error's location ("str", "list[...]",
+# "literal['none','auto']", a model's class name) and a dict key's own error "[key]"; clients
+# wrote only field names, keys and indexes
+_KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean"}
+_OWN_CODES = {"unsupported_parameter"}  # our codes, passed on as the error's `code`
+
+
+def _is_member(part) -> bool:
+    return isinstance(part, str) and (part in _KINDS or "[" in part or part[:1].isupper())
+
+
+def _kind(member: str) -> str:
+    if member.startswith("literal["):
+        return member[len("literal["):-1]
+    return _KINDS.get(member) or ("a list" if member.startswith("list[") else "an object")
+
+
+def _param(loc) -> str | None:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not _is_member(part):
+            out += f".{part}" if out else part
+    return out or None
+
+
+def _got(value) -> str:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return f" (got {json.dumps(value)[:40]})"
+    return ""  # objects and lists: the param says where
+
+
+def openai_error(errors: list[dict]) -> ErrorInfo:
+    """pydantic's (or FastAPI's) validation errors -> one OpenAI error. The deepest error is the
+    one a client can act on: a union reports one error per member, the member that matched
+    furthest has the longest location."""
+    e = max(errors, key=lambda e: len(e.get("loc", ())))
+    loc = tuple(e.get("loc", ()))
+    if loc[:1] == ("body",):  # FastAPI's prefix for the request body
+        loc = loc[1:]
+    ctx = e.get("ctx") or {}
+    param = ctx.get("param") or _param(loc)
+    if e["type"] in _OWN_CODES or e["type"] == "invalid_combination":
+        return ErrorInfo(message=e["msg"], type="invalid_request_error", param=param,
+                         code=e["type"] if e["type"] in _OWN_CODES else None)
+    if param is None:
+        return ErrorInfo(message="the request body must be a JSON object (Content-Type: application/json) "
+                                 "with the endpoint's fields", type="invalid_request_error")
+    msg = e["msg"]
+    members = [p for p in loc if _is_member(p)]
+    if members and loc[-1] == members[-1] and len(errors) > 1:  # no member of a union matched at all
+        kinds = dict.fromkeys(_kind(p) for x in errors for p in x["loc"][-1:] if _is_member(p))
+        msg = "must be " + " or ".join(kinds)
+    if e["type"] == "missing" and not ctx:
+        msg = "is required" if msg == "Field required" else msg
+    return ErrorInfo(message=f"'{param}': {msg}{_got(e.get('input')) if e['type'] != 'missing' else ''}",
+                     type="invalid_request_error", param=param)

@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from test_serve_protocol import REFUSED, chat  # the model tests' table of refused bodies
 
 import specrt
 from specrt.runtime.serve.app import ServerConfig, build_app
@@ -172,7 +173,7 @@ def test_stop_strings_and_seeds(srv):
     ({"model": "int8", "prompt": "w5", "max_tokens": "ten"}, 400, "max_tokens"),
     ({"model": "int8", "prompt": "w5", "max_tokens": 10**400}, 400, "max_tokens"),
     ({"model": "int8", "prompt": "w5", "n": 2}, 400, "n"),
-    ({"model": "int8", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0]"),
+    ({"model": "int8", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
     ({"prompt": "w5"}, 400, "model"),
     ({"model": "gpt-4", "prompt": "w5"}, 404, "model"),
 ])
@@ -183,6 +184,66 @@ def test_bad_requests_get_openai_errors(srv, body, status, param):
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["param"] == param and err["message"]
     assert "Traceback" not in r.text
+
+
+def test_unsupported_fields_are_refused_with_their_param(srv):
+    """Every field the server parses but cannot honour yet gets a 400 naming it, through the
+    official client (the same bodies the model tests refuse)."""
+    c = srv.client(max_retries=0)
+    for make, kw, param in REFUSED:
+        with pytest.raises(openai.BadRequestError) as e:
+            if make is chat:
+                c.chat.completions.create(model="int8", messages=[{"role": "user", "content": "w5"}], extra_body=kw)
+            else:
+                c.completions.create(model="int8", prompt="w5", extra_body=kw)
+        assert (e.value.param, e.value.code) == (param, "unsupported_parameter"), (kw, e.value.body)
+        assert "not supported" in e.value.message
+    # and a request with their neutral values runs
+    out = c.chat.completions.create(model="int8", messages=[{"role": "user", "content": "w5"}], max_tokens=4,
+                                    n=1, logprobs=False, frequency_penalty=0, presence_penalty=0, logit_bias={},
+                                    response_format={"type": "text"}, tool_choice="none", temperature=0)
+    assert out.choices[0].message.content == _solo(srv.pipe, "w5", 4).text
+
+
+def test_validation_errors_are_openai_errors_naming_the_param(srv):
+    c = srv.client(max_retries=0)
+    cases = [
+        (dict(messages=[{"role": "user", "content": [{"type": "text"}]}]), "messages[0].content[0]"),
+        (dict(messages=[{"role": "user", "content": 7}]), "messages[0].content"),
+        (dict(messages=[{"role": "user", "content": "w5"}], temperature=True), "temperature"),
+        (dict(messages=[{"role": "user", "content": "w5"}], top_logprobs=3), "top_logprobs"),
+        (dict(messages=[{"role": "user", "content": "w5"}], stop=["s"] * 17), "stop"),
+        (dict(messages=[{"role": "user", "content": "w5"}], extra_body={"logit_bias": {"5": 500}}), "logit_bias.5"),
+    ]
+    for kw, param in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="int8", **kw)
+        assert e.value.status_code == 400 and e.value.param == param, e.value.body
+        assert set(e.value.body) == {"message", "type", "param", "code"} and e.value.type == "invalid_request_error"
+        assert e.value.body["message"].startswith(f"'{param}'")
+    # a body that is JSON but not an object, and one whose Content-Type is not JSON
+    h = {"Authorization": f"Bearer {KEY}"}
+    for content, ctype in ((b"[1, 2]", "application/json"), (b"model=int8", "application/x-www-form-urlencoded")):
+        r = httpx.post(srv.url + "/v1/completions", content=content, headers={**h, "Content-Type": ctype})
+        assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"], r.text
+    # Python's json reads NaN, which is no temperature
+    r = httpx.post(srv.url + "/v1/completions", content=b'{"model": "int8", "prompt": "w5", "temperature": NaN}',
+                   headers={**h, "Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature", r.text
+    # no Content-Type at all is read as JSON (curl without -H, older clients)
+    r = httpx.post(srv.url + "/v1/completions", content=json.dumps({"model": "int8", "prompt": "w5", "max_tokens": 2}),
+                   headers=h)
+    assert r.status_code == 200, r.text
+
+
+def test_openapi_schema_is_served(srv):
+    schema = httpx.get(srv.url + "/openapi.json").json()
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= set(schema["paths"])
+    models = schema["components"]["schemas"]
+    assert {"ChatCompletionRequest", "CompletionRequest", "ChatCompletionResponse", "ErrorResponse"} <= set(models)
+    assert models["ChatCompletionRequest"]["properties"]["temperature"]["anyOf"][0]["maximum"] == 2
+    assert "422" not in schema["paths"]["/v1/completions"]["post"]["responses"]  # validation errors are 400s
+    assert httpx.get(srv.url + "/docs").status_code == 404  # the docs UIs stay off
 
 
 def test_malformed_bodies_routes_and_keys(srv):
