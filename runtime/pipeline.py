@@ -21,6 +21,7 @@ from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
 from .engine import Engine, Request, Scheduler, Stats
 from .kvpool import ContextOverflow
 from .loader import DRAFTS, Parts, load_parts
+from .logits import Penalties, TokenLogprob
 from .manifest import BundleError
 from .policies import PolicyStore
 from .sampling import SamplingConfig
@@ -34,9 +35,13 @@ class Result:
     text: str
     token_ids: list[int]
     stats: Stats
+    logprobs: list[TokenLogprob] | None = None  # per token of token_ids, when asked (runtime/logits.py)
 
     def as_dict(self) -> dict:
-        return {"text": self.text, "token_ids": self.token_ids, "stats": self.stats.as_dict()}
+        d = {"text": self.text, "token_ids": self.token_ids, "stats": self.stats.as_dict()}
+        if self.logprobs is not None:
+            d["logprobs"] = [{"token": e.token, "logprob": e.logprob, "top": e.top} for e in self.logprobs]
+        return d
 
 
 class Pipeline:
@@ -140,11 +145,25 @@ class Pipeline:
     def request(self, prompt_ids: list[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
                 top_k: int = 0, top_p: float = 1.0, seed: int | None = 0, k: int | None = None,
                 draft: str | None = None, stats: Stats | None = None, ignore_eos: bool = False,
-                adaptive: bool | None = None, timeout_s: float | None = None) -> Request:
+                adaptive: bool | None = None, timeout_s: float | None = None, frequency_penalty: float = 0.0,
+                presence_penalty: float = 0.0, repetition_penalty: float = 1.0,
+                logit_bias: dict[int, float] | None = None, min_tokens: int = 0,
+                logprobs: int | None = None) -> Request:
         """A checked request (not yet submitted). ignore_eos: run to max_new_tokens (benchmarks).
-        timeout_s: from submission; a request still running then ends (stop_reason "timeout")."""
+        timeout_s: from submission; a request still running then ends (stop_reason "timeout").
+        frequency_penalty / presence_penalty (OpenAI's, [-2, 2], on new tokens),
+        repetition_penalty (> 0, 1 = off; prompt and new tokens), logit_bias ({token id: bias in
+        [-100, 100]}), min_tokens (EOS masked until then): applied at every position, drafted or
+        not (runtime/logits.py). logprobs: report each new token's log-probability and this many
+        alternatives (0-20; None = off): the raw log-softmax of the target's logits."""
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if logprobs is not None and not 0 <= logprobs <= 20:
+            raise ValueError(f"logprobs must be between 0 and 20 alternatives, got {logprobs}")
+        pen = Penalties(frequency_penalty, presence_penalty, repetition_penalty, dict(logit_bias or {}), min_tokens)
+        pen.check_vocab(self.manifest.target.vocab_size)
+        if min_tokens > max_new_tokens:
+            raise ValueError(f"min_tokens ({min_tokens}) exceeds max_new_tokens ({max_new_tokens})")
         cfg = SamplingConfig(temperature, top_k, top_p)
         k = self.default_k if k is None else k
         self.check_request(len(prompt_ids), max_new_tokens, k)
@@ -153,12 +172,16 @@ class Pipeline:
         adaptive = self.default_adaptive if adaptive is None else adaptive
         return Request(list(prompt_ids), cfg, max_new_tokens, frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids),
                        k=k if draft != "none" else 0, draft=draft, adaptive=adaptive and draft != "none", seed=seed,
-                       stats=stats, timeout_s=timeout_s)
+                       stats=stats, timeout_s=timeout_s, penalties=pen if pen.active else None, logprobs=logprobs)
 
     def stream_ids(self, prompt_ids: list[int], **kw) -> Iterator[list[int]]:
         """Token-level generation: yields committed chunks of new token ids. Closing the
         iterator early cancels the request (its slot is free at the next step)."""
-        r = self.request(prompt_ids, **kw)
+        return self.submit(self.request(prompt_ids, **kw))
+
+    def submit(self, r: Request) -> Iterator[list[int]]:
+        """Submit a checked request now (EngineBusy is raised here) and return an iterator of its
+        token chunks; its logprobs, when asked, collect in `r.token_logprobs`."""
         events: queue.SimpleQueue = queue.SimpleQueue()
         r.sink = lambda kind, value: events.put((kind, value))
         self.engine.submit(r)
@@ -171,6 +194,8 @@ class Pipeline:
                 kind, value = events.get()
                 if kind == "tokens":
                     yield value
+                elif kind == "logprobs":
+                    r.token_logprobs.extend(value)
                 elif kind == "done":
                     finished = True
                     return
@@ -190,7 +215,8 @@ class Pipeline:
         stats = kw.pop("stats", None) or Stats()
         ids = self.tokenizer.encode(prompt, chat=chat)
         text = TextStream(self.tokenizer, stop)
-        gen = self.stream_ids(ids, stats=stats, **kw)
+        r = self.request(ids, stats=stats, **kw)
+        gen = self.submit(r)
         try:
             for chunk in gen:
                 piece = text.push(chunk)
@@ -203,7 +229,7 @@ class Pipeline:
                 text.flush()
         finally:
             gen.close()
-            self._local.last = Result(text.full, text.ids, stats)
+            self._local.last = Result(text.full, text.ids, stats, _aligned(r, text.ids))
         tail = text.tail()
         if tail:  # not in `finally`: a closed generator must not yield
             yield tail
@@ -240,6 +266,8 @@ class Pipeline:
                 kind, value = await events.get()
                 if kind == "tokens":
                     yield value
+                elif kind == "logprobs":
+                    r.token_logprobs.extend(value)
                 elif kind == "done":
                     finished = True
                     return
@@ -258,7 +286,8 @@ class Pipeline:
         stats = kw.pop("stats", None) or Stats()
         ids = self.tokenizer.encode(prompt, chat=chat)
         text = TextStream(self.tokenizer, stop)
-        gen = self.astream_ids(ids, stats=stats, **kw)
+        r = self.request(ids, stats=stats, **kw)
+        gen = self.asubmit(r)
         try:
             async for chunk in gen:
                 piece = text.push(chunk)
@@ -272,7 +301,7 @@ class Pipeline:
         finally:
             await gen.aclose()
             if result is not None:
-                result.append(Result(text.full, text.ids, stats))
+                result.append(Result(text.full, text.ids, stats, _aligned(r, text.ids)))
         tail = text.tail()
         if tail:
             yield tail
@@ -306,6 +335,10 @@ class Pipeline:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _aligned(r: Request, ids: list[int]) -> list[TokenLogprob] | None:
+    return None if r.logprobs is None else r.token_logprobs[: len(ids)]
 
 
 def load(folder: str | Path = "engines/default", **kw) -> Pipeline:

@@ -62,6 +62,11 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tk.decode(list(ids), skip_special_tokens=True)
 
+    def token_text(self, token_id: int) -> str:
+        """One token's text, special tokens included (logprobs name their tokens this way); a
+        byte token that is part of a UTF-8 sequence reads as U+FFFD."""
+        return self.tk.decode([int(token_id)], skip_special_tokens=False)
+
     def stream(self) -> StreamDecoder:
         return StreamDecoder(self)
 

@@ -182,6 +182,8 @@ def run_request(pipe, prompt, on_tokens=None, *, wait_s: float = 120, **kw):
         kind, value = events.get(timeout=wait_s)
         if kind == "tokens":
             out += value
+        elif kind == "logprobs":
+            r.token_logprobs.extend(value)
         elif kind == "error":
             raise value
         elif failed:

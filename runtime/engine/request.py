@@ -1,8 +1,9 @@
 """A request as plain data: what was asked, where it stands, what it has produced.
 
 The engine thread owns every field except `cancelled` (set by the client, read at the next
-step) and reports through `sink(kind, value)`: ("tokens", [ids]) per committed chunk, then
-("done", Stats) or ("error", exception). Nothing here runs a model.
+step) and reports through `sink(kind, value)`: ("tokens", [ids]) per committed chunk (preceded
+by ("logprobs", [TokenLogprob]) for the same tokens when asked), then ("done", Stats) or
+("error", exception). Nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..logits import Penalties
 from ..sampling import SamplingConfig
 
 WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
@@ -32,6 +34,8 @@ class Request:
     seed: int | None = 0
     sink: Callable[[str, object], None] = lambda kind, value: None
     timeout_s: float | None = None  # from submission; then the request ends with stop_reason "timeout"
+    penalties: Penalties | None = None  # runtime/logits.py: applied at every verified position
+    logprobs: int | None = None  # report each new token's logprob and this many alternatives (None: off)
     stats: Stats = None  # filled in place (the caller may pass its own)
     # engine-owned state
     id: int = field(default_factory=lambda: next(_ids))
@@ -45,6 +49,7 @@ class Request:
     policies: dict = field(default_factory=dict)  # route -> AdaptivePolicy (adaptive k)
     route: str | None = None  # this step's sub-drafter ("model" | "ngram"), chosen before k
     cancelled: bool = False
+    token_logprobs: list = field(default_factory=list)  # client-owned: the "logprobs" events, in order
     t_submit: float = 0.0
     t_first: float = 0.0
 

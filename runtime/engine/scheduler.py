@@ -27,6 +27,7 @@ import numpy as np
 
 from ..decoder import NonFiniteLogits
 from ..drafters import DraftCall, Proposal
+from ..logits import apply_penalties, logprobs
 from ..sampling import probs, sample
 from ..verify import verify_greedy, verify_sampling
 from .counters import Counters
@@ -53,9 +54,17 @@ def end_unstarted(r: Request, reason: str) -> None:
 
 
 def _pick(r: Request, logits: np.ndarray) -> int:
-    """The target's own next token from one row of its logits (greedy, or sampled with the
-    request's random stream)."""
+    """The target's own next token from one row of its (processed) logits (greedy, or sampled
+    with the request's random stream)."""
     return int(logits.argmax()) if r.cfg.greedy else sample(probs(logits, r.cfg), r.rng.random())
+
+
+def shape(r: Request, rows: np.ndarray, drafts=()) -> np.ndarray:
+    """The request's own processing of target rows [T, V] (runtime/logits.py): row i follows the
+    committed sequence plus drafts[:i]. The raw rows themselves when nothing is asked."""
+    if r.penalties is None or not r.penalties.active:
+        return rows
+    return apply_penalties(rows, r.penalties, r.prompt, r.seq[len(r.prompt):], drafts, r.eos_ids)
 
 
 REPLAN_STEPS = 8  # steps a "no drafting" plan is kept while the row count stays the same
@@ -180,14 +189,14 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001
             self._retire(r, "error", e)
             return len(chunk)
-        first = _pick(r, row)
+        first = _pick(r, shape(r, row[None])[0])
         now = time.perf_counter()
         r.t_first = now
         r.stats.ttft_ms = 1000 * (now - r.t_submit)
         r.stats.prefill_ms = r.stats.ttft_ms - r.stats.queue_ms
         r.state = DECODE
         self.counters.prefill_tokens += len(r.prompt) - r.stats.cached_tokens
-        self._emit(r, [first])
+        self._emit(r, [first], row[None])
         return len(chunk)
 
     def _call(self, model, r: Request, tokens, hidden=None, keep=None) -> np.ndarray:
@@ -374,11 +383,11 @@ class Scheduler:
             except NonFiniteLogits as e:
                 self._retire(r, "error", e)
                 continue
-            nxt = _pick(r, logits)
+            nxt = _pick(r, shape(r, logits[None])[0])
             pol = r.policies.get(r.route)
             if pol is not None and len(self.running) == 1:
                 pol.costs.observe(0, 0.0, verify_ms)
-            tokens += self._commit(r, Proposal(np.empty(0, np.int64)), 0, nxt, draft_ms, verify_ms)
+            tokens += self._commit(r, Proposal(np.empty(0, np.int64)), 0, nxt, draft_ms, verify_ms, logits[None])
         return tokens
 
     def _verify_one(self, r: Request, prop: Proposal, draft_ms: float, single: bool) -> int:
@@ -391,18 +400,21 @@ class Scheduler:
             self._retire(r, "error", e)
             return 0
         verify_ms = 1000 * (time.perf_counter() - t0)
+        target = shape(r, logits, draft)  # row i as a target-only step after draft[:i] would see it
         if r.cfg.greedy:
-            n_ok, nxt = verify_greedy(draft, logits)
+            n_ok, nxt = verify_greedy(draft, target)
         else:
-            n_ok, nxt = verify_sampling(draft, prop.q, probs(logits, r.cfg), r.rng.random(len(draft)), r.rng.random())
+            n_ok, nxt = verify_sampling(draft, prop.q, probs(target, r.cfg), r.rng.random(len(draft)), r.rng.random())
         pol = r.policies.get(prop.drafter if prop.drafter in r.policies else r.route)
         if pol is not None:  # costs only from a request running alone: batched times are the plan's
             pol.update(len(draft), n_ok, prop.confs, draft_ms if single else None, verify_ms if single else None)
         self.counters.record_draft(len(draft), n_ok)
-        return self._commit(r, prop, n_ok, nxt, draft_ms, verify_ms)
+        return self._commit(r, prop, n_ok, nxt, draft_ms, verify_ms, logits)
 
-    def _commit(self, r: Request, prop: Proposal, n_ok: int, nxt: int, draft_ms: float, verify_ms: float) -> int:
-        """Keep draft[:n_ok] + [nxt]; the target track goes back to n' - 1."""
+    def _commit(self, r: Request, prop: Proposal, n_ok: int, nxt: int, draft_ms: float, verify_ms: float,
+                raw: np.ndarray) -> int:
+        """Keep draft[:n_ok] + [nxt]; the target track goes back to n' - 1. raw: the target's
+        rows of this round (row i: the position of new token i), for logprobs."""
         new = [int(t) for t in prop.tokens[:n_ok]] + [nxt]
         n_after = len(r.seq) + len(new)
         self.pool.rewind(self.target.track, r.slot, n_after - 1)
@@ -411,10 +423,12 @@ class Scheduler:
         r.stats.draft_ms += draft_ms
         r.stats.verify_ms += verify_ms
         r.stats.record_round(len(prop.tokens), n_ok, prop.drafter if len(prop.tokens) else None)
-        return self._emit(r, new)
+        return self._emit(r, new, raw)
 
-    def _emit(self, r: Request, new: list[int]) -> int:
-        """Send committed tokens up to EOS / max_new_tokens; retire the request when it is done."""
+    def _emit(self, r: Request, new: list[int], raw: np.ndarray) -> int:
+        """Send committed tokens up to EOS / max_new_tokens (with their logprobs, from the raw
+        rows they were chosen from, when asked: sent just before the tokens); retire the request
+        when it is done."""
         for i, t in enumerate(new):
             if t in r.eos_ids:
                 new, r.stats.stop_reason = new[:i], "eos"
@@ -423,6 +437,8 @@ class Scheduler:
         r.seq.extend(new)
         r.produced += len(new)
         r.stats.new_tokens = r.produced
+        if new and r.logprobs is not None:
+            send(r, "logprobs", logprobs(raw[: len(new)], new, r.logprobs))
         if new:
             send(r, "tokens", new)
         if r.stats.stop_reason == "eos":

@@ -41,7 +41,10 @@ from .protocol import (
     ChatCompletionResponse,
     ChatCompletionStreamChoice,
     ChatCompletionStreamResponse,
+    ChatCompletionTokenLogprob,
+    ChoiceLogprobs,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
@@ -50,6 +53,7 @@ from .protocol import (
     ModelCard,
     ModelList,
     PromptTokensDetails,
+    TopLogprob,
     UsageInfo,
     openai_error,
 )
@@ -136,12 +140,12 @@ class OpenAIServing:
             ids = pipe.tokenizer.encode_messages(req.chat_messages())
         except Exception as e:  # noqa: BLE001 - the bundle's chat template refused these messages
             raise bad(f"the chat template cannot render these messages: {str(e)[:300]}", "messages") from None
-        return await self._generate(req, ids, "messages", _ChatOutput(req.model), request)
+        return await self._generate(req, ids, "messages", _ChatOutput(req.model, pipe.tokenizer), request)
 
     async def complete(self, req: CompletionRequest, request: Request) -> Response:
         pipe = self._served(req.model)
         ids = pipe.tokenizer.encode(req.prompt, chat=False)
-        return await self._generate(req, ids, "prompt", _CompletionOutput(req.model), request)
+        return await self._generate(req, ids, "prompt", _CompletionOutput(req.model, pipe.tokenizer), request)
 
     def _served(self, model: str):
         if model != self.cfg.model_id:
@@ -180,18 +184,32 @@ def _dump(model) -> dict:
 # ---- responses: the two endpoints' shapes ---------------------------------------------------
 
 class _ChatOutput:
-    def __init__(self, model: str):
+    def __init__(self, model: str, tok):
         self.id, self.model, self.created = "chatcmpl-" + uuid.uuid4().hex[:24], model, int(time.time())
+        self.tok = tok
 
     def first(self) -> list[ChatCompletionStreamResponse]:
         return [self.chunk(DeltaMessage(role="assistant", content=""))]
 
-    def piece(self, text: str) -> ChatCompletionStreamResponse:
-        return self.chunk(DeltaMessage(content=text))
+    def piece(self, text: str, lp: list | None = None) -> ChatCompletionStreamResponse:
+        return self.chunk(DeltaMessage(content=text), logprobs=self.logprobs(lp))
 
-    def chunk(self, delta: DeltaMessage, finish: str | None = None) -> ChatCompletionStreamResponse:
-        return ChatCompletionStreamResponse(id=self.id, created=self.created, model=self.model,
-                                            choices=[ChatCompletionStreamChoice(delta=delta, finish_reason=finish)])
+    def chunk(self, delta: DeltaMessage, finish: str | None = None, logprobs=None) -> ChatCompletionStreamResponse:
+        choice = ChatCompletionStreamChoice(delta=delta, finish_reason=finish, logprobs=logprobs)
+        return ChatCompletionStreamResponse(id=self.id, created=self.created, model=self.model, choices=[choice])
+
+    def logprobs(self, lp: list | None) -> ChoiceLogprobs | None:
+        """runtime/logits.py TokenLogprob entries -> OpenAI's chat logprobs (None: not asked)."""
+        if lp is None:
+            return None
+
+        def top(t, v):
+            text = self.tok.token_text(t)
+            return {"token": text, "logprob": v, "bytes": list(text.encode())}
+
+        return ChoiceLogprobs(content=[ChatCompletionTokenLogprob(**top(e.token, e.logprob),
+                                                                  top_logprobs=[TopLogprob(**top(t, v)) for t, v in e.top])
+                                       for e in lp])
 
     def last(self, finish: str) -> ChatCompletionStreamResponse:
         return self.chunk(DeltaMessage(), finish)
@@ -200,32 +218,50 @@ class _ChatOutput:
         return ChatCompletionStreamResponse(id=self.id, created=self.created, model=self.model, choices=[],
                                             usage=usage)
 
-    def whole(self, text: str, finish: str, usage: UsageInfo) -> ChatCompletionResponse:
-        choice = ChatCompletionChoice(message=AssistantMessage(content=text), finish_reason=finish)
+    def whole(self, text: str, finish: str, usage: UsageInfo, lp: list | None = None) -> ChatCompletionResponse:
+        choice = ChatCompletionChoice(message=AssistantMessage(content=text), finish_reason=finish,
+                                      logprobs=self.logprobs(lp))
         return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=[choice],
                                       usage=usage)
 
 
 class _CompletionOutput:
-    def __init__(self, model: str):
+    def __init__(self, model: str, tok):
         self.id, self.model, self.created = "cmpl-" + uuid.uuid4().hex[:24], model, int(time.time())
+        self.tok = tok
+        self.offset = 0  # characters of text the logprobs' text_offset has passed
 
     def first(self) -> list[CompletionResponse]:
         return []  # completions have no role chunk
 
-    def piece(self, text: str, finish: str | None = None) -> CompletionResponse:
+    def piece(self, text: str, lp: list | None = None, finish: str | None = None) -> CompletionResponse:
         return CompletionResponse(id=self.id, created=self.created, model=self.model,
-                                  choices=[CompletionChoice(text=text, finish_reason=finish)])
+                                  choices=[CompletionChoice(text=text, finish_reason=finish, logprobs=self.logprobs(lp))])
+
+    def logprobs(self, lp: list | None) -> CompletionLogprobs | None:
+        """TokenLogprob entries -> the legacy parallel lists (text_offset: where each token's
+        text starts in the completion)."""
+        if lp is None:
+            return None
+        out = CompletionLogprobs()
+        for e in lp:
+            text = self.tok.token_text(e.token)
+            out.tokens.append(text)
+            out.token_logprobs.append(e.logprob)
+            out.top_logprobs.append({self.tok.token_text(t): v for t, v in e.top})
+            out.text_offset.append(self.offset)
+            self.offset += len(text)
+        return out
 
     def last(self, finish: str) -> CompletionResponse:
-        return self.piece("", finish)
+        return self.piece("", finish=finish)
 
     def usage(self, usage: UsageInfo) -> CompletionResponse:
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[], usage=usage)
 
-    def whole(self, text: str, finish: str, usage: UsageInfo) -> CompletionResponse:
-        return CompletionResponse(id=self.id, created=self.created, model=self.model,
-                                  choices=[CompletionChoice(text=text, finish_reason=finish)], usage=usage)
+    def whole(self, text: str, finish: str, usage: UsageInfo, lp: list | None = None) -> CompletionResponse:
+        return CompletionResponse(id=self.id, created=self.created, model=self.model, usage=usage,
+                                  choices=[CompletionChoice(text=text, finish_reason=finish, logprobs=self.logprobs(lp))])
 
 
 class _Stream(StreamingResponse):
@@ -252,6 +288,15 @@ class _Job:
         self.n_prompt = n_prompt
         self.t0 = time.perf_counter()
         self.t_first = None
+        self.lp_sent = 0  # tokens whose logprobs went out
+
+    def _new_logprobs(self) -> list | None:
+        """Logprobs of the tokens pushed since the last call (None when not asked)."""
+        if self.r.logprobs is None:
+            return None
+        n = len(self.text.ids)
+        lp, self.lp_sent = self.r.token_logprobs[self.lp_sent : n], n
+        return lp
 
     def _finish(self) -> str:
         if self.text.stopped:
@@ -293,10 +338,11 @@ class _Job:
             for chunk in self.out.first():
                 yield data(chunk)
             async for piece in self._pieces():
-                yield data(self.out.piece(piece))
+                yield data(self.out.piece(piece, self._new_logprobs()))
             tail = self.text.tail()
-            if tail:
-                yield data(self.out.piece(tail))
+            lp = self._new_logprobs()
+            if tail or lp:
+                yield data(self.out.piece(tail, lp))
             await self.events.aclose()  # a stop string ends the request now
             yield data(self.out.last(self._finish()))
             if include_usage:
@@ -325,7 +371,7 @@ class _Job:
             watcher.cancel()
             await self.events.aclose()
         self._record()
-        return self.out.whole("".join(parts) + self.text.tail(), self._finish(), self._usage())
+        return self.out.whole("".join(parts) + self.text.tail(), self._finish(), self._usage(), self._new_logprobs())
 
 
 # ---- reading bodies -------------------------------------------------------------------------

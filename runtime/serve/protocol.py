@@ -190,12 +190,6 @@ _NO_TOOLS = "the bundle's chat template has no tool calling"
 UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported("n", lambda v: v > 1, "one choice per request"),
     Unsupported("best_of", lambda v: v > 1, "one choice per request"),
-    Unsupported("logprobs", lambda v: v is not None and v is not False, "logprobs are " + _SPEC),
-    Unsupported("frequency_penalty", lambda v: v != 0, "penalties are " + _SPEC),
-    Unsupported("presence_penalty", lambda v: v != 0, "penalties are " + _SPEC),
-    Unsupported("repetition_penalty", lambda v: v != 1, "penalties are " + _SPEC),
-    Unsupported("logit_bias", bool, "logit bias is " + _SPEC),
-    Unsupported("min_tokens", lambda v: v > 0, "min_tokens is " + _SPEC),
     Unsupported("min_p", lambda v: v > 0, "min_p sampling is " + _SPEC),
     Unsupported("stop_token_ids", bool, "stop token ids are not implemented yet; use 'stop' strings"),
     Unsupported("response_format", lambda v: v.type != "text", _GRAMMAR),
@@ -234,10 +228,19 @@ class GenParams:
     seed: int | None
     ignore_eos: bool
     stop: tuple[str, ...]  # for TextStream: stop strings end the text, not the engine
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    logprobs: int | None = None  # alternatives per token (None: no logprobs)
 
     def engine_kwargs(self) -> dict:
         return dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                    top_k=self.top_k, seed=self.seed, ignore_eos=self.ignore_eos)
+                    top_k=self.top_k, seed=self.seed, ignore_eos=self.ignore_eos,
+                    frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
+                    repetition_penalty=self.repetition_penalty, logit_bias=dict(self.logit_bias),
+                    min_tokens=self.min_tokens, logprobs=self.logprobs)
 
 
 class _GenerationRequest(OpenAIBaseModel):
@@ -255,7 +258,7 @@ class _GenerationRequest(OpenAIBaseModel):
     stream_options: StreamOptions | None = None
     n: integer(ge=1, le=10**9) | None = 1
     ignore_eos: StrictBool | None = Field(default=False, description="extension (vLLM): run to max_tokens")
-    # parsed and range-checked, refused while `UNSUPPORTED` lists them
+    # sampling controls (runtime/logits.py), applied at every verified position
     frequency_penalty: number(ge=-2, le=2) | None = 0.0
     presence_penalty: number(ge=-2, le=2) | None = 0.0
     repetition_penalty: number(gt=0, le=2) | None = Field(default=1.0, description="extension (vLLM)")
@@ -308,7 +311,16 @@ class _GenerationRequest(OpenAIBaseModel):
             seed=self.seed,
             ignore_eos=bool(self.ignore_eos),
             stop=tuple(s for s in self.stop or () if s),
+            frequency_penalty=self.frequency_penalty or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias=tuple((int(t), b) for t, b in (self.logit_bias or {}).items()),
+            min_tokens=self.min_tokens or 0,
+            logprobs=self._logprobs(),
         )
+
+    def _logprobs(self) -> int | None:
+        raise NotImplementedError
 
     @property
     def include_usage(self) -> bool:
@@ -342,6 +354,9 @@ class ChatCompletionRequest(_GenerationRequest):
     def default_max_tokens(self, room: int) -> int:
         return room  # to the end of the context (vLLM's default)
 
+    def _logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
     def chat_messages(self) -> list[dict]:
         """{role, content} for the chat template; `developer` is OpenAI's new name for system."""
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
@@ -356,6 +371,9 @@ class CompletionRequest(_GenerationRequest):
 
     def default_max_tokens(self, room: int) -> int:
         return 16  # OpenAI's and vLLM's default for completions
+
+    def _logprobs(self) -> int | None:
+        return self.logprobs
 
 
 # ---- responses ------------------------------------------------------------------------------
@@ -384,10 +402,35 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatCompletionTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    """Chat: one entry per generated token (the target's raw log-softmax, runtime/logits.py)."""
+
+    content: list[ChatCompletionTokenLogprob] | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    """Completions' legacy shape: parallel lists per generated token."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
 class ChatCompletionChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None  # always null while logprobs are refused; clients expect the key
+    logprobs: ChoiceLogprobs | None = None  # null unless asked; clients expect the key
     finish_reason: FinishReason
 
 
@@ -410,7 +453,7 @@ class DeltaMessage(BaseModel):
 class ChatCompletionStreamChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 
@@ -426,7 +469,7 @@ class ChatCompletionStreamResponse(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None  # None in a stream's content chunks
 
 

@@ -136,6 +136,38 @@ def test_a_conversations_next_turn_reports_its_cached_prompt(srv):
     assert 0 < hits < queries
 
 
+def test_logprobs_and_penalties_over_http_equal_target_only(srv):
+    """Chat logprobs (streamed and whole) and completions logprobs are the target-only numbers at
+    every position, with the same top-k sets; penalties and logit_bias give target-only output."""
+    c = srv.client()
+    msgs = [{"role": "user", "content": "w5 w6 w7 w5 w6 w7"}]
+    ids = srv.pipe.tokenizer.encode_messages(msgs)
+    r = srv.pipe.request(ids, max_new_tokens=12, draft="none", logprobs=3)
+    ref_ids = [t for ch in srv.pipe.submit(r) for t in ch]
+    ref = r.token_logprobs
+    whole = c.chat.completions.create(model="int8", messages=msgs, max_tokens=12, temperature=0, logprobs=True,
+                                      top_logprobs=3)
+    lp = whole.choices[0].logprobs.content
+    assert [e.token for e in lp] == [srv.pipe.tokenizer.token_text(t) for t in ref_ids]
+    for got, want in zip(lp, ref, strict=True):
+        assert abs(got.logprob - want.logprob) < 1e-4
+        assert [t.token for t in got.top_logprobs] == [srv.pipe.tokenizer.token_text(t) for t, _ in want.top]
+    chunks = list(c.chat.completions.create(model="int8", messages=msgs, max_tokens=12, temperature=0, stream=True,
+                                            logprobs=True, top_logprobs=3))
+    streamed = [e for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert [e.logprob for e in streamed] == [e.logprob for e in lp]
+    comp = c.completions.create(model="int8", prompt="w9 w10 w11", max_tokens=8, temperature=0, logprobs=2)
+    clp = comp.choices[0].logprobs
+    assert len(clp.tokens) == len(clp.token_logprobs) == len(clp.top_logprobs) == 8
+    assert all(len(t) == 2 for t in clp.top_logprobs) and clp.text_offset[0] == 0
+    kw = dict(frequency_penalty=1.0, presence_penalty=0.5, logit_bias={"7": 4.0})
+    pen = c.chat.completions.create(model="int8", messages=msgs, max_tokens=20, temperature=0, **kw)
+    want = srv.pipe.generate(msgs[0]["content"], max_new_tokens=20, draft="none", frequency_penalty=1.0,
+                             presence_penalty=0.5, logit_bias={7: 4.0})
+    assert pen.choices[0].message.content == want.text
+    assert want.text != srv.pipe.generate(msgs[0]["content"], max_new_tokens=20, draft="none").text
+
+
 def _ids(pipe, prompt_ids, n):
     return [t for ch in pipe.stream_ids(prompt_ids, max_new_tokens=n, draft="none") for t in ch]
 

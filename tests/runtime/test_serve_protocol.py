@@ -101,14 +101,6 @@ def test_messages_say_what_to_change():
 REFUSED = [
     (chat, {"n": 2}, "n"),
     (completion, {"best_of": 2}, "best_of"),
-    (chat, {"logprobs": True}, "logprobs"),
-    (chat, {"logprobs": True, "top_logprobs": 3}, "logprobs"),
-    (completion, {"logprobs": 0}, "logprobs"),
-    (chat, {"frequency_penalty": 0.5}, "frequency_penalty"),
-    (completion, {"presence_penalty": -0.5}, "presence_penalty"),
-    (chat, {"repetition_penalty": 1.1}, "repetition_penalty"),
-    (chat, {"logit_bias": {"50": 5}}, "logit_bias"),
-    (chat, {"min_tokens": 4}, "min_tokens"),
     (chat, {"min_p": 0.1}, "min_p"),
     (completion, {"stop_token_ids": [2]}, "stop_token_ids"),
     (chat, {"response_format": {"type": "json_object"}}, "response_format"),
@@ -183,7 +175,16 @@ def test_to_gen_params_defaults_and_does_not_mutate():
     p = completion(temperature=None, top_p=None, top_k=None, stop=["", "x"], max_tokens=3.0).to_gen_params(9)
     assert (p.temperature, p.top_p, p.top_k, p.stop, p.max_new_tokens) == (1.0, 1.0, 0, ("x",), 3)
     assert p.engine_kwargs() == dict(max_new_tokens=3, temperature=1.0, top_p=1.0, top_k=0, seed=None,
-                                     ignore_eos=False)
+                                     ignore_eos=False, frequency_penalty=0.0, presence_penalty=0.0,
+                                     repetition_penalty=1.0, logit_bias={}, min_tokens=0, logprobs=None)
+    p = chat(frequency_penalty=0.5, presence_penalty=-1, repetition_penalty=1.2, logit_bias={"7": -100, "9": 2.5},
+             min_tokens=3, logprobs=True, top_logprobs=4).to_gen_params(9)
+    kw = p.engine_kwargs()
+    assert (kw["frequency_penalty"], kw["presence_penalty"], kw["repetition_penalty"], kw["min_tokens"]) == (
+        0.5, -1.0, 1.2, 3)
+    assert kw["logit_bias"] == {7: -100.0, 9: 2.5} and kw["logprobs"] == 4
+    assert chat(logprobs=True).to_gen_params(9).logprobs == 0 and chat().to_gen_params(9).logprobs is None
+    assert completion(logprobs=2).to_gen_params(9).logprobs == 2 and completion().to_gen_params(9).logprobs is None
 
 
 def test_messages_for_the_template():
