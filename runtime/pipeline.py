@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
 from .engine import Engine, Request, Scheduler, Stats
+from .grammar import Constraint, Grammars
 from .kvpool import ContextOverflow
 from .loader import DRAFTS, Parts, load_parts
 from .logits import Penalties, TokenLogprob
@@ -96,6 +97,7 @@ class Pipeline:
                                    prefix_cache=prefix_cache)
         self.engine = Engine(self.scheduler, max_queue=max_queue, before_admit=self._before_admit)
         self._local = threading.local()
+        self.grammars = Grammars(p.folder / man.tokenizer.file, man.target.vocab_size, self.tokenizer.eos_ids)
 
     # --- engine hooks (engine thread) --------------------------------------------------------
     def _drafter(self, r: Request):
@@ -105,9 +107,9 @@ class Pipeline:
         if r.draft == "ngram":
             return NgramDrafter(max_proposal=self.max_k)
         if p.eagle:  # `request` checked that a draft model is loaded
-            model = EagleDrafter(p.draft, r.slot, p.features[r.slot])
+            model = EagleDrafter(p.draft, r.slot, p.features[r.slot], constraint=r.grammar)
         else:
-            model = ModelDrafter(p.draft, r.slot, "target" if p.shared_kv else None)
+            model = ModelDrafter(p.draft, r.slot, "target" if p.shared_kv else None, constraint=r.grammar)
         return model if r.draft == "model" else AutoDrafter(model, NgramDrafter(max_proposal=self.max_k))
 
     def _before_admit(self, r: Request) -> None:
@@ -148,14 +150,16 @@ class Pipeline:
                 adaptive: bool | None = None, timeout_s: float | None = None, frequency_penalty: float = 0.0,
                 presence_penalty: float = 0.0, repetition_penalty: float = 1.0,
                 logit_bias: dict[int, float] | None = None, min_tokens: int = 0,
-                logprobs: int | None = None) -> Request:
+                logprobs: int | None = None, grammar: Constraint | None = None) -> Request:
         """A checked request (not yet submitted). ignore_eos: run to max_new_tokens (benchmarks).
         timeout_s: from submission; a request still running then ends (stop_reason "timeout").
         frequency_penalty / presence_penalty (OpenAI's, [-2, 2], on new tokens),
         repetition_penalty (> 0, 1 = off; prompt and new tokens), logit_bias ({token id: bias in
         [-100, 100]}), min_tokens (EOS masked until then): applied at every position, drafted or
         not (runtime/logits.py). logprobs: report each new token's log-probability and this many
-        alternatives (0-20; None = off): the raw log-softmax of the target's logits."""
+        alternatives (0-20; None = off): the raw log-softmax of the target's logits. grammar: the
+        output must match it (runtime/grammar.py `Constraint`: JSON schema, regex, Lark, GBNF,
+        choice); one that cannot compile raises GrammarError (a ValueError) here."""
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if logprobs is not None and not 0 <= logprobs <= 20:
@@ -165,6 +169,11 @@ class Pipeline:
         if min_tokens > max_new_tokens:
             raise ValueError(f"min_tokens ({min_tokens}) exceeds max_new_tokens ({max_new_tokens})")
         cfg = SamplingConfig(temperature, top_k, top_p)
+        matcher = None
+        if grammar is not None:
+            if ignore_eos:
+                raise ValueError("ignore_eos cannot be combined with a grammar (the grammar decides where output ends)")
+            matcher = self.grammars.matcher(self.grammars.compile(grammar))
         k = self.default_k if k is None else k
         self.check_request(len(prompt_ids), max_new_tokens, k)
         draft = draft or self.default_draft
@@ -172,7 +181,8 @@ class Pipeline:
         adaptive = self.default_adaptive if adaptive is None else adaptive
         return Request(list(prompt_ids), cfg, max_new_tokens, frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids),
                        k=k if draft != "none" else 0, draft=draft, adaptive=adaptive and draft != "none", seed=seed,
-                       stats=stats, timeout_s=timeout_s, penalties=pen if pen.active else None, logprobs=logprobs)
+                       stats=stats, timeout_s=timeout_s, penalties=pen if pen.active else None, logprobs=logprobs,
+                       grammar=matcher)
 
     def stream_ids(self, prompt_ids: list[int], **kw) -> Iterator[list[int]]:
         """Token-level generation: yields committed chunks of new token ids. Closing the

@@ -172,11 +172,35 @@ def write_tokenizer(folder: Path, vocab: int = VOCAB) -> TokenizerInfo:
     return TokenizerInfo(bos_token_id=1, eos_token_ids=[EOS], pad_token_id=0)
 
 
+JSON_CHARS = [*'{}[]":,', "\u0120", *"0123456789", *"abceflnrstu"]  # \u0120: byte-level space
+
+
+def write_json_tokenizer(folder: Path) -> TokenizerInfo:
+    """A byte-level tokenizer of 32 one-character tokens (<unk> <s> </s>, JSON punctuation, space,
+    digits, the letters of true / false / null and a few words): what a grammar engine needs to
+    know each token's bytes, over the fake's vocabulary."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": EOS}
+    for c in JSON_CHARS:
+        vocab[c] = len(vocab)
+    assert len(vocab) == VOCAB, len(vocab)
+    tk = HFTokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens(["<unk>", "<s>", "</s>"])
+    folder.mkdir(parents=True, exist_ok=True)
+    tk.save(str(folder / "tokenizer.json"))
+    return TokenizerInfo(bos_token_id=1, eos_token_ids=[EOS], pad_token_id=0)
+
+
 def fake_parts(folder: Path, *, draft: str | None = "self", slots: int = 4, seed: int = 0, noise: float = 0.3,
-               max_t: int = MAX_T, max_prefill_t: int = 16, batch_rows: bool = True) -> Parts:
+               max_t: int = MAX_T, max_prefill_t: int = 16, batch_rows: bool = True, json_tokens: bool = False) -> Parts:
     """Parts (runtime/loader.py) over fake models. draft: "self" (a second track on the
     target's pool, as a self-int8 draft), "separate" (a pool of its own, as another model) or
-    None. The draft is the target's table plus noise: it agrees often, not always."""
+    None. The draft is the target's table plus noise: it agrees often, not always.
+    json_tokens: a tokenizer of JSON characters (grammar tests) instead of words."""
     table = Table(seed=seed)
     pool = new_pool(slots)
     kw = dict(max_t=max_t, max_prefill_t=max_prefill_t, batch_rows=batch_rows)
@@ -195,7 +219,7 @@ def fake_parts(folder: Path, *, draft: str | None = "self", slots: int = 4, seed
     man = Manifest(name="fake", target=ModelEntry(graph="target.onnx", **entry),
                    draft=None if d is None else ModelEntry(graph="draft.onnx", recipe="self-int8" if draft == "self"
                                                            else "model", **entry),
-                   tokenizer=write_tokenizer(folder))
+                   tokenizer=(write_json_tokenizer if json_tokens else write_tokenizer)(folder))
     return Parts(folder, man, Tokenizer(folder, man.tokenizer), target, d, False, draft == "self", None, "cpu")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..grammar import apply_mask
 from ..sampling import SamplingConfig, probs, sample
 from .base import DraftCall, Proposal
 
@@ -22,10 +23,13 @@ from .base import DraftCall, Proposal
 class ModelDrafter:
     name = "model"
 
-    def __init__(self, model, slot: int, target_track: str | None = None):
+    def __init__(self, model, slot: int, target_track: str | None = None, constraint=None):
         """model: the draft model (runtime/backends/ort.py OrtModel or a one-slot adapter);
-        target_track: the target's track when the draft shares its pool (self-draft)."""
+        target_track: the target's track when the draft shares its pool (self-draft);
+        constraint: the request's grammar (runtime/grammar.py Matcher): proposals are chosen from
+        the draft's masked distribution, which is then the q verification divides by."""
         self.model, self.slot, self.pool = model, slot, model.pool
+        self.constraint = constraint
         self.track = model.track
         self.target_track = target_track
         others = set(self.pool.tracks) - {self.track}
@@ -59,6 +63,8 @@ class ModelDrafter:
         if self._pending:
             return DraftCall(self._pending.pop(0), keep=1)
         cfg = self._cfg
+        if self.constraint is not None:
+            logits = apply_mask(logits[None], self.constraint.mask_after(self._toks)[None])[0]
         if cfg.greedy:
             t = int(logits.argmax())
             if self._want_conf:

@@ -36,6 +36,7 @@ class Request:
     timeout_s: float | None = None  # from submission; then the request ends with stop_reason "timeout"
     penalties: Penalties | None = None  # runtime/logits.py: applied at every verified position
     logprobs: int | None = None  # report each new token's logprob and this many alternatives (None: off)
+    grammar: object = None  # runtime/grammar.py Matcher: the output must match it (None: free)
     stats: Stats = None  # filled in place (the caller may pass its own)
     # engine-owned state
     id: int = field(default_factory=lambda: next(_ids))

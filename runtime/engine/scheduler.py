@@ -27,6 +27,7 @@ import numpy as np
 
 from ..decoder import NonFiniteLogits
 from ..drafters import DraftCall, Proposal
+from ..grammar import apply_mask
 from ..logits import apply_penalties, logprobs
 from ..sampling import probs, sample
 from ..verify import verify_greedy, verify_sampling
@@ -60,11 +61,25 @@ def _pick(r: Request, logits: np.ndarray) -> int:
 
 
 def shape(r: Request, rows: np.ndarray, drafts=()) -> np.ndarray:
-    """The request's own processing of target rows [T, V] (runtime/logits.py): row i follows the
-    committed sequence plus drafts[:i]. The raw rows themselves when nothing is asked."""
-    if r.penalties is None or not r.penalties.active:
-        return rows
-    return apply_penalties(rows, r.penalties, r.prompt, r.seq[len(r.prompt):], drafts, r.eos_ids)
+    """The request's own processing of target rows [T, V]: penalties (runtime/logits.py), then
+    its grammar's masks (runtime/grammar.py); row i follows the committed sequence plus
+    drafts[:i] (grammar-valid: `_cut_to_grammar`). The raw rows themselves when nothing is asked."""
+    if r.penalties is not None and r.penalties.active:
+        rows = apply_penalties(rows, r.penalties, r.prompt, r.seq[len(r.prompt):], drafts, r.eos_ids)
+    if r.grammar is not None:
+        rows = apply_mask(rows, r.grammar.masks(drafts[: len(rows) - 1]))
+    return rows
+
+
+def _cut_to_grammar(r: Request, prop: Proposal) -> Proposal:
+    """A proposal cut at its first token the request's grammar forbids (n-gram copies, or a
+    draft that did not see the mask)."""
+    if r.grammar is None or not len(prop.tokens):
+        return prop
+    n = r.grammar.valid_prefix(prop.tokens)
+    if n == len(prop.tokens):
+        return prop
+    return Proposal(prop.tokens[:n], None if prop.q is None else prop.q[:n], prop.confs[:n], prop.drafter)
 
 
 REPLAN_STEPS = 8  # steps a "no drafting" plan is kept while the row count stays the same
@@ -254,6 +269,9 @@ class Scheduler:
                                 {r.id: k for r, k in zip(rows, ks, strict=True)})
         t1 = time.perf_counter()
         rows = [r for r in rows if r.state == DECODE]  # a draft failure retired its request
+        for r in rows:
+            if r.id in proposals:
+                proposals[r.id] = _cut_to_grammar(r, proposals[r.id])
         plain = [r for r in rows if r.id not in proposals or not len(proposals[r.id].tokens)]
         drafting = [r for r in rows if r not in plain]
         c = self.counters
@@ -441,6 +459,14 @@ class Scheduler:
             send(r, "logprobs", logprobs(raw[: len(new)], new, r.logprobs))
         if new:
             send(r, "tokens", new)
+        if r.grammar is not None:
+            try:
+                r.grammar.commit(new)
+            except Exception as e:  # noqa: BLE001 - the request's own grammar failed: it ends alone
+                self._retire(r, "error", e)
+                return len(new)
+            if r.grammar.done and not r.stats.stop_reason:
+                r.stats.stop_reason = "eos"  # the grammar is complete: only EOS could follow
         if r.stats.stop_reason == "eos":
             self._retire(r)
         elif r.remaining <= 0:

@@ -31,6 +31,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import EngineBusy, EngineClosed
+from ..grammar import GrammarError
 from ..sampling import InvalidSampling
 from ..textstream import TextStream
 from .metrics import CONTENT_TYPE, Metrics
@@ -163,10 +164,13 @@ class OpenAIServing:
         try:
             r = pipe.request(ids, **p.engine_kwargs(), draft=self.cfg.draft, adaptive=self.cfg.adaptive,
                              timeout_s=self.cfg.request_timeout_s)
+        except GrammarError as e:  # a schema / regex / grammar the engine cannot compile
+            raise bad(str(e), p.grammar_param, "invalid_grammar") from None
         except (ValueError, InvalidSampling) as e:  # ContextOverflow is a ValueError
             param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+            named = next((n for n in ("logit_bias", "min_tokens", "ignore_eos") if n in str(e)), None)
             raise bad(f"{e} (prompt: {len(ids)} tokens, context: {pipe.max_seq_len})",
-                      param if "max_new_tokens" in str(e) else None) from None
+                      param if "max_new_tokens" in str(e) else named) from None
         events = pipe.asubmit(r)  # EngineBusy / EngineClosed: 503 (see _error)
         job = _Job(self, r, events, TextStream(pipe.tokenizer, list(p.stop)), out, len(ids))
         if req.stream:

@@ -22,6 +22,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..grammar import Constraint
+
 log = logging.getLogger("specrt.serve")
 
 
@@ -182,7 +184,6 @@ def _non_text_part(messages: list[ChatMessage]) -> str | None:
 
 
 _SPEC = "not exact under speculative decoding yet (issue 20)"
-_GRAMMAR = "structured output needs grammar-constrained decoding under speculation (issue 20)"
 _NO_TOOLS = "the bundle's chat template has no tool calling"
 
 # Each entry is lifted (removed) when the engine honours the field; types and ranges stay in
@@ -192,13 +193,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported("best_of", lambda v: v > 1, "one choice per request"),
     Unsupported("min_p", lambda v: v > 0, "min_p sampling is " + _SPEC),
     Unsupported("stop_token_ids", bool, "stop token ids are not implemented yet; use 'stop' strings"),
-    Unsupported("response_format", lambda v: v.type != "text", _GRAMMAR),
-    Unsupported("guided_json", lambda v: True, _GRAMMAR),
-    Unsupported("guided_regex", lambda v: True, _GRAMMAR),
-    Unsupported("guided_grammar", lambda v: True, _GRAMMAR),
-    Unsupported("guided_choice", lambda v: True, _GRAMMAR),
-    Unsupported("grammar", lambda v: True, _GRAMMAR),
-    Unsupported("json_schema", lambda v: True, _GRAMMAR),
     Unsupported("tools", bool, _NO_TOOLS),
     # "auto" without tools is plain text, as "none" is
     Unsupported("tool_choice", lambda v: v not in ("none", "auto"), _NO_TOOLS),
@@ -234,13 +228,20 @@ class GenParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
     logprobs: int | None = None  # alternatives per token (None: no logprobs)
+    grammar: Constraint | None = None  # the output must match it (runtime/grammar.py)
+    grammar_param: str | None = None  # the field that asked for it (a 400 that cannot compile names it)
 
     def engine_kwargs(self) -> dict:
         return dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
                     top_k=self.top_k, seed=self.seed, ignore_eos=self.ignore_eos,
                     frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
                     repetition_penalty=self.repetition_penalty, logit_bias=dict(self.logit_bias),
-                    min_tokens=self.min_tokens, logprobs=self.logprobs)
+                    min_tokens=self.min_tokens, logprobs=self.logprobs, grammar=self.grammar)
+
+
+# structured-output fields, in the order a conflict names them
+GRAMMAR_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_grammar", "guided_choice", "grammar",
+                  "json_schema")
 
 
 class _GenerationRequest(OpenAIBaseModel):
@@ -266,6 +267,7 @@ class _GenerationRequest(OpenAIBaseModel):
     min_tokens: integer(ge=0) | None = Field(default=0, description="extension (vLLM)")
     min_p: number(ge=0, le=1) | None = Field(default=0.0, description="extension (vLLM, llama.cpp)")
     stop_token_ids: list[integer()] | None = Field(default=None, description="extension (vLLM)")
+    # structured output (runtime/grammar.py, llguidance): at most one of these
     response_format: ResponseFormat | None = None
     guided_json: str | dict[str, Any] | None = Field(default=None, description="extension (vLLM)")
     guided_regex: str | None = Field(default=None, description="extension (vLLM)")
@@ -317,7 +319,43 @@ class _GenerationRequest(OpenAIBaseModel):
             logit_bias=tuple((int(t), b) for t, b in (self.logit_bias or {}).items()),
             min_tokens=self.min_tokens or 0,
             logprobs=self._logprobs(),
+            **self._grammar(),
         )
+
+    def _grammar(self) -> dict:
+        """The structured-output field the request uses, as a Constraint (OpenAI's
+        response_format; vLLM's guided_*; llama.cpp's grammar / json_schema)."""
+        for name in GRAMMAR_FIELDS:
+            c = self._constraint(name)
+            if c is not None:
+                return {"grammar": c, "grammar_param": name}
+        return {}
+
+    def _constraint(self, name: str) -> Constraint | None:
+        v = getattr(self, name)
+        if v is None:
+            return None
+        if name == "response_format":
+            if v.type == "json_object":
+                return Constraint.json_object()
+            if v.type == "json_schema":
+                return Constraint.json_schema(v.json_schema.schema_ if v.json_schema.schema_ is not None else {})
+            return None  # text
+        if name in ("guided_json", "json_schema"):
+            return Constraint.json_schema(v)
+        if name == "guided_regex":
+            return Constraint.regex(v)
+        if name == "guided_choice":
+            return Constraint.choice(v)
+        return Constraint.gbnf(v)  # guided_grammar, grammar: GBNF or Lark
+
+    @model_validator(mode="after")
+    def _one_grammar(self):
+        used = [name for name in GRAMMAR_FIELDS if self._constraint(name) is not None]
+        if len(used) > 1:
+            raise PydanticCustomError("invalid_combination", "'{param}' cannot be combined with {other}: the output "
+                                      "follows one grammar", {"param": used[1], "other": f"'{used[0]}'"})
+        return self
 
     def _logprobs(self) -> int | None:
         raise NotImplementedError

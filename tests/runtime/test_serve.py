@@ -168,6 +168,18 @@ def test_logprobs_and_penalties_over_http_equal_target_only(srv):
     assert want.text != srv.pipe.generate(msgs[0]["content"], max_new_tokens=20, draft="none").text
 
 
+def test_structured_output_on_a_tokenizer_no_grammar_engine_can_read_is_a_clear_400(srv):
+    """The tiny bundles' word-level tokenizer has no decoder: llguidance cannot know its tokens'
+    bytes, so a constrained request is refused with the reason (the default bundle's byte-level
+    tokenizer serves them: tests/runtime/test_structured.py)."""
+    r = httpx.post(srv.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"model": "int8", "messages": [{"role": "user", "content": "w5"}],
+                         "response_format": {"type": "json_object"}})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert (err["param"], err["code"]) == ("response_format", "invalid_grammar") and "tokenizer" in err["message"]
+
+
 def _ids(pipe, prompt_ids, n):
     return [t for ch in pipe.stream_ids(prompt_ids, max_new_tokens=n, draft="none") for t in ch]
 

@@ -103,15 +103,6 @@ REFUSED = [
     (completion, {"best_of": 2}, "best_of"),
     (chat, {"min_p": 0.1}, "min_p"),
     (completion, {"stop_token_ids": [2]}, "stop_token_ids"),
-    (chat, {"response_format": {"type": "json_object"}}, "response_format"),
-    (chat, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-     "response_format"),
-    (chat, {"guided_json": {"type": "object"}}, "guided_json"),
-    (chat, {"guided_regex": "a+"}, "guided_regex"),
-    (completion, {"guided_grammar": "root ::= 'a'"}, "guided_grammar"),
-    (chat, {"guided_choice": ["a", "b"]}, "guided_choice"),
-    (completion, {"grammar": "root ::= 'a'"}, "grammar"),
-    (chat, {"json_schema": {"type": "object"}}, "json_schema"),
     (chat, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     (chat, {"tool_choice": "required"}, "tool_choice"),
     (chat, {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
@@ -176,7 +167,8 @@ def test_to_gen_params_defaults_and_does_not_mutate():
     assert (p.temperature, p.top_p, p.top_k, p.stop, p.max_new_tokens) == (1.0, 1.0, 0, ("x",), 3)
     assert p.engine_kwargs() == dict(max_new_tokens=3, temperature=1.0, top_p=1.0, top_k=0, seed=None,
                                      ignore_eos=False, frequency_penalty=0.0, presence_penalty=0.0,
-                                     repetition_penalty=1.0, logit_bias={}, min_tokens=0, logprobs=None)
+                                     repetition_penalty=1.0, logit_bias={}, min_tokens=0, logprobs=None,
+                                     grammar=None)
     p = chat(frequency_penalty=0.5, presence_penalty=-1, repetition_penalty=1.2, logit_bias={"7": -100, "9": 2.5},
              min_tokens=3, logprobs=True, top_logprobs=4).to_gen_params(9)
     kw = p.engine_kwargs()
@@ -185,6 +177,30 @@ def test_to_gen_params_defaults_and_does_not_mutate():
     assert kw["logit_bias"] == {7: -100.0, 9: 2.5} and kw["logprobs"] == 4
     assert chat(logprobs=True).to_gen_params(9).logprobs == 0 and chat().to_gen_params(9).logprobs is None
     assert completion(logprobs=2).to_gen_params(9).logprobs == 2 and completion().to_gen_params(9).logprobs is None
+
+
+def test_structured_output_fields_become_one_constraint():
+    from specrt.runtime.grammar import Constraint
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    cases = [
+        (chat(response_format={"type": "json_object"}), Constraint.json_object(), "response_format"),
+        (chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}),
+         Constraint.json_schema(schema), "response_format"),
+        (completion(guided_json=schema), Constraint.json_schema(schema), "guided_json"),
+        (chat(guided_regex="a+"), Constraint.regex("a+"), "guided_regex"),
+        (chat(guided_choice=["yes", "no"]), Constraint.choice(["yes", "no"]), "guided_choice"),
+        (completion(guided_grammar="root ::= 'a'"), Constraint.gbnf("root ::= 'a'"), "guided_grammar"),
+        (completion(grammar="root ::= 'a'"), Constraint.gbnf("root ::= 'a'"), "grammar"),
+        (chat(json_schema=schema), Constraint.json_schema(schema), "json_schema"),
+    ]
+    for req, want, param in cases:
+        p = req.to_gen_params(9)
+        assert (p.grammar, p.grammar_param) == (want, param)
+        assert p.engine_kwargs()["grammar"] == want
+    assert chat(response_format={"type": "text"}).to_gen_params(9).grammar is None
+    err = error(chat, response_format={"type": "json_object"}, guided_regex="a+")
+    assert err.param == "guided_regex" and "one grammar" in err.message
 
 
 def test_messages_for_the_template():

@@ -1,0 +1,155 @@
+"""Grammar-constrained decoding under speculation (runtime/grammar.py, llguidance).
+
+The matcher's contract on a real grammar engine, then the engine on the NumPy fake backend with a
+tokenizer of JSON characters: constrained speculative output equals constrained target-only
+output computed straight from the fake's table (greedy token for token, sampling by chi-square),
+for every drafter, fixed and adaptive k; and it is valid JSON for its schema."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+from fakes import EOS, JSON_CHARS, drive, fake_pipeline
+from scipy import stats as sps
+
+from specrt.runtime.grammar import Constraint, GrammarError, apply_mask
+from specrt.runtime.sampling import SamplingConfig, probs
+
+MODES = [("none", False), ("model", False), ("ngram", False), ("auto", False), ("model", True), ("auto", True)]
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["a", "b"],
+          "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                         "b": {"type": "array", "items": {"enum": ["cat", "bee", "sun"]}, "minItems": 1, "maxItems": 3},
+                         "c": {"type": "boolean"}}}
+
+
+@pytest.fixture
+def make(tmp_path):
+    made = []
+
+    def make(**kw):
+        made.append(fake_pipeline(tmp_path / f"p{len(made)}", json_tokens=True, **kw))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def ids(text: str) -> list[int]:
+    return [JSON_CHARS.index("\u0120" if c == " " else c) + 3 for c in text]
+
+
+def text(tokens) -> str:
+    return "".join(" " if JSON_CHARS[t - 3] == "\u0120" else JSON_CHARS[t - 3] for t in tokens)
+
+
+def constrained_reference(pipe, constraint, prompt, n, cfg=None, rng=None):
+    """Target-only decoding under the grammar straight from the fake's table: at each position
+    the row is masked by the grammar after the tokens so far."""
+    g = pipe.grammars
+    m = g.matcher(g.compile(constraint))
+    seq, out = list(prompt), []
+    for _ in range(n):
+        row = apply_mask(pipe.parts.target.table.next_logits(seq)[None], m.masks())[0]
+        t = int(row.argmax()) if cfg is None else int(rng.choice(len(row), p=probs(row, cfg)))
+        if t == EOS:
+            break
+        m.commit([t])
+        seq.append(t)
+        out.append(t)
+        if m.done:
+            break
+    return out
+
+
+def test_matcher_masks_drafts_then_leaves_the_state(make):
+    pipe = make(draft=None)
+    g = pipe.grammars
+    m = g.matcher(g.compile(Constraint.json_schema(SCHEMA)))
+    good = ids('{"a":7,"b":["cat"]}')
+    assert m.valid_prefix(good) == len(good)
+    assert m.valid_prefix(ids('{"a":7,"b"')) == 10 and m.valid_prefix(ids('{"a":7,"u"')) == 8  # cut where forbidden
+    rows = m.masks(good[:5])
+    for i in range(6):  # row i = what a fresh matcher allows after good[:i]
+        ref = g.matcher(g.compile(Constraint.json_schema(SCHEMA)))
+        ref.commit(good[:i])
+        np.testing.assert_array_equal(rows[i], ref.masks()[0])
+    np.testing.assert_array_equal(m.masks()[0], rows[0])  # drafts did not move the state
+    m.commit(good)
+    assert m.done and np.flatnonzero(m.masks()[0]).tolist() == [EOS]  # only EOS after a complete object
+    with pytest.raises(GrammarError, match="refused"):
+        m.commit(ids("u"))
+
+
+@pytest.mark.parametrize("bad,match", [
+    (Constraint.regex("a(b"), "regex"),
+    (Constraint.json_schema({"type": "object", "properties": {"a": {"$ref": "#/nope"}}}), "nope"),
+    (Constraint.lark("start: undefined_rule"), "undefined_rule"),
+])
+def test_a_grammar_that_cannot_compile_says_why(make, bad, match):
+    pipe = make(draft=None)
+    with pytest.raises(GrammarError, match=match):
+        pipe.request([1, 3, 4], max_new_tokens=10, grammar=bad)
+    with pytest.raises(GrammarError):
+        Constraint("yaml", "x")
+    with pytest.raises(ValueError, match="ignore_eos"):
+        pipe.request([1, 3, 4], max_new_tokens=10, grammar=Constraint.json_object(), ignore_eos=True)
+
+
+@pytest.mark.parametrize("kind", ["self", "separate"])
+@pytest.mark.parametrize("draft,adaptive", MODES)
+def test_greedy_constrained_speculation_equals_constrained_target_only(make, kind, draft, adaptive):
+    pipe = make(draft=kind, noise=0.4)
+    drafted = 0
+    for prompt in ([1, 5, 9, 7], [1] + ids('{"a":1,"b":["cat"]} {"a":1,"b":["cat"]}')):
+        want = constrained_reference(pipe, Constraint.json_schema(SCHEMA), prompt, 60)
+        r = pipe.request(prompt, max_new_tokens=60, k=4, draft=draft, adaptive=adaptive,
+                         grammar=Constraint.json_schema(SCHEMA))
+        got = [t for c in pipe.submit(r) for t in c]
+        assert got == want, (text(got), text(want))
+        jsonschema.validate(json.loads(text(got)), SCHEMA)  # a real validator
+        assert r.stats.stop_reason == "eos"  # ended by the grammar, not by the token budget
+        drafted += r.stats.draft_tokens
+    assert drafted > 0 or draft == "none"
+
+
+def test_a_grammar_whose_only_continuation_is_eos_ends_the_request(make):
+    pipe = make(draft="self")
+    r = pipe.request([1, 5], max_new_tokens=30, k=4, grammar=Constraint.choice(["bee", "sun"]))
+    got = [t for c in pipe.submit(r) for t in c]
+    assert text(got) in ("bee", "sun") and r.stats.stop_reason == "eos"
+    res = pipe.generate("ab", chat=False, max_new_tokens=30, grammar=Constraint.regex("[0-9]{3}"))
+    assert len(res.text) == 3 and res.text.isdigit() and res.stats.stop_reason == "eos"
+
+
+@pytest.mark.parametrize("draft", ["model", "ngram"])
+def test_constrained_sampling_follows_the_constrained_target(make, draft):
+    """The second token's distribution over many seeds is the masked target's:
+    sum_x p1(x) p2(. | x), each masked by the grammar after the tokens before it."""
+    pipe = make(draft="self", slots=64, noise=0.5, plan_batches=False)
+    table, g = pipe.parts.target.table, pipe.grammars
+    cfg = SamplingConfig(1.0)
+    c = Constraint.regex("[a-f][0-9a-u]+[0-9]")
+    prompt = [1] + ids("a1b2c3e4f5 ")  # each first token's n-gram continuation is a grammar-valid digit
+
+    def dist(out):
+        m = g.matcher(g.compile(c))
+        m.commit(out)
+        return probs(apply_mask(table.next_logits(prompt + out)[None], m.masks())[0], cfg)
+
+    p1 = dist([])
+    exact = sum(p1[x] * dist([int(x)]) for x in np.flatnonzero(p1))
+    n = 1200
+    reqs = [pipe.request(prompt, max_new_tokens=4, k=3, draft=draft, seed=s, temperature=1.0, grammar=c)
+            for s in range(n)]
+    counts = np.bincount([out[1] for out in drive(pipe, reqs)], minlength=table.vocab)
+    assert sum(r.stats.draft_tokens for r in reqs) > n // 4, "speculation barely ran"
+    assert counts[exact == 0].sum() == 0  # nothing the grammar forbids
+    e = exact * n
+    big = e >= 5
+    obs, exp = np.append(counts[big], counts[~big].sum()), np.append(e[big], e[~big].sum())
+    keep = exp > 0
+    assert sps.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue > 1e-3
