@@ -12,7 +12,7 @@ class PolicyStore:
     def __init__(self, parts, max_k: int, *, threads, device, global_pool, hugepages, cost_cache: bool = True):
         self.parts, self.max_k = parts, max_k
         self._key_extra = (f"draft={parts.draft is not None} pool={global_pool} hugepages={hugepages} "
-                           f"slots={parts.target.pool.slots}")
+                           f"slots={parts.target.pool.slots} seq={parts.target.pool.capacity}")
         self.threads, self.device, self.cost_cache = threads, device, cost_cache
         self._costs: Costs | None = None
         self._learned: dict[tuple[str, bool], tuple[AcceptanceModel, Calibration]] = {}
@@ -39,8 +39,10 @@ class PolicyStore:
                 free = [s for s in range(pool.slots) if s not in busy]
                 if not free:
                     raise RuntimeError("no free KV slot to probe call costs on")
+                # at a mid context, where short slots (a load's max_seq_len) leave room for it
+                context = min(128, pool.capacity - (self.max_k + 1))
                 self._costs = measure_costs(self.parts.target, self.parts.draft, free[0], self.max_k + 1,
-                                            rows=pool.slots, busy=busy)
+                                            rows=pool.slots, busy=busy, context=context)
                 if key:
                     probe_cache.save(key, self._costs)  # never raises: no cache then
         return self._costs

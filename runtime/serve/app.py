@@ -61,9 +61,9 @@ def build_app(cfg: ServerConfig, load, on_load_error=None) -> FastAPI:
     def _load():
         try:
             pipe = load()
-            st.metrics = Metrics(cfg.model_id, pipe.counters)
+            st.metrics = Metrics(cfg.model_id, pipe.counters, pipe.kv_bytes)
             st.pipe = pipe
-            log.info("specrt: %s ready (%d slots)", cfg.model_id, pipe.counters()["slots"])
+            log.info("specrt: %s ready (%d slots, %d KV bytes)", cfg.model_id, pipe.counters()["slots"], pipe.kv_bytes)
         except Exception as e:  # noqa: BLE001 - reported by /health and the log
             st.error = str(e)
             log.error("specrt: cannot load %s: %s", cfg.model_id, e)
