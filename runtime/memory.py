@@ -145,15 +145,17 @@ def size(plan: MemoryPlan, slots: int | str, seq: int, available: int | None, *,
         budget = int(fraction * available)
         n = plan.max_slots(budget, seq, ceiling)
         if n < 1:
-            raise InsufficientMemory(_message(plan, 1, seq, budget, f"{fraction:.0%} of the {_gb(available)} available",
-                                              s_max or seq))
+            raise InsufficientMemory(_message(plan, 1, seq, budget, f"{fraction:.0%} of the {_gb(available)} available "
+                                              f"(memory fraction) is {_gb(budget)}", s_max or seq))
         return Sizing(n, seq, plan, available)
     if available is not None and plan.peak(slots, seq) > available:
-        raise InsufficientMemory(_message(plan, slots, seq, available, f"{_gb(available)} available", s_max or seq))
+        raise InsufficientMemory(_message(plan, slots, seq, available, f"{_gb(available)} is available", s_max or seq))
     return Sizing(slots, seq, plan, available)
 
 
 def _message(plan: MemoryPlan, slots: int, seq: int, budget: int, what: str, s_max: int) -> str:
+    """What the load needs, part by part, against `what` (a clause naming `budget` bytes), and
+    the largest slot count and context that fit in `budget`."""
     need, steady = plan.peak(slots, seq), plan.steady(slots, seq)
     parts = (f"weights {_gb(plan.weights)} ({', '.join(f'{m.name} {_gb(m.weights)}' for m in plan.models)}), "
              f"KV {_gb(slots * plan.kv_per_slot(seq))} ({slots} x {_mib(plan.kv_per_slot(seq))}), "
@@ -168,7 +170,7 @@ def _message(plan: MemoryPlan, slots: int, seq: int, budget: int, what: str, s_m
     if longest and longest != seq:
         hint += f", or {slots} slots of at most {longest} tokens (max_seq_len <= {longest})"
     return (f"not enough memory for {slots} KV slots of {seq} tokens: the load needs {_gb(steady)} ({parts}){load}, "
-            f"and {what} is {_gb(budget)}; {hint}")
+            f"and {what}; {hint}")
 
 
 def _gb(n: int) -> str:

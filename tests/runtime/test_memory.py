@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import specrt
-from specrt.runtime import memory
+from specrt.runtime import ContextOverflow, memory
 from specrt.runtime.kvpool import KVPool
 from specrt.runtime.loader import memory_plan
 from specrt.runtime.manifest import load_manifest
@@ -52,7 +52,7 @@ def test_an_explicit_count_that_cannot_fit_names_the_bytes_and_what_fits():
         memory.size(GB_PLAN, 20, 1000, int(2.5e9), s_max=1000)
     msg = str(e.value)
     # 1e9 + 20 x 1e8 of KV + buffers: 3.00 GB; (2.5e9 - 1e9) / (1e8 + 8012) = 14.998
-    assert "20 KV slots of 1000 tokens" in msg and "needs 3.00 GB" in msg and "2.50 GB available" in msg
+    assert "20 KV slots of 1000 tokens" in msg and "needs 3.00 GB" in msg and "2.50 GB is available" in msg
     assert "at most 14 slots" in msg
     # 20 slots x s tokens: 1e9 + 20 x (100000 + 8) x s + 240 <= 2.5e9 -> s = 749
     assert "max_seq_len <= 749" in msg
@@ -194,3 +194,55 @@ def test_the_check_runs_before_the_weights_and_the_pool_take_memory(default_bund
     assert 1 <= fits < 16
     assert out["msg"] and "16 KV slots of 2048 tokens" in out["msg"] and f"at most {fits} slots" in out["msg"]
     assert out["peak"] < 500e6, out["peak"]
+
+
+def _greedy(pipe, prompt, n, **kw):
+    return [t for c in pipe.stream_ids(prompt, max_new_tokens=n, temperature=0.0, ignore_eos=True, **kw) for t in c]
+
+
+def test_shorter_slots_generate_the_same_greedy_tokens(tiny_bundles):
+    """Slots of 48 tokens instead of the bundle's 256: the graphs take the buffers' length as
+    given, so speculative greedy output (fixed and adaptive k, whose cost probe must fit the
+    short slots) equals the full-length pool's, up to the last position; one token more is a
+    context error that names the loaded context."""
+    prompt = [5, 9, 14, 3, 22, 7, 31, 8, 40, 11]
+    full = specrt.load(tiny_bundles["int8"], max_batch=2, hugepages=False)
+    short = specrt.load(tiny_bundles["int8"], max_batch=2, hugepages=False, max_seq_len=48)
+    try:
+        assert short.parts.target.pool.host[0].shape == (2, 2, 48, 16) and short.max_seq_len == 48
+        assert short.kv_bytes == full.kv_bytes * 48 // 256
+        want = _greedy(full, prompt, 38, draft="none", k=0)
+        assert len(want) == 38  # EOS ignored: the run reaches the pool's last row
+        assert _greedy(short, prompt, 38, k=4) == want
+        assert _greedy(short, prompt, 38, adaptive=True) == want
+        assert _greedy(short, prompt, 38, draft="none", k=0) == want
+        with pytest.raises(ContextOverflow, match="exceeds the context loaded .max_seq_len. of 48 tokens"):
+            short.request(prompt, max_new_tokens=39)
+    finally:
+        full.close()
+        short.close()
+
+
+def test_shorter_slots_on_the_standard_lowering(tiny_dirs, tmp_path):
+    """The standard lowering reads S from the KV buffer's shape (TensorScatter + Attention over
+    the whole buffer): 40-token slots give the 128-token bundle's greedy output."""
+    from specrt.export import export_bundle
+
+    folder = tmp_path / "std"
+    export_bundle(str(tiny_dirs["target"]), folder, draft="none", lowering="standard", max_seq_len=128,
+                  max_draft_tokens=4, echo=None)
+    prompt = [5, 9, 14, 3, 22, 7]
+    full = specrt.load(folder, max_batch=1, hugepages=False)
+    short = specrt.load(folder, max_batch=1, hugepages=False, max_seq_len=40)
+    try:
+        want = _greedy(full, prompt, 34)
+        assert len(want) == 34 and _greedy(short, prompt, 34) == want
+    finally:
+        full.close()
+        short.close()
+
+
+@pytest.mark.parametrize("seq", [0, 9, 257])
+def test_max_seq_len_out_of_range_is_refused(tiny_bundles, seq):
+    with pytest.raises(ValueError, match="max_seq_len must be between 10 and the bundle's S_max 256"):
+        specrt.load(tiny_bundles["none"], max_seq_len=seq, hugepages=False)
