@@ -12,7 +12,7 @@ class PolicyStore:
     def __init__(self, parts, max_k: int, *, threads, device, global_pool, hugepages, cost_cache: bool = True):
         self.parts, self.max_k = parts, max_k
         self._key_extra = (f"draft={parts.draft is not None} pool={global_pool} hugepages={hugepages} "
-                           f"slots={parts.target.pool.slots} seq={parts.target.pool.capacity}")
+                           f"slots={parts.target.pool.slots}")
         self.threads, self.device, self.cost_cache = threads, device, cost_cache
         self._costs: Costs | None = None
         self._learned: dict[tuple[str, bool], tuple[AcceptanceModel, Calibration]] = {}
@@ -28,8 +28,10 @@ class PolicyStore:
             key = None
             if self.cost_cache:
                 try:  # a cache problem of any kind means a fresh probe, never a failed request
+                    # the slots' length sets the probe's context (and the standard lowering's cost)
+                    extra = f"{self._key_extra} seq={self.parts.target.pool.capacity}"
                     key = probe_cache.key(self.parts.folder, self.parts.manifest, threads=self.threads,
-                                          device=self.parts.device, extra=self._key_extra)
+                                          device=self.parts.device, extra=extra)
                     self._costs = probe_cache.load(key)
                 except Exception:  # noqa: BLE001
                     key = None
@@ -39,10 +41,8 @@ class PolicyStore:
                 free = [s for s in range(pool.slots) if s not in busy]
                 if not free:
                     raise RuntimeError("no free KV slot to probe call costs on")
-                # at a mid context, where short slots (a load's max_seq_len) leave room for it
-                context = min(128, pool.capacity - (self.max_k + 1))
                 self._costs = measure_costs(self.parts.target, self.parts.draft, free[0], self.max_k + 1,
-                                            rows=pool.slots, busy=busy, context=context)
+                                            rows=pool.slots, busy=busy)
                 if key:
                     probe_cache.save(key, self._costs)  # never raises: no cache then
         return self._costs
