@@ -122,6 +122,8 @@ def size_load(folder: Path, man: Manifest, *, want_draft: bool, device: str, max
         raise ValueError(f"max_seq_len must be between {shortest} and the bundle's S_max {s_max}, got {max_seq_len!r}")
     plan = memory_plan(folder, man, want_draft=want_draft, device=device)
     return memory.size(plan, max_batch, seq, memory.available_bytes(device), fraction=memory_fraction, s_max=s_max)
+
+
 def _model(folder: Path, entry: ModelEntry, pool: KVPool, track: str, threads, global_pool) -> OrtModel:
     try:
         return OrtModel(folder / entry.graph, entry, pool, track=track, threads=threads, global_pool=global_pool)

@@ -51,9 +51,10 @@ class Pipeline:
         `kv_bytes_per_slot`), or "auto": as many as fit in `memory_fraction` of the available
         memory (runtime/memory.py; a count that cannot fit raises InsufficientMemory before
         anything is allocated). max_seq_len: tokens per slot, at most the bundle's S_max (None:
-        S_max): shorter slots trade context for concurrency. max_queue: requests that may wait for a slot, beyond which calls
-        raise EngineBusy. plan_batches: adaptive requests draft only where it pays inside the
-        batch (runtime/engine/plan.py); off, each drafts as it would alone.
+        S_max): shorter slots trade context for concurrency. max_queue: requests that may wait
+        for a slot, beyond which calls raise EngineBusy. plan_batches: adaptive requests draft
+        only where it pays inside the batch (runtime/engine/plan.py); off, each drafts as it
+        would alone.
         global_pool: one onnxruntime thread pool for the whole process (faster; but every other
         onnxruntime session in the process must then disable per-session threads).
         hugepages: put the sessions' memory on 2 MiB pages after loading (CPU; faster steps for
