@@ -214,7 +214,10 @@ def cgroup_room(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgr
         return None
     rooms = []
     for line in lines:
-        _, controllers, path = line.split(":", 2)
+        fields = line.split(":", 2)  # hierarchy-id:controllers:path
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
         if controllers == "":  # v2 unified hierarchy
             files = ("memory.max", "memory.current", "inactive_file")
             base = Path(root) if not (Path(root) / "unified").is_dir() else Path(root) / "unified"
