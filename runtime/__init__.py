@@ -12,14 +12,16 @@ from .decoder import NonFiniteLogits
 from .engine import EngineBusy, EngineClosed, Stats
 from .kvpool import ContextOverflow
 from .manifest import BundleError, Manifest, load_manifest
+from .memory import InsufficientMemory
 from .pipeline import Pipeline, Result, load
 from .sampling import InvalidSampling, SamplingConfig
 
-# Errors that are the user's to fix: the CLI prints them without a traceback.
+# Errors that are the user's to fix: the CLI prints them without a traceback
+# (InsufficientMemory and ContextOverflow are ValueErrors).
 USER_ERRORS = (BundleError, ContextOverflow, InvalidSampling, NonFiniteLogits, ValueError)
 
 __all__ = [
     "load", "Pipeline", "Result", "Stats", "SamplingConfig", "Manifest", "load_manifest",
     "BundleError", "ContextOverflow", "InvalidSampling", "NonFiniteLogits", "USER_ERRORS", "EngineBusy",
-    "EngineClosed",
+    "EngineClosed", "InsufficientMemory",
 ]

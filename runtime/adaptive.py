@@ -116,7 +116,9 @@ def measure_costs(target, draft, slot: int, max_t: int, rows: int = 1, busy=(), 
     load hits all of them alike. target/draft: pool models (runtime/backends/ort.py); slot: a
     slot nobody is using; busy: slots in use, which batched probes cover at their spare row
     (runtime/kvpool.py). Rows attend to whatever the buffers hold: only time is measured, and
-    nothing moves a track's length. rows: batched shapes up to this many rows."""
+    nothing moves a track's length. rows: batched shapes up to this many rows. context: clipped
+    to what the slots hold (a load's max_seq_len may be shorter than 128 + max_t)."""
+    context = min(context, target.max_seq_len - max_t)
     widths = sorted({1, 2, 3, 5, 9, max_t} & set(range(1, max_t + 1)))
     batch = sorted({1, 2, 4, 8, 16, rows} & set(range(1, rows + 1))) if target.batch_rows else []
     busy = set(busy)

@@ -1,6 +1,9 @@
 """KV pool: every sequence slot's K/V buffers, allocated once at load, and who wrote how far.
 
-Per layer, one K and one V buffer [slots, Hkv, S_max, D] (host NumPy or device memory). Slot s
+Per layer, one K and one V buffer [slots, Hkv, S, D] (host NumPy or device memory), S the
+pool's `capacity`: the bundle's S_max, or less when the load asks for shorter slots (the graphs
+take the buffer's length as given: GQA attends over the mask, the standard lowering reads S
+from the buffer's shape). Slot s
 is row s of every buffer: a call over slots [lo, lo + b) binds the contiguous rows
 [lo, lo + b) as both past input and present output, so the model writes in place.
 
@@ -31,21 +34,26 @@ from .manifest import KVLayout
 
 
 class ContextOverflow(ValueError):
-    """A call would write past the KV buffers' capacity (S_max)."""
+    """A call would write past the KV buffers' capacity (S_max, or the load's max_seq_len)."""
 
 
 class KVPool:
-    def __init__(self, kv: KVLayout, slots: int, device: str = "cpu", allocate: bool = True):
+    def __init__(self, kv: KVLayout, slots: int, device: str = "cpu", allocate: bool = True,
+                 max_seq_len: int | None = None):
         """allocate=False: no buffers yet (`allocate()` later), or bookkeeping only (a backend
-        that owns its buffers, one slot)."""
+        that owns its buffers, one slot). max_seq_len: rows per slot, at most the bundle's S_max
+        (None: S_max); `layout` stays the bundle's, so models check it against their entry."""
         if slots < 1:
             raise ValueError(f"a KV pool needs at least one slot, got {slots}")
+        capacity = kv.max_seq_len if max_seq_len is None else max_seq_len
+        if not 0 < capacity <= kv.max_seq_len:
+            raise ValueError(f"max_seq_len must be between 1 and the bundle's S_max {kv.max_seq_len}, got {capacity}")
         self.layout, self.slots, self.device = kv, slots, device
-        self.capacity = kv.max_seq_len  # S_max
+        self.capacity = capacity
         self.dtype = np.dtype(kv.dtype)
-        self.slot_shape = (kv.kv_heads, kv.max_seq_len, kv.head_dim)
+        self.slot_shape = (kv.kv_heads, capacity, kv.head_dim)
         self.slot_bytes = int(np.prod(self.slot_shape)) * self.dtype.itemsize  # per layer and K/V
-        self.host: list[np.ndarray] = []  # [slots, Hkv, S_max, D] per layer and K/V (CPU)
+        self.host: list[np.ndarray] = []  # [slots, Hkv, S, D] per layer and K/V (CPU)
         self._device_values: list = []  # OrtValues keeping device buffers alive
         self.ptrs: list[int] = []  # base address of each buffer, layer-major (K, V)
         if allocate:

@@ -1,8 +1,11 @@
 """Bundle -> the parts the engine runs: tokenizer, KV pools, target and draft models.
 
-The target's pool has `max_batch` slots. A self-draft (a quantized copy of the target, same KV
-layout, host or device) is a second track on that same pool; any other draft (a separate
-model, an EAGLE head, a TensorRT plan) gets a pool of its own with the same slot numbering.
+The target's pool has `max_batch` slots of `max_seq_len` tokens. A self-draft (a quantized copy
+of the target, same KV layout, host or device) is a second track on that same pool; any other
+draft (a separate model, an EAGLE head, a TensorRT plan) gets a pool of its own with the same
+slot numbering. Before any session or buffer exists, the load is sized against the memory
+available (runtime/memory.py): a count that cannot fit is refused with the numbers, `auto`
+takes as many slots as fit.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .backends.ort import OrtModel, pick_providers
+from . import memory
+from .backends.ort import OrtModel, pick_providers, prefill_width
 from .hugepages import anonymous_pages, collapse
 from .kvpool import KVPool
 from .manifest import SELF_DRAFT_PRECISION, BundleError, Manifest, ModelEntry, load_manifest
@@ -30,8 +34,9 @@ class Parts:
     draft: object | None  # pool model, or None (not in the bundle, or not asked for)
     eagle: bool  # the draft reads the target's features
     shared_kv: bool  # the draft is a track on the target's pool
-    features: np.ndarray | None  # [slots, S_max, H] target hidden states (EAGLE)
+    features: np.ndarray | None  # [slots, S, H] target hidden states (EAGLE)
     device: str
+    sizing: memory.Sizing | None = None  # what the load was sized to (None: not sized, e.g. TensorRT)
 
     @property
     def kv_bytes_per_slot(self) -> int:
@@ -42,25 +47,33 @@ class Parts:
 
 
 def load_parts(folder: str | Path, *, draft: str = "model", device: str = "cpu", threads: int | None = None,
-               global_pool: bool = False, hugepages: bool = False, max_batch: int = 1) -> Parts:
+               global_pool: bool = False, hugepages: bool = False, max_batch: int | str = 1,
+               max_seq_len: int | None = None, memory_fraction: float = memory.DEFAULT_MEMORY_FRACTION) -> Parts:
+    """max_batch: KV slots, or "auto" (as many as fit in `memory_fraction` of the available
+    memory, at most memory.AUTO_MAX_SLOTS); max_seq_len: tokens per slot (None: the bundle's
+    S_max). Raises memory.InsufficientMemory before building anything when the load cannot fit."""
     folder = Path(folder)
     man = load_manifest(folder)
-    if not isinstance(max_batch, int) or max_batch < 1:
-        raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
+    if max_batch != memory.AUTO and (not isinstance(max_batch, int) or max_batch < 1):
+        raise ValueError(f"max_batch must be a positive integer or 'auto', got {max_batch!r}")
     tok = Tokenizer(folder, man.tokenizer)
     eagle = man.draft is not None and bool(man.draft.io.hidden_in)
     want_draft = man.draft is not None and draft in ("model", "auto")
     if device == "trt":
-        return _trt_parts(folder, man, tok, want_draft, eagle, max_batch)
+        return _trt_parts(folder, man, tok, want_draft, eagle, 1 if max_batch == memory.AUTO else max_batch, max_seq_len)
     _, dev = pick_providers(device)
+    sizing = size_load(folder, man, want_draft=want_draft, device=dev, max_batch=max_batch, max_seq_len=max_seq_len,
+                       memory_fraction=memory_fraction)
+    slots, seq = sizing.slots, sizing.seq
     before = anonymous_pages() if hugepages and dev == "cpu" else None
-    pool = KVPool(man.target.kv, max_batch, dev, allocate=False)  # after the sessions: lower peak RSS
+    pool = KVPool(man.target.kv, slots, dev, allocate=False, max_seq_len=seq)  # after the sessions: lower peak RSS
     target = _model(folder, man.target, pool, "target", threads, global_pool)
     d = None
     shared = False
     if want_draft:
-        shared = (man.draft.recipe in SELF_DRAFT_PRECISION and not eagle and man.draft.kv == man.target.kv)
-        dpool = pool if shared else KVPool(man.draft.kv, max_batch, dev, allocate=False)
+        shared = _shares_kv(man, eagle)
+        dpool = pool if shared else KVPool(man.draft.kv, slots, dev, allocate=False,
+                                           max_seq_len=min(seq, man.draft.kv.max_seq_len))
         d = _model(folder, man.draft, dpool, "draft", threads, global_pool)
         dpool.allocate()
     pool.allocate()
@@ -68,10 +81,47 @@ def load_parts(folder: str | Path, *, draft: str = "model", device: str = "cpu",
     if eagle and d is not None:
         if not target.has_hidden_out:
             raise BundleError(f"bundle {folder}: the target graph has no hidden-state output for its EAGLE draft")
-        features = np.zeros((max_batch, man.target.kv.max_seq_len, target.hidden_size), dtype=np.float32)
+        features = np.zeros((slots, seq, target.hidden_size), dtype=np.float32)
     if before is not None:
         collapse(anonymous_pages() - before)
-    return Parts(folder, man, tok, target, d, eagle and d is not None, shared, features, dev)
+    return Parts(folder, man, tok, target, d, eagle and d is not None, shared, features, dev, sizing)
+
+
+def _shares_kv(man: Manifest, eagle: bool) -> bool:
+    """A self-draft (a quantized copy of the target) is a second track on the target's pool."""
+    return man.draft.recipe in SELF_DRAFT_PRECISION and not eagle and man.draft.kv == man.target.kv
+
+
+def memory_plan(folder: Path, man: Manifest, *, want_draft: bool, device: str = "cpu") -> memory.MemoryPlan:
+    """What the parts `load_parts` builds will hold (runtime/memory.py), from the manifest and
+    the files' sizes; nothing is loaded."""
+    eagle = man.draft is not None and bool(man.draft.io.hidden_in)
+    entries = [("target", man.target)] + ([("draft", man.draft)] if want_draft else [])
+    models = []
+    for name, e in entries:
+        size = memory.file_bytes(folder, e.graph, e.data)
+        # prepacking on CPU changes the size; on a GPU the weights are the files' bytes
+        factor = memory.WEIGHT_FACTOR.get(e.precision, 1.0) if device == "cpu" else 1.0
+        models.append(memory.ModelMemory(name, size, int(size * factor), e.vocab_size, prefill_width(e),
+                                         e.hidden_size * (bool(e.io.hidden_in) + bool(e.io.hidden_out))))
+    kv = man.target.kv.bytes_per_token()
+    if want_draft and not _shares_kv(man, eagle):
+        kv += man.draft.kv.bytes_per_token()
+    features = 4 * man.target.hidden_size if want_draft and eagle else 0
+    return memory.MemoryPlan(tuple(models), kv, features)
+
+
+def size_load(folder: Path, man: Manifest, *, want_draft: bool, device: str, max_batch: int | str,
+              max_seq_len: int | None, memory_fraction: float) -> memory.Sizing:
+    """Slots and context for this load, checked against the memory available now (the seam
+    tests replace: `memory.available_bytes`). Raises InsufficientMemory or ValueError."""
+    s_max = man.target.kv.max_seq_len
+    seq = s_max if max_seq_len is None else max_seq_len
+    shortest = man.target.max_tokens_per_call + 1  # a widest verification call after one token
+    if not isinstance(seq, int) or not shortest <= seq <= s_max:
+        raise ValueError(f"max_seq_len must be between {shortest} and the bundle's S_max {s_max}, got {max_seq_len!r}")
+    plan = memory_plan(folder, man, want_draft=want_draft, device=device)
+    return memory.size(plan, max_batch, seq, memory.available_bytes(device), fraction=memory_fraction, s_max=s_max)
 
 
 def _model(folder: Path, entry: ModelEntry, pool: KVPool, track: str, threads, global_pool) -> OrtModel:
@@ -83,12 +133,14 @@ def _model(folder: Path, entry: ModelEntry, pool: KVPool, track: str, threads, g
         raise BundleError(f"cannot load {track} graph {folder / entry.graph}: {str(e)[:300]}") from None
 
 
-def _trt_parts(folder, man, tok, want_draft, eagle, max_batch) -> Parts:
+def _trt_parts(folder, man, tok, want_draft, eagle, max_batch, max_seq_len) -> Parts:
     from .backends.single import SingleSequenceModel
     from .backends.trt import TrtBackend, gpu_tag
 
     if max_batch != 1:
         raise ValueError("the TensorRT backend runs one sequence per engine: use max_batch=1 with device='trt'")
+    if max_seq_len not in (None, man.target.kv.max_seq_len):
+        raise ValueError("TensorRT plans are built for the bundle's S_max: max_seq_len at load needs device cpu or cuda")
 
     def plan_for(entry, name):
         plans = entry.trt_plans
@@ -101,7 +153,7 @@ def _trt_parts(folder, man, tok, want_draft, eagle, max_batch) -> Parts:
             raise BundleError(f"no TensorRT plan of the {name} matches this GPU ({tag}); plans: {[p.gpu for p in plans]}")
         return SingleSequenceModel(TrtBackend(folder / plan.file, entry), entry, name)
 
-    target = plan_for(man.target, "target")
+    target = plan_for(man.target, "target")  # one sequence at S_max: not sized (runtime/memory.py)
     d = plan_for(man.draft, "draft") if want_draft else None
     features = None
     if eagle and d is not None:

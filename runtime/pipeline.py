@@ -24,6 +24,7 @@ from .kvpool import ContextOverflow
 from .loader import DRAFTS, Parts, load_parts
 from .logits import Penalties, TokenLogprob
 from .manifest import BundleError
+from .memory import DEFAULT_MEMORY_FRACTION
 from .policies import PolicyStore
 from .sampling import SamplingConfig
 from .textstream import TextStream
@@ -49,13 +50,18 @@ class Pipeline:
     def __init__(self, folder: str | Path, *, draft: str | None = None, device: str = "cpu",
                  threads: int | None = None, k: int | None = None, global_pool: bool = False,
                  adaptive: bool | None = None, hugepages: bool = True, cost_cache: bool = True,
-                 max_batch: int = DEFAULT_MAX_BATCH, max_queue: int = 64, plan_batches: bool = True,
-                 prefix_cache: bool = True, parts: Parts | None = None):
+                 max_batch: int | str = DEFAULT_MAX_BATCH, max_queue: int = 64, plan_batches: bool = True,
+                 prefix_cache: bool = True, parts: Parts | None = None, max_seq_len: int | None = None,
+                 memory_fraction: float = DEFAULT_MEMORY_FRACTION):
         """draft: "model" | "none" | "ngram" | "auto"; None follows the bundle (its draft model
         if it has one, else none). max_batch: KV slots, i.e. requests decoded at once (allocated now: see
-        `kv_bytes_per_slot`); max_queue: requests that may wait for a slot, beyond which calls
-        raise EngineBusy. plan_batches: adaptive requests draft only where it pays inside the
-        batch (runtime/engine/plan.py); off, each drafts as it would alone.
+        `kv_bytes_per_slot`), or "auto": as many as fit in `memory_fraction` of the available
+        memory (runtime/memory.py; a count that cannot fit raises InsufficientMemory before
+        anything is allocated). max_seq_len: tokens per slot, at most the bundle's S_max (None:
+        S_max): shorter slots trade context for concurrency. max_queue: requests that may wait
+        for a slot, beyond which calls raise EngineBusy. plan_batches: adaptive requests draft
+        only where it pays inside the batch (runtime/engine/plan.py); off, each drafts as it
+        would alone.
         adaptive: choose k per round (runtime/adaptive.py), capped by the batch plan; None (the
         default) means on whenever more than one request can run (max_batch > 1) — a fixed k
         loses throughput under load (docs/benchmarks.md §5) — and fixed k for one slot.
@@ -78,12 +84,12 @@ class Pipeline:
         # None loads the bundle's draft model if it has one, and then drafts with it
         self.parts = p = parts if parts is not None else load_parts(
             folder, draft=draft or "model", device=device, threads=threads, global_pool=global_pool,
-            hugepages=hugepages, max_batch=max_batch)
+            hugepages=hugepages, max_batch=max_batch, max_seq_len=max_seq_len, memory_fraction=memory_fraction)
         draft = draft or ("model" if p.draft is not None else "none")
         self._check_draft(draft)
         self.folder, self.manifest, self.tokenizer = p.folder, p.manifest, p.tokenizer
         self.hugepages = hugepages
-        self.max_seq_len = p.manifest.target.kv.max_seq_len
+        self.max_seq_len = p.target.max_seq_len  # the load's context: the bundle's S_max or less
         self.max_k = p.manifest.target.max_tokens_per_call - 1
         self.default_draft = draft
         man = p.manifest
@@ -131,10 +137,13 @@ class Pipeline:
         if not 0 <= k <= self.max_k:
             raise ValueError(f"k must be between 0 and {self.max_k} (the bundle's max_tokens_per_call - 1), got {k}")
         if n_prompt + max_new_tokens > self.max_seq_len:
+            s_max = self.manifest.target.kv.max_seq_len
+            where, bigger = (("the bundle's context", "re-export with a larger --max-seq-len") if self.max_seq_len == s_max
+                             else ("the context loaded (max_seq_len)", f"load with a larger max_seq_len (up to {s_max})"))
             raise ContextOverflow(
-                f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) exceeds the bundle's "
-                f"context of {self.max_seq_len} tokens; shorten the prompt, lower max_new_tokens to at most "
-                f"{max(0, self.max_seq_len - n_prompt)}, or re-export with a larger --max-seq-len"
+                f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) exceeds {where} of "
+                f"{self.max_seq_len} tokens; shorten the prompt, lower max_new_tokens to at most "
+                f"{max(0, self.max_seq_len - n_prompt)}, or {bigger}"
             )
 
     def _check_draft(self, draft: str) -> None:
@@ -336,6 +345,11 @@ class Pipeline:
     @property
     def kv_bytes_per_slot(self) -> int:
         return self.parts.kv_bytes_per_slot
+
+    @property
+    def kv_bytes(self) -> int:
+        """KV bytes allocated at load, every pool and slot."""
+        return self.kv_bytes_per_slot * self.parts.target.pool.slots
 
     def close(self) -> None:
         self.engine.close()

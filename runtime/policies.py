@@ -28,8 +28,10 @@ class PolicyStore:
             key = None
             if self.cost_cache:
                 try:  # a cache problem of any kind means a fresh probe, never a failed request
+                    # the slots' length sets the probe's context (and the standard lowering's cost)
+                    extra = f"{self._key_extra} seq={self.parts.target.pool.capacity}"
                     key = probe_cache.key(self.parts.folder, self.parts.manifest, threads=self.threads,
-                                          device=self.parts.device, extra=self._key_extra)
+                                          device=self.parts.device, extra=extra)
                     self._costs = probe_cache.load(key)
                 except Exception:  # noqa: BLE001
                     key = None

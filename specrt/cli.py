@@ -26,6 +26,26 @@ def _fail(msg: str, code: int = 2):
     sys.exit(code)
 
 
+class _Slots(click.ParamType):
+    """--max-batch: a positive integer, or `auto` (as many KV slots as fit in memory)."""
+
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if value == "auto" or isinstance(value, int) and value >= 1:
+            return value
+        try:
+            n = int(value)
+        except ValueError:
+            n = 0
+        if n < 1:
+            self.fail(f"{value!r} is neither a positive integer nor 'auto'", param, ctx)
+        return n
+
+
+MEMORY_FRACTION_HELP = "share of the available memory that --max-batch auto fills (default 0.9; docs/design.md)"
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main():
     """Speculative decoding outside PyTorch: export a bundle, then generate from it."""
@@ -157,6 +177,29 @@ def inspect(path, as_json):
             click.echo(f"    TensorRT plan {plan.file} ({plan.gpu}, TRT {plan.trt_version})")
     t = man.tokenizer
     click.echo(f"  tokenizer: {t.file}, chat template: {'yes' if t.chat_template else 'no'}, eos ids {t.eos_token_ids}")
+    _inspect_memory(path, man)
+
+
+def _inspect_memory(path: Path, man) -> None:
+    """What a CPU load of this bundle holds (runtime/memory.py), and what `auto` would take now."""
+    from specrt.runtime import memory
+    from specrt.runtime.loader import memory_plan
+
+    plan = memory_plan(path, man, want_draft=man.draft is not None)
+    s_max = man.target.kv.max_seq_len
+    weights = ", ".join(f"{m.name} {m.weights / 1e9:.2f} GB" for m in plan.models)
+    click.echo(f"  memory (CPU, predicted): weights {weights} (+ onnxruntime {plan.runtime / 1e9:.2f} GB); "
+               f"KV {plan.kv_per_slot(s_max) / 2**20:.1f} MiB per slot at S_max {s_max} (every pool)")
+    available = memory.available_bytes("cpu")
+    if available is None:
+        return
+    try:
+        auto = memory.size(plan, memory.AUTO, s_max, available)
+        fits = (f"--max-batch auto takes {auto.slots} slots: {auto.kv_bytes / 1e9:.2f} GB of KV, "
+                f"{plan.steady(auto.slots, s_max) / 1e9:.2f} GB in all")
+    except memory.InsufficientMemory:
+        fits = "not even one slot fits"
+    click.echo(f"    now {available / 1e9:.2f} GB available: {fits}")
 
 
 @main.command()
@@ -181,8 +224,9 @@ def inspect(path, as_json):
 @click.option("--threads", type=int, default=None, help="intra-op threads (default: all cores)")
 @click.option("--hugepages/--no-hugepages", default=False, show_default=True,
               help="2 MiB pages for the sessions' memory: faster steps for a longer load (pays on long runs; docs/benchmarks.md §1)")
+@click.option("--max-seq-len", type=int, default=None, help="context to allocate (default: the bundle's S_max)")
 def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k, draft, adaptive, chat, stop,
-             as_json, show_stats, device, threads, hugepages):
+             as_json, show_stats, device, threads, hugepages, max_seq_len):
     """Generate from PROMPT (or '-' / nothing: read stdin) with speculative decoding."""
     from specrt.runtime import USER_ERRORS, load
 
@@ -191,7 +235,7 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
     engines = engines or _engines_default()
     try:
         pipe = load(engines, draft=draft, device=device, threads=threads, k=k, global_pool=True, hugepages=hugepages,
-                    max_batch=1)  # one request: one KV slot
+                    max_batch=1, max_seq_len=max_seq_len)  # one request: one KV slot
         draft = pipe.default_draft  # None followed the bundle
         kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                   seed=seed, k=k if draft != "none" else 0, chat=chat, stop=list(stop), adaptive=adaptive)
@@ -303,7 +347,11 @@ def bench(ctx, engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_t
 @click.option("--engines", default=None, help="bundle folder (default engines/default or $SPECRT_ENGINES)")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to bind (0.0.0.0: every interface)")
 @click.option("--port", type=int, default=8000, show_default=True)
-@click.option("--max-batch", type=int, default=8, show_default=True, help="KV slots: requests decoded at once")
+@click.option("--max-batch", type=_Slots(), default=8, show_default=True,
+              help="KV slots: requests decoded at once; auto: as many as fit in memory (at most 64)")
+@click.option("--max-seq-len", type=int, default=None, help="context per slot (default: the bundle's S_max): "
+              "shorter slots, more of them")
+@click.option("--memory-fraction", type=float, default=None, help=MEMORY_FRACTION_HELP)
 @click.option("--max-queue", type=int, default=64, show_default=True, help="requests waiting for a slot before 503")
 @click.option("--draft", type=click.Choice(["model", "none", "ngram", "auto"]), default=None,
               help="drafting (default: the bundle's draft model if it has one, else none)")
@@ -318,8 +366,8 @@ def bench(ctx, engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_t
 @click.option("--hugepages/--no-hugepages", default=True, show_default=True)
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
               help="reuse the KV rows of prompt prefixes held by finished or running requests (chat turns, system prompts)")
-def serve(engines, host, port, max_batch, max_queue, draft, adaptive, k, api_key, request_timeout, max_body_mb, grace,
-          threads, hugepages, prefix_cache):
+def serve(engines, host, port, max_batch, max_seq_len, memory_fraction, max_queue, draft, adaptive, k, api_key,
+          request_timeout, max_body_mb, grace, threads, hugepages, prefix_cache):
     """OpenAI-compatible HTTP server over the engine (extra `serve`)."""
     try:
         import uvicorn
@@ -328,23 +376,31 @@ def serve(engines, host, port, max_batch, max_queue, draft, adaptive, k, api_key
     except ImportError as e:
         _fail(f"serve needs the serve extra (pip install 'specrt[serve]'): {e}")
     from specrt.runtime import USER_ERRORS, load
+    from specrt.runtime.loader import size_load
     from specrt.runtime.manifest import load_manifest
+    from specrt.runtime.memory import DEFAULT_MEMORY_FRACTION
 
     folder = Path(engines or _engines_default())
+    if max_queue < 0:
+        _fail("--max-queue must be >= 0")
+    fraction = DEFAULT_MEMORY_FRACTION if memory_fraction is None else memory_fraction
     try:
         man = load_manifest(folder)
+        draft = draft or ("model" if man.draft is not None else "none")
+        # sized before the port opens: a load that cannot fit fails now, and `auto` is resolved
+        # once (the load checks that count again against what is available then)
+        sizing = size_load(folder, man, want_draft=man.draft is not None and draft in ("model", "auto"),
+                           device="cpu", max_batch=max_batch, max_seq_len=max_seq_len, memory_fraction=fraction)
     except USER_ERRORS as e:
         _fail(str(e))
-    if max_batch < 1 or max_queue < 0:
-        _fail("--max-batch must be >= 1 and --max-queue >= 0")
-    draft = draft or ("model" if man.draft is not None else "none")
     model_id = folder.resolve().name
     cfg = ServerConfig(model_id=model_id, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
                        request_timeout_s=request_timeout, draft=draft, adaptive=adaptive and draft != "none")
 
     def _load():
         return load(folder, draft=draft, threads=threads, k=k, global_pool=True, hugepages=hugepages,
-                    adaptive=adaptive, max_batch=max_batch, max_queue=max_queue, prefix_cache=prefix_cache)
+                    adaptive=adaptive, max_batch=sizing.slots, max_seq_len=sizing.seq, max_queue=max_queue,
+                    prefix_cache=prefix_cache)
 
     failed: list = []
     server = None
@@ -355,7 +411,7 @@ def serve(engines, host, port, max_batch, max_queue, draft, adaptive, k, api_key
 
     app = build_app(cfg, _load, on_load_error=_stop)
     click.echo(f"specrt: serving {model_id} from {folder} on http://{host}:{port}/v1 "
-               f"({max_batch} slots, draft={draft}{', adaptive' if cfg.adaptive else ''})", err=True)
+               f"({sizing.summary()}; draft={draft}{', adaptive' if cfg.adaptive else ''})", err=True)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            timeout_graceful_shutdown=grace))
     # uvicorn re-raises the signal that stopped it once it has shut down gracefully; SIGTERM is

@@ -213,3 +213,44 @@ def test_export_trt_in_the_config_must_be_a_boolean(tiny_dirs, tmp_path):
     assert res.exit_code == 2 and "trt must be true or false, got 'false'" in res.output, res.output
     assert "Traceback" not in res.output and not (tmp_path / "b").exists()
 
+
+
+def _with_memory(available: str, *args, timeout=120):
+    """The CLI in a subprocess whose reading of the available memory is `available` (a Python
+    expression over `calls`, the readings so far): the seam of runtime/memory.py."""
+    script = ("import sys\nfrom specrt.runtime import memory\ncalls = []\n"
+              f"memory.available_bytes = lambda device: calls.append(device) or ({available})\n"
+              "from specrt.cli import main\nmain()\n")
+    r = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+@pytest.mark.parametrize("cmd", [["serve", "--max-batch", "300", "--port", "0"], ["generate", "--max-seq-len", "200", "w5"]])
+def test_a_load_that_cannot_fit_is_refused_clearly(tiny_bundles, cmd):
+    """serve refuses before it opens its port (its first line is the error, not the startup
+    line), generate before loading: the numbers, exit 2."""
+    r = _with_memory("100 * 2**20", cmd[0], "--engines", str(tiny_bundles["int8"]), *cmd[1:])
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("specrt: error: not enough memory for ") and "GB is available" in r.stderr
+    assert "not even one slot" in r.stderr  # 100 MiB is less than onnxruntime itself
+
+
+def test_serve_load_that_fails_after_the_port_opens_exits_2(tiny_bundles):
+    """Memory that shrinks between the check before the port opens and the load in its thread:
+    the load's own check refuses, and the server exits 2 with the message."""
+    r = _with_memory("10**12 if len(calls) == 1 else 100 * 2**20", "serve", "--engines", str(tiny_bundles["int8"]),
+                     "--port", "0", "--max-batch", "4")
+    assert r.returncode == 2 and "cannot load" in r.stderr and "not enough memory for 4 KV slots" in r.stderr, r.stderr
+
+
+def test_max_batch_takes_integers_or_auto(tiny_bundles):
+    r = run("serve", "--engines", str(tiny_bundles["int8"]), "--max-batch", "lots")
+    assert r.returncode == 2 and "'lots' is neither a positive integer nor 'auto'" in r.stderr
+
+
+def test_inspect_reports_memory(tiny_bundles):
+    r = run("inspect", str(tiny_bundles["good"]))
+    # two pools (a separate draft), each 512 B a token x 256 tokens: 0.25 MiB
+    assert r.returncode == 0 and "KV 0.2 MiB per slot at S_max 256 (every pool)" in r.stdout, r.stdout
+    assert "weights target 0.00 GB, draft 0.00 GB" in r.stdout and "--max-batch auto takes 64 slots" in r.stdout

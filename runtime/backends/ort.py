@@ -1,12 +1,13 @@
 """onnxruntime backend: one InferenceSession whose IO bindings point into buffers allocated once.
 
 `OrtModel` runs one graph over a `KVPool` (runtime/kvpool.py). Buffers, never reallocated:
-  KV       the pool's [slots, Hkv, S_max, D] per layer and K/V; a call over slots [lo, lo + b)
+  KV       the pool's [slots, Hkv, S, D] per layer and K/V (S: the pool's capacity, the
+           bundle's S_max or a shorter load-time max_seq_len); a call over slots [lo, lo + b)
            binds rows [lo, lo + b) as both past_key_values.{i}.* and present.{i}.* (in place).
            One IOBinding per slot range, made on first use and kept: a call rebinds only ids,
            mask and logits.
   ids      int64 [rows] host; the call's tokens.
-  mask     int64 [slots * S_max] host; a call of b rows binds [b, W] of it (row r: P_r + T ones,
+  mask     int64 [slots * S] host; a call of b rows binds [b, W] of it (row r: P_r + T ones,
            then zeros: right padding, from which GQA reads each row's own past length).
   logits   float32 [rows * V] host; bound as logits [b, T, V]; `run*` return views of it.
   hidden   float32 [rows, H] host, when the graph has them: the final-norm hidden states output
@@ -83,6 +84,15 @@ def session_options(threads: int | None = None, spin: bool = True, global_pool: 
     return so
 
 
+def prefill_width(entry: ModelEntry, prefill_tokens: int = PREFILL_TOKENS) -> int:
+    """Widest call (tokens) a model of this entry takes: prompt chunks may be wider than a
+    verification call, since one call streams the weights once (a 40-token prompt was 3 calls
+    of <= 17); graphs with EAGLE feature IO keep max_t (their feature buffers are max_t rows)."""
+    if entry.io.hidden_in or entry.io.hidden_out:
+        return entry.max_tokens_per_call
+    return max(entry.max_tokens_per_call, prefill_tokens)
+
+
 def pick_providers(device: str) -> tuple[list[str], str]:
     """'cpu' | 'cuda' -> (providers, ort device_type for buffers). Falls back to CPU with a warning."""
     if device == "cuda":
@@ -116,16 +126,14 @@ class OrtModel(FeatureBuffers):
         self.entry, self.pool, self.track = entry, pool, pool.track(track)
         self.name = track
         self.vocab = entry.vocab_size
-        self.max_seq_len = entry.kv.max_seq_len
+        self.max_seq_len = pool.capacity  # the bundle's S_max, or the load's max_seq_len
         self.max_t = entry.max_tokens_per_call
-        # prompt chunks may be wider than a verification call: one call streams the weights once
-        # (a 40-token prompt was 3 calls of <= 17). Graphs with EAGLE feature IO keep max_t.
-        self.max_prefill_t = self.max_t if (entry.io.hidden_in or entry.io.hidden_out) else max(self.max_t, prefill_tokens)
+        self.max_prefill_t = prefill_width(entry, prefill_tokens)
         self.batch_rows = entry.lowering == "ort"
-        rows = max(pool.slots, self.max_prefill_t)
+        rows = max(pool.slots, self.max_prefill_t)  # runtime/memory.py counts these buffers
         self._init_features(entry, rows)
         self._ids = np.zeros(rows, dtype=np.int64)
-        self._mask = np.zeros(pool.slots * entry.kv.max_seq_len, dtype=np.int64)
+        self._mask = np.zeros(pool.slots * pool.capacity, dtype=np.int64)
         self._logits = np.empty(rows * self.vocab, dtype=np.float32)
         self._logits.fill(0)  # commit the pages now: RSS stays flat during generation
         self._keep = np.zeros(1, dtype=np.int64) if entry.io.logits_to_keep else None
@@ -158,7 +166,7 @@ class OrtModel(FeatureBuffers):
         T = len(tokens)
         if not 0 < T <= self.max_prefill_t or past_len + T > self.max_seq_len:
             raise ValueError(f"{self.name}: {T} tokens at {past_len} do not fit a call "
-                             f"(1..{self.max_prefill_t} tokens, S_max {self.max_seq_len})")
+                             f"(1..{self.max_prefill_t} tokens, max_seq_len {self.max_seq_len})")
         self._ids[:T] = tokens
         mask = self._mask[: past_len + T]
         mask.fill(1)
@@ -177,7 +185,7 @@ class OrtModel(FeatureBuffers):
         pasts = np.asarray(pasts, dtype=np.int64)
         W = int(pasts.max()) + 1
         if W > self.max_seq_len:
-            raise ValueError(f"{self.name}: a row at position {W - 1} is past S_max {self.max_seq_len}")
+            raise ValueError(f"{self.name}: a row at position {W - 1} is past max_seq_len {self.max_seq_len}")
         self._ids[:b] = tokens
         mask = self._mask[: b * W].reshape(b, W)
         np.less(np.arange(W), (pasts + 1)[:, None], out=mask, casting="unsafe")

@@ -104,9 +104,10 @@ class OpenAIServing:
         """Run in a thread at startup; /health says 503 until it returns."""
         try:
             pipe = self._load()
-            self.metrics = Metrics(self.cfg.model_id, pipe.counters)
+            self.metrics = Metrics(self.cfg.model_id, pipe.counters, pipe.kv_bytes)
             self.pipe = pipe
-            log.info("specrt: %s ready (%d slots)", self.cfg.model_id, pipe.counters()["slots"])
+            log.info("specrt: %s ready (%d slots, %d KV bytes)", self.cfg.model_id, pipe.counters()["slots"],
+                     pipe.kv_bytes)
         except Exception as e:  # noqa: BLE001 - reported by /health and the log
             self.error = str(e)
             log.error("specrt: cannot load %s: %s", self.cfg.model_id, e)

@@ -468,3 +468,90 @@ def test_default_bundle_greedy_at_concurrency_8(default_bundle):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+def _metric(text: str, name: str) -> float:
+    return float(next(ln.split()[-1] for ln in text.splitlines() if ln.startswith(name + "{")))
+
+
+def test_max_batch_auto_serves_and_reports_its_memory(tiny_bundles):
+    """`--max-batch auto` on the tiny bundle: the machine holds far more than 64 of its slots,
+    so the ceiling; the startup line and /metrics say so and requests are answered."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _serve_proc(tiny_bundles["int8"], port, "--max-batch", "auto", "--max-seq-len", "128")
+    try:
+        _wait_healthy(url, proc)
+        c = openai.OpenAI(base_url=url + "/v1", api_key="x")
+        r = c.completions.create(model="int8", prompt="w5 w6 w7", max_tokens=8, temperature=0)
+        assert r.usage.completion_tokens >= 1
+        text = httpx.get(url + "/metrics").text
+        assert _metric(text, "specrt:num_slots") == 64
+        assert _metric(text, "specrt:kv_cache_bytes") == 64 * 128 * 512  # slots x tokens x 512 B (tiny bundle)
+        assert c.models.list().data[0].model_extra["max_model_len"] == 128
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    line = proc.stderr.readline()
+    assert "64 slots x 128 tokens, KV 0.1 MiB per slot (0.00 GB in all), weights target" in line, line
+
+
+def _child_cgroup(limit: int):
+    """A memory cgroup under this process's own, limited to `limit` bytes (v2 or v1), or None
+    where this process may not make one (not root, no writable hierarchy)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, ctrl, path = line.split(":", 2)
+        if ctrl == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            base, limit_file = Path("/sys/fs/cgroup") / path.lstrip("/"), "memory.max"
+        elif "memory" in ctrl.split(","):
+            base, limit_file = Path("/sys/fs/cgroup/memory") / path.lstrip("/"), "memory.limit_in_bytes"
+        else:
+            continue
+        group = base / f"specrt-test-{os.getpid()}"
+        try:
+            group.mkdir()
+            (group / limit_file).write_text(str(limit))
+            return group
+        except OSError:
+            if group.is_dir():
+                group.rmdir()
+    return None
+
+
+@pytest.mark.slow
+def test_memory_check_under_a_real_cgroup_limit(default_bundle):
+    """The default pair in a cgroup of 2.5 GB: 32 slots (3 GB of KV) are refused before the port
+    opens, with the count that fits; `auto` loads that many within the limit (the prediction is
+    not below what the load takes: the kernel would kill it) and answers."""
+    group = _child_cgroup(int(2.5e9))
+    if group is None:
+        pytest.skip("cannot create a memory cgroup here (the seam tests in test_memory.py cover the check)")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+
+    def serve(*extra):
+        cmd = [sys.executable, "-m", "specrt.cli", "serve", "--engines", str(default_bundle), "--port", str(port), *extra]
+        return subprocess.Popen(["sh", "-c", f'echo $$ > "{group}/cgroup.procs" && exec "$@"', "sh", *cmd],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    try:
+        refused = serve("--max-batch", "32")
+        _, err = refused.communicate(timeout=60)
+        assert refused.returncode == 2 and "Traceback" not in err, err
+        assert err.startswith("specrt: error: not enough memory for 32 KV slots of 2048 tokens"), err
+        fits = int(err.split("at most ")[1].split()[0])
+        assert 1 <= fits < 32
+        proc = serve("--max-batch", "auto", "--draft", "model")
+        try:
+            _wait_healthy(url, proc)
+            slots = _metric(httpx.get(url + "/metrics").text, "specrt:num_slots")
+            assert 1 <= slots <= fits  # auto fills 90% of what the check allows
+            c = openai.OpenAI(base_url=url + "/v1", api_key="x")
+            r = c.chat.completions.create(model=default_bundle.resolve().name, max_tokens=16, temperature=0,
+                                          messages=[{"role": "user", "content": "Name three planets."}])
+            assert r.usage.completion_tokens >= 1
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0, proc.stderr.read()
+    finally:
+        group.rmdir()
