@@ -159,7 +159,7 @@ class Pipeline:
                 adaptive: bool | None = None, timeout_s: float | None = None, frequency_penalty: float = 0.0,
                 presence_penalty: float = 0.0, repetition_penalty: float = 1.0,
                 logit_bias: dict[int, float] | None = None, min_tokens: int = 0,
-                logprobs: int | None = None, grammar: Constraint | None = None) -> Request:
+                logprobs: int | None = None, grammar: Constraint | None = None, sibling: int = 0) -> Request:
         """A checked request (not yet submitted). ignore_eos: run to max_new_tokens (benchmarks).
         timeout_s: from submission; a request still running then ends (stop_reason "timeout").
         frequency_penalty / presence_penalty (OpenAI's, [-2, 2], on new tokens),
@@ -168,7 +168,9 @@ class Pipeline:
         not (runtime/logits.py). logprobs: report each new token's log-probability and this many
         alternatives (0-20; None = off): the raw log-softmax of the target's logits. grammar: the
         output must match it (runtime/grammar.py `Constraint`: JSON schema, regex, Lark, GBNF,
-        choice); one that cannot compile raises GrammarError (a ValueError) here."""
+        choice); one that cannot compile raises GrammarError (a ValueError) here. sibling: this is
+        choice i of several of one prompt (OpenAI's `n`): its random stream is derived from the
+        seed as [seed, i] (choice 0 is the seed's own), so the same seed gives the same choices."""
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if logprobs is not None and not 0 <= logprobs <= 20:
@@ -189,7 +191,8 @@ class Pipeline:
         self._check_draft(draft)
         adaptive = self.default_adaptive if adaptive is None else adaptive
         return Request(list(prompt_ids), cfg, max_new_tokens, frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids),
-                       k=k if draft != "none" else 0, draft=draft, adaptive=adaptive and draft != "none", seed=seed,
+                       k=k if draft != "none" else 0, draft=draft, adaptive=adaptive and draft != "none",
+                       seed=seed if sibling == 0 or seed is None else [seed, sibling],
                        stats=stats, timeout_s=timeout_s, penalties=pen if pen.active else None, logprobs=logprobs,
                        grammar=matcher)
 
@@ -257,6 +260,36 @@ class Pipeline:
         for _ in self.stream(prompt, **kw):
             pass
         return self.last
+
+    def choices(self, prompt: str, n: int, *, chat: bool = True, stop: list[str] | None = None,
+                **kw) -> list[Result]:
+        """n choices of one prompt (OpenAI's `n`), decoded together: each samples from its own
+        stream derived from `seed` (see `request`'s sibling), and the later ones copy the
+        first one's prompt rows instead of computing them (runtime/engine/scheduler.py)."""
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        ids = self.tokenizer.encode(prompt, chat=chat)
+        reqs = [self.request(ids, stats=Stats(), sibling=i, **kw) for i in range(n)]
+        gens: list = []
+        try:
+            for r in reqs:
+                gens.append(self.submit(r))
+            results = []
+            for r, gen in zip(reqs, gens, strict=True):
+                text = TextStream(self.tokenizer, stop)
+                for chunk in gen:
+                    text.push(chunk)
+                    if text.stopped:
+                        r.stats.stop_reason = "stop"
+                        break
+                else:
+                    text.flush()
+                gen.close()
+                results.append(Result(text.full, text.ids, r.stats, _aligned(r, text.ids)))
+            return results
+        finally:
+            for gen in gens:
+                gen.close()
 
     @property
     def last(self) -> Result | None:

@@ -301,11 +301,11 @@ def bench(ctx, engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_t
         return
     from specrt.runtime import USER_ERRORS
     from specrt.runtime.bench import report
-    from specrt.runtime.bench.runner import BenchConfig, is_conversations, run_bench
+    from specrt.runtime.bench.runner import BenchConfig, is_conversations, is_plain, run_bench
 
-    # by default every single-prompt workload (conversations run with `bench serve`)
-    wl = [Path(w) for w in workloads] or [w for w in sorted(Path("configs/workloads").glob("*.jsonl"))
-                                          if not is_conversations(w)]
+    # by default every plain-prompt workload (conversations run with `bench serve`, schemas with
+    # tools/feature_costs.py)
+    wl = [Path(w) for w in workloads] or [w for w in sorted(Path("configs/workloads").glob("*.jsonl")) if is_plain(w)]
     if any(is_conversations(w) for w in wl):
         _fail("multi-turn workloads (conversations) run with `specrt bench serve --workload ...`")
     if not wl:

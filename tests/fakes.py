@@ -268,7 +268,7 @@ def drive(pipe, requests) -> list[list[int]]:
         pipe.scheduler.costs = pipe.costs()  # what the engine does before the first adaptive request
     waiting = deque(requests)
     sched = pipe.scheduler
-    while waiting or sched.running:
+    while waiting or sched.running or sched.deferred:
         sched.step(lambda: waiting.popleft() if waiting else None)
         if errors:
             raise errors[0]

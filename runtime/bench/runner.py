@@ -58,6 +58,8 @@ def load_workload(path: Path) -> list[dict]:
                 it.update(system=d.get("system", ""), turns=list(d["turns"]))
             else:
                 it["prompt"] = d["prompt"]
+            if "schema" in d:  # structured output (tools/feature_costs.py)
+                it["schema"] = d["schema"]
             items.append(it)
     return items
 
@@ -65,6 +67,12 @@ def load_workload(path: Path) -> list[dict]:
 def is_conversations(path: Path) -> bool:
     """Whether a workload file holds multi-turn conversations (not single prompts)."""
     return any("turns" in it for it in load_workload(path))
+
+
+def is_plain(path: Path) -> bool:
+    """Whether a workload file holds plain prompts (no conversations, no output schema): what
+    `specrt bench` runs by default."""
+    return not any("turns" in it or "schema" in it for it in load_workload(path))
 
 
 def probe_costs(pipe: Pipeline, ks: list[int]) -> dict:

@@ -45,8 +45,9 @@ class Engine:
         with self._cv:
             if self._closed:
                 raise EngineClosed("the engine is shut down")
-            if len(self._waiting) >= self.max_queue + self.sched.pool.free_slots:
-                raise EngineBusy(f"all {self.sched.pool.slots} slots are busy and {len(self._waiting)} requests "
+            waiting = len(self._waiting) + len(self.sched.deferred)
+            if waiting >= self.max_queue + self.sched.pool.free_slots:
+                raise EngineBusy(f"all {self.sched.pool.slots} slots are busy and {waiting} requests "
                                  f"are waiting (max_queue={self.max_queue}); retry later")
             r.t_submit = time.perf_counter()  # timeouts and queue time count from here
             self._waiting.append(r)
@@ -64,7 +65,7 @@ class Engine:
     def counters(self) -> dict:
         """A snapshot: running / waiting requests and the scheduler's totals."""
         with self._cv:
-            waiting = len(self._waiting)
+            waiting = len(self._waiting) + len(self.sched.deferred)
         c = self.sched.counters.snapshot()
         c.update(running=len(self.sched.running), waiting=waiting, slots=self.sched.pool.slots,
                  kv_bytes_per_slot=self.sched.pool.bytes_per_slot())
@@ -74,7 +75,7 @@ class Engine:
         """Refuse new requests, end the running ones (stop_reason "stop"), stop the thread."""
         with self._cv:
             self._closed = True
-            for r in list(self._waiting) + list(self.sched.running):
+            for r in list(self._waiting) + list(self.sched.running) + list(self.sched.deferred):
                 r.cancelled = True
             self._cv.notify()
             t = self._thread
@@ -123,9 +124,9 @@ class Engine:
     def _serve(self) -> None:
         while True:
             with self._cv:
-                if not self._waiting and not self.sched.running and not self._closed:
+                if not self._waiting and not self.sched.running and not self.sched.deferred and not self._closed:
                     self._cv.wait(IDLE_S)
-                if not self._waiting and not self.sched.running:
+                if not self._waiting and not self.sched.running and not self.sched.deferred:
                     # idle (or closed): the thread ends, so a pipeline nobody holds can be freed;
                     # the next submit (same lock) starts a new one
                     self._thread = None

@@ -31,7 +31,7 @@ class Request:
     k: int  # draft tokens per round (fixed k), the ceiling with adaptive k
     draft: str = "none"  # "model" | "none" | "ngram" | "auto"
     adaptive: bool = False
-    seed: int | None = 0
+    seed: int | list[int] | None = 0  # numpy Generator seed; [seed, i] for choice i of a prompt (n > 1)
     sink: Callable[[str, object], None] = lambda kind, value: None
     timeout_s: float | None = None  # from submission; then the request ends with stop_reason "timeout"
     penalties: Penalties | None = None  # runtime/logits.py: applied at every verified position

@@ -21,7 +21,6 @@ fed by the next call); draft tracks hold a prefix of seq (plus, mid-round, the p
 from __future__ import annotations
 
 import time
-from collections import deque
 
 import numpy as np
 
@@ -33,7 +32,7 @@ from ..sampling import probs, sample
 from ..verify import verify_greedy, verify_sampling
 from .counters import Counters
 from .plan import Row, plan
-from .prefix import place
+from .prefix import common_prefix, place
 from .request import DECODE, DONE, PREFILL, Request
 
 
@@ -83,6 +82,7 @@ def _cut_to_grammar(r: Request, prop: Proposal) -> Proposal:
 
 
 REPLAN_STEPS = 8  # steps a "no drafting" plan is kept while the row count stays the same
+DEFER_MIN_TOKENS = 16  # a request waits for another's prefill only when they share at least this many tokens
 
 
 def _check_finite(logits: np.ndarray, what: str):
@@ -109,8 +109,8 @@ class Scheduler:
         self.policies = policies or (lambda r: {})
         self.plan_batches = plan_batches
         self.costs = None  # adaptive.Costs, set by the engine before the first adaptive request
-        self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.deferred: list[Request] = []  # waiting for a running prefill to share (`_await_prefill`)
         self.counters = Counters(target.max_t - 1)
         self.forget_plan()
 
@@ -143,27 +143,53 @@ class Scheduler:
             send(r, "done", r.stats)
 
     def admit(self, take_waiting) -> None:
-        """take_waiting() -> the next waiting request or None (the engine's locked queue)."""
+        """take_waiting() -> the next waiting request or None (the engine's locked queue).
+        Requests deferred at an earlier step (`_await_prefill`) are looked at first."""
         now = time.perf_counter()
         for r in [r for r in self.running if r.cancelled or r.expired(now)]:
             self._retire(r, "stop" if r.cancelled else "timeout")
+        earlier, self.deferred = self.deferred, []
         while self.pool.free_slots:
-            r = take_waiting()
+            r = earlier.pop(0) if earlier else take_waiting()
             if r is None:
-                return
+                break
             if r.cancelled or r.expired(now):
                 end_unstarted(r, "stop" if r.cancelled else "timeout")
                 continue
-            self._place(r)
-            r.state = PREFILL
-            r.stats.queue_ms = 1000 * (time.perf_counter() - r.t_submit)
-            try:
-                r.drafter = self.make_drafter(r)
-                r.policies = self.policies(r) if r.adaptive and r.drafter is not None else {}
-            except Exception as e:  # noqa: BLE001 - a request that cannot start fails alone
-                self._retire(r, "error", e)
+            if self._await_prefill(r):
+                self.deferred.append(r)
                 continue
-            self.running.append(r)
+            self._admit(r)
+        self.deferred = sorted(self.deferred + earlier, key=lambda r: r.t_submit)
+
+    def _await_prefill(self, r: Request) -> bool:
+        """Whether `r` should wait for a request still reading a prompt that shares a longer prefix
+        with `r`'s than any slot holds now: once that prefill is done `r` copies its rows instead
+        of computing them again (sibling choices of one prompt, a burst of requests with one
+        system prompt). Waiting costs little: prompt chunks share one token budget per step,
+        oldest first, so `r`'s own chunks would mostly have queued behind that prefill anyway."""
+        if not self.prefix_cache or not self.pool.can_copy:
+            return False
+        limit = len(r.prompt) - 1
+        ahead = max((min(common_prefix(r.prompt, q.prompt), limit) for q in self.running if q.state == PREFILL),
+                    default=0)
+        if ahead < DEFER_MIN_TOKENS:
+            return False
+        tt = self.target.track
+        now = place(r.prompt, self.pool, {q.slot: q.seq[: self.pool.length(tt, q.slot)] for q in self.running})
+        return now is not None and ahead > now.reuse
+
+    def _admit(self, r: Request) -> None:
+        self._place(r)
+        r.state = PREFILL
+        r.stats.queue_ms = 1000 * (time.perf_counter() - r.t_submit)
+        try:
+            r.drafter = self.make_drafter(r)
+            r.policies = self.policies(r) if r.adaptive and r.drafter is not None else {}
+        except Exception as e:  # noqa: BLE001 - a request that cannot start fails alone
+            self._retire(r, "error", e)
+            return
+        self.running.append(r)
 
     def _place(self, r: Request) -> None:
         """Give `r` a slot holding the longest computed prefix of its prompt (runtime/engine/prefix.py)."""

@@ -162,9 +162,10 @@ class OpenAIServing:
             raise bad(f"the prompt has {len(ids)} tokens and the context holds {pipe.max_seq_len}: shorten it",
                       prompt_param, "context_length_exceeded")
         p = req.to_gen_params(room)
-        try:
-            r = pipe.request(ids, **p.engine_kwargs(), draft=self.cfg.draft, adaptive=self.cfg.adaptive,
-                             timeout_s=self.cfg.request_timeout_s)
+        n = req.n or 1
+        try:  # choice i samples from its own stream derived from the seed (runtime/pipeline.py `sibling`)
+            rs = [pipe.request(ids, **p.engine_kwargs(), draft=self.cfg.draft, adaptive=self.cfg.adaptive,
+                               timeout_s=self.cfg.request_timeout_s, sibling=i) for i in range(n)]
         except GrammarError as e:  # a schema / regex / grammar the engine cannot compile
             raise bad(str(e), p.grammar_param, "invalid_grammar") from None
         except (ValueError, InvalidSampling) as e:  # ContextOverflow is a ValueError
@@ -172,12 +173,19 @@ class OpenAIServing:
             named = next((n for n in ("logit_bias", "min_tokens", "ignore_eos") if n in str(e)), None)
             raise bad(f"{e} (prompt: {len(ids)} tokens, context: {pipe.max_seq_len})",
                       param if "max_new_tokens" in str(e) else named) from None
-        events = pipe.asubmit(r)  # EngineBusy / EngineClosed: 503 (see _error)
-        job = _Job(self, r, events, TextStream(pipe.tokenizer, list(p.stop)), out, len(ids))
+        jobs: list[_Job] = []
+        try:  # all siblings go in together: the later ones wait for the first one's prefill and copy it
+            for i, r in enumerate(rs):
+                jobs.append(_Job(self, r, pipe.asubmit(r), TextStream(pipe.tokenizer, list(p.stop)), i))
+        except Exception:  # EngineBusy / EngineClosed (503, see _error): the choices already in are cancelled
+            for job in jobs:
+                await job.close()
+            raise
+        reply = _Reply(self, jobs, out, len(ids))
         if req.stream:
-            return _Stream(job.sse(req.include_usage), lambda: pipe.engine.cancel(r), media_type="text/event-stream",
+            return _Stream(reply.sse(req.include_usage), reply.cancel, media_type="text/event-stream",
                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return JSONResponse(_dump(await job.collect(request)))
+        return JSONResponse(_dump(await reply.collect(request)))
 
 
 def _dump(model) -> dict:
@@ -188,64 +196,73 @@ def _dump(model) -> dict:
 
 # ---- responses: the two endpoints' shapes ---------------------------------------------------
 
+def _token(tok, t: int, logprob: float) -> dict:
+    text = tok.token_text(t)
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
 class _ChatOutput:
     def __init__(self, model: str, tok):
         self.id, self.model, self.created = "chatcmpl-" + uuid.uuid4().hex[:24], model, int(time.time())
         self.tok = tok
 
-    def first(self) -> list[ChatCompletionStreamResponse]:
-        return [self.chunk(DeltaMessage(role="assistant", content=""))]
+    def first(self, index: int) -> list[ChatCompletionStreamResponse]:
+        return [self.chunk(index, DeltaMessage(role="assistant", content=""))]
 
-    def piece(self, text: str, lp: list | None = None) -> ChatCompletionStreamResponse:
-        return self.chunk(DeltaMessage(content=text), logprobs=self.logprobs(lp))
+    def piece(self, index: int, text: str, lp: list | None = None) -> ChatCompletionStreamResponse:
+        return self.chunk(index, DeltaMessage(content=text), logprobs=self.logprobs(index, lp))
 
-    def chunk(self, delta: DeltaMessage, finish: str | None = None, logprobs=None) -> ChatCompletionStreamResponse:
-        choice = ChatCompletionStreamChoice(delta=delta, finish_reason=finish, logprobs=logprobs)
+    def chunk(self, index: int, delta: DeltaMessage, finish: str | None = None,
+              logprobs=None) -> ChatCompletionStreamResponse:
+        choice = ChatCompletionStreamChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)
         return ChatCompletionStreamResponse(id=self.id, created=self.created, model=self.model, choices=[choice])
 
-    def logprobs(self, lp: list | None) -> ChoiceLogprobs | None:
-        """runtime/logits.py TokenLogprob entries -> OpenAI's chat logprobs (None: not asked)."""
-        if lp is None:
-            return None
-
-        def top(t, v):
-            text = self.tok.token_text(t)
-            return {"token": text, "logprob": v, "bytes": list(text.encode())}
-
-        return ChoiceLogprobs(content=[ChatCompletionTokenLogprob(**top(e.token, e.logprob),
-                                                                  top_logprobs=[TopLogprob(**top(t, v)) for t, v in e.top])
-                                       for e in lp])
-
-    def last(self, finish: str) -> ChatCompletionStreamResponse:
-        return self.chunk(DeltaMessage(), finish)
+    def last(self, index: int, finish: str) -> ChatCompletionStreamResponse:
+        return self.chunk(index, DeltaMessage(), finish)
 
     def usage(self, usage: UsageInfo) -> ChatCompletionStreamResponse:
         return ChatCompletionStreamResponse(id=self.id, created=self.created, model=self.model, choices=[],
                                             usage=usage)
 
-    def whole(self, text: str, finish: str, usage: UsageInfo, lp: list | None = None) -> ChatCompletionResponse:
-        choice = ChatCompletionChoice(message=AssistantMessage(content=text), finish_reason=finish,
-                                      logprobs=self.logprobs(lp))
-        return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=[choice],
-                                      usage=usage)
+    def logprobs(self, index: int, lp: list | None) -> ChoiceLogprobs | None:
+        """runtime/logits.py TokenLogprob entries -> OpenAI's chat logprobs (None: not asked)."""
+        if lp is None:
+            return None
+        return ChoiceLogprobs(content=[
+            ChatCompletionTokenLogprob(**_token(self.tok, e.token, e.logprob),
+                                       top_logprobs=[TopLogprob(**_token(self.tok, t, v)) for t, v in e.top])
+            for e in lp])
+
+    def whole(self, choices: list[tuple[str, str, list | None]], usage: UsageInfo) -> ChatCompletionResponse:
+        """choices: (text, finish_reason, logprobs) per choice, in index order."""
+        return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, usage=usage, choices=[
+            ChatCompletionChoice(index=i, message=AssistantMessage(content=text), finish_reason=finish,
+                                 logprobs=self.logprobs(i, lp))
+            for i, (text, finish, lp) in enumerate(choices)])
 
 
 class _CompletionOutput:
     def __init__(self, model: str, tok):
         self.id, self.model, self.created = "cmpl-" + uuid.uuid4().hex[:24], model, int(time.time())
         self.tok = tok
-        self.offset = 0  # characters of text the logprobs' text_offset has passed
+        self.offsets: dict[int, int] = {}  # per choice: characters its logprobs' text_offset has passed
 
-    def first(self) -> list[CompletionResponse]:
+    def first(self, index: int) -> list[CompletionResponse]:
         return []  # completions have no role chunk
 
-    def piece(self, text: str, lp: list | None = None, finish: str | None = None) -> CompletionResponse:
-        return CompletionResponse(id=self.id, created=self.created, model=self.model,
-                                  choices=[CompletionChoice(text=text, finish_reason=finish, logprobs=self.logprobs(lp))])
+    def piece(self, index: int, text: str, lp: list | None = None, finish: str | None = None) -> CompletionResponse:
+        choice = CompletionChoice(index=index, text=text, finish_reason=finish, logprobs=self.logprobs(index, lp))
+        return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[choice])
 
-    def logprobs(self, lp: list | None) -> CompletionLogprobs | None:
+    def last(self, index: int, finish: str) -> CompletionResponse:
+        return self.piece(index, "", finish=finish)
+
+    def usage(self, usage: UsageInfo) -> CompletionResponse:
+        return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[], usage=usage)
+
+    def logprobs(self, index: int, lp: list | None) -> CompletionLogprobs | None:
         """TokenLogprob entries -> the legacy parallel lists (text_offset: where each token's
-        text starts in the completion)."""
+        text starts in the choice's text)."""
         if lp is None:
             return None
         out = CompletionLogprobs()
@@ -254,25 +271,20 @@ class _CompletionOutput:
             out.tokens.append(text)
             out.token_logprobs.append(e.logprob)
             out.top_logprobs.append({self.tok.token_text(t): v for t, v in e.top})
-            out.text_offset.append(self.offset)
-            self.offset += len(text)
+            out.text_offset.append(self.offsets.get(index, 0))
+            self.offsets[index] = self.offsets.get(index, 0) + len(text)
         return out
 
-    def last(self, finish: str) -> CompletionResponse:
-        return self.piece("", finish=finish)
-
-    def usage(self, usage: UsageInfo) -> CompletionResponse:
-        return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[], usage=usage)
-
-    def whole(self, text: str, finish: str, usage: UsageInfo, lp: list | None = None) -> CompletionResponse:
-        return CompletionResponse(id=self.id, created=self.created, model=self.model, usage=usage,
-                                  choices=[CompletionChoice(text=text, finish_reason=finish, logprobs=self.logprobs(lp))])
+    def whole(self, choices: list[tuple[str, str, list | None]], usage: UsageInfo) -> CompletionResponse:
+        return CompletionResponse(id=self.id, created=self.created, model=self.model, usage=usage, choices=[
+            CompletionChoice(index=i, text=text, finish_reason=finish, logprobs=self.logprobs(i, lp))
+            for i, (text, finish, lp) in enumerate(choices)])
 
 
 class _Stream(StreamingResponse):
-    """A streamed response that cancels its request however the response ends: a client that
+    """A streamed response that cancels its requests however the response ends: a client that
     disconnects before the first chunk leaves the generator unstarted (no `finally` of its
-    own runs), and the request would otherwise hold a slot to its end."""
+    own runs), and the requests would otherwise hold their slots to the end."""
 
     def __init__(self, content, on_close, **kw):
         super().__init__(content, **kw)
@@ -282,20 +294,19 @@ class _Stream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._on_close()  # a request that already finished ignores it
+            self._on_close()  # requests that already finished ignore it
 
 
 class _Job:
-    """One request's response: streamed as SSE chunks or collected into one body."""
+    """One choice: its request, token events and text."""
 
-    def __init__(self, serving: OpenAIServing, r, events, text: TextStream, out, n_prompt: int):
-        self.serving, self.r, self.events, self.text, self.out = serving, r, events, text, out
-        self.n_prompt = n_prompt
+    def __init__(self, serving: OpenAIServing, r, events, text: TextStream, index: int):
+        self.serving, self.r, self.events, self.text, self.index = serving, r, events, text, index
         self.t0 = time.perf_counter()
         self.t_first = None
         self.lp_sent = 0  # tokens whose logprobs went out
 
-    def _new_logprobs(self) -> list | None:
+    def new_logprobs(self) -> list | None:
         """Logprobs of the tokens pushed since the last call (None when not asked)."""
         if self.r.logprobs is None:
             return None
@@ -303,28 +314,14 @@ class _Job:
         lp, self.lp_sent = self.r.token_logprobs[self.lp_sent : n], n
         return lp
 
-    def _finish(self) -> str:
+    def finish(self) -> str:
         if self.text.stopped:
             return "stop"
         return FINISH.get(self.r.stats.stop_reason, "stop")
 
-    def _usage(self) -> UsageInfo:
-        n = len(self.text.ids)
-        return UsageInfo(prompt_tokens=self.n_prompt, completion_tokens=n, total_tokens=self.n_prompt + n,
-                         prompt_tokens_details=PromptTokensDetails(cached_tokens=self.r.stats.cached_tokens))
-
-    def _record(self) -> None:
-        m = self.serving.metrics
-        if m is None:
-            return
-        n = len(self.text.ids)
-        end = time.perf_counter()
-        ttft = self.t_first - self.t0 if self.t_first else None
-        tpot = (end - self.t_first) / (n - 1) if self.t_first and n > 1 else None
-        m.finished(self.n_prompt, n, self._finish(), ttft, tpot, end - self.t0)
-
-    async def _pieces(self):
-        """Text pieces as they are safe to show; ends at EOS / length / a stop string / timeout."""
+    async def pieces(self):
+        """Text pieces as they are safe to show; ends at EOS / length / a stop string / timeout
+        (then the request is over: a stop string cancels it)."""
         async for chunk in self.events:
             if self.t_first is None:
                 self.t_first = time.perf_counter()
@@ -332,51 +329,118 @@ class _Job:
             if piece:
                 yield piece
             if self.text.stopped:
-                return
-        self.text.flush()
+                break
+        else:
+            self.text.flush()
+        await self.events.aclose()
+
+    def record(self, n_prompt: int) -> None:
+        m = self.serving.metrics
+        if m is None:
+            return
+        n = len(self.text.ids)
+        end = time.perf_counter()
+        ttft = self.t_first - self.t0 if self.t_first else None
+        tpot = (end - self.t_first) / (n - 1) if self.t_first and n > 1 else None
+        m.finished(n_prompt, n, self.finish(), ttft, tpot, end - self.t0)
+
+    def cancel(self) -> None:
+        self.serving.pipe.engine.cancel(self.r)
+
+    async def close(self) -> None:
+        await self.events.aclose()  # cancels a request still running
+
+
+class _Reply:
+    """One response over n choices: streamed as SSE chunks (choices interleaved as their tokens
+    come, each chunk naming its `index`) or collected into one body. The prompt counts once in
+    usage; its cached tokens are the first choice's (the others copy its rows)."""
+
+    def __init__(self, serving: OpenAIServing, jobs: list[_Job], out, n_prompt: int):
+        self.serving, self.jobs, self.out, self.n_prompt = serving, jobs, out, n_prompt
+
+    def usage(self) -> UsageInfo:
+        n = sum(len(j.text.ids) for j in self.jobs)
+        return UsageInfo(prompt_tokens=self.n_prompt, completion_tokens=n, total_tokens=self.n_prompt + n,
+                         prompt_tokens_details=PromptTokensDetails(cached_tokens=self.jobs[0].r.stats.cached_tokens))
+
+    def cancel(self) -> None:
+        for j in self.jobs:
+            j.cancel()
+
+    async def _choice(self, job: _Job):
+        """One choice's chunks: role, content pieces (with their logprobs), the finish chunk."""
+        out, i = self.out, job.index
+        for chunk in out.first(i):
+            yield chunk
+        async for piece in job.pieces():
+            yield out.piece(i, piece, job.new_logprobs())
+        tail, lp = job.text.tail(), job.new_logprobs()
+        if tail or lp:
+            yield out.piece(i, tail, lp)
+        yield out.last(i, job.finish())
 
     async def sse(self, include_usage: bool):
         def data(model) -> str:
             return f"data: {json.dumps(_dump(model), ensure_ascii=False)}\n\n"
 
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(job):
+            try:
+                async for chunk in self._choice(job):
+                    await queue.put(chunk)
+                await queue.put(job)  # this choice is done
+            except Exception as e:  # noqa: BLE001 - reported in the stream below
+                await queue.put(e)
+
+        tasks = [asyncio.ensure_future(pump(j)) for j in self.jobs]
         try:
-            for chunk in self.out.first():
-                yield data(chunk)
-            async for piece in self._pieces():
-                yield data(self.out.piece(piece, self._new_logprobs()))
-            tail = self.text.tail()
-            lp = self._new_logprobs()
-            if tail or lp:
-                yield data(self.out.piece(tail, lp))
-            await self.events.aclose()  # a stop string ends the request now
-            yield data(self.out.last(self._finish()))
+            left = len(self.jobs)
+            while left:
+                item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                if isinstance(item, _Job):
+                    left -= 1
+                    item.record(self.n_prompt)
+                    continue
+                yield data(item)
             if include_usage:
-                yield data(self.out.usage(self._usage()))
+                yield data(self.out.usage(self.usage()))
             yield "data: [DONE]\n\n"
-            self._record()
         except Exception as e:  # noqa: BLE001 - mid-stream: the status is sent; say it in the stream
             log.error("specrt: request %s failed mid-stream: %s", self.out.id, e)
             yield data(ErrorResponse(error=ErrorInfo(message=f"generation failed: {e}", type="server_error")))
             yield "data: [DONE]\n\n"
-        finally:
-            await self.events.aclose()  # a client that went away cancels its request
+        finally:  # a client that went away cancels its requests; each pump ends with its request
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for j in self.jobs:
+                await j.close()
 
     async def collect(self, request: Request):
-        async def watch():  # a client that disconnects cancels its request
+        async def watch():  # a client that disconnects cancels its requests
             while True:
                 await asyncio.sleep(0.5)
                 if await request.is_disconnected():
-                    self.serving.pipe.engine.cancel(self.r)
+                    self.cancel()
                     return
+
+        async def whole(job: _Job):
+            text = "".join([piece async for piece in job.pieces()]) + job.text.tail()
+            job.record(self.n_prompt)
+            return text, job.finish(), job.new_logprobs()
 
         watcher = asyncio.ensure_future(watch())
         try:
-            parts = [piece async for piece in self._pieces()]
+            choices = await asyncio.gather(*(whole(j) for j in self.jobs))
         finally:
             watcher.cancel()
-            await self.events.aclose()
-        self._record()
-        return self.out.whole("".join(parts) + self.text.tail(), self._finish(), self._usage(), self._new_logprobs())
+            for j in self.jobs:
+                await j.close()
+        return self.out.whole(list(choices), self.usage())
 
 
 # ---- reading bodies -------------------------------------------------------------------------

@@ -189,8 +189,7 @@ _NO_TOOLS = "the bundle's chat template has no tool calling"
 # Each entry is lifted (removed) when the engine honours the field; types and ranges stay in
 # the models above, so a lifted field is already validated.
 UNSUPPORTED: tuple[Unsupported, ...] = (
-    Unsupported("n", lambda v: v > 1, "one choice per request"),
-    Unsupported("best_of", lambda v: v > 1, "one choice per request"),
+    Unsupported("best_of", lambda v: v > 1, "server-side ranking of choices is not built (use 'n')"),
     Unsupported("min_p", lambda v: v > 0, "min_p sampling is " + _SPEC),
     Unsupported("stop_token_ids", bool, "stop token ids are not implemented yet; use 'stop' strings"),
     Unsupported("tools", bool, _NO_TOOLS),
@@ -257,7 +256,7 @@ class _GenerationRequest(OpenAIBaseModel):
                     BeforeValidator(_as_list, json_schema_input_type=str | list[str] | None)] = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    n: integer(ge=1, le=10**9) | None = 1
+    n: integer(ge=1, le=16) | None = Field(default=1, description="choices of the prompt, decoded together")
     ignore_eos: StrictBool | None = Field(default=False, description="extension (vLLM): run to max_tokens")
     # sampling controls (runtime/logits.py), applied at every verified position
     frequency_penalty: number(ge=-2, le=2) | None = 0.0

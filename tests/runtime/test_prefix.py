@@ -263,3 +263,40 @@ def test_turned_off_nothing_is_reused_or_counted(make):
 def test_library_default_is_adaptive_when_requests_share_the_pipeline(make):
     assert make(adaptive=None, slots=4).default_adaptive is True
     assert make(adaptive=None, slots=1).default_adaptive is False
+
+
+# --- n choices of one prompt: one prefill, each its own random stream -----------------------------
+
+@pytest.mark.parametrize("draft", ["none", "model", "ngram"])
+def test_choices_share_one_prefill_and_draw_their_own_streams(make, draft):
+    pipe = make(draft="self", slots=4)
+    prompt = [int(t) for t in np.random.default_rng(9).integers(3, 32, size=40)]
+    kw = dict(max_new_tokens=12, temperature=0.9, seed=5, k=3, ignore_eos=True, draft=draft)
+    before = pipe.counters()["prefill_tokens"]
+    res = pipe.choices(" ".join(f"w{t}" for t in prompt), 3, chat=False, **kw)
+    ids = pipe.tokenizer.encode(" ".join(f"w{t}" for t in prompt), chat=False)
+    assert pipe.counters()["prefill_tokens"] - before == len(ids) + 2  # siblings compute one token each
+    assert [r.stats.cached_tokens for r in res] == [0, len(ids) - 1, len(ids) - 1]
+    assert len({tuple(r.token_ids) for r in res}) == 3  # different streams
+    again = pipe.choices(" ".join(f"w{t}" for t in prompt), 3, chat=False, **kw)
+    assert [r.token_ids for r in again] == [r.token_ids for r in res]  # same seed, same choices
+    for i, r in enumerate(res):  # choice i is what a lone request with sibling i draws
+        alone = make(draft="self", prefix_cache=False)
+        got, _ = run_request(alone, ids, sibling=i, **kw)
+        assert got == r.token_ids
+
+
+def test_a_burst_sharing_a_system_prompt_computes_it_once(make):
+    """Six requests with one 40-token system prompt submitted at once on six slots: the first
+    computes it, the others wait for that prefill and copy it."""
+    pipe = make(draft="self", slots=6)
+    g = np.random.default_rng(10)
+    system = [int(t) for t in g.integers(3, 32, size=40)]
+    prompts = [system + [int(t) for t in g.integers(3, 32, size=4)] for _ in range(6)]
+    stats = [Stats() for _ in prompts]
+    gens = [pipe.stream_ids(p, max_new_tokens=6, ignore_eos=True, stats=s) for p, s in zip(prompts, stats, strict=True)]
+    outs = [[t for c in gen for t in c] for gen in gens]
+    for p, o in zip(prompts, outs, strict=True):
+        assert o == _want(pipe, p, 6)
+    assert sorted(s.cached_tokens for s in stats) == [0] + [40] * 5
+    assert pipe.counters()["prefill_tokens"] == 40 + 6 * 4

@@ -180,6 +180,29 @@ def test_structured_output_on_a_tokenizer_no_grammar_engine_can_read_is_a_clear_
     assert (err["param"], err["code"]) == ("response_format", "invalid_grammar") and "tokenizer" in err["message"]
 
 
+def test_n_choices_streamed_and_whole(srv):
+    """n = 3: three choices of one prompt, each from its own stream of the seed (the same as
+    `Pipeline.choices`), streamed interleaved with their `index`, usage counting the prompt once."""
+    c = srv.client()
+    kw = dict(model="int8", max_tokens=10, temperature=0.9, seed=3, n=3)
+    msgs = [{"role": "user", "content": "w5 w6 w7 w8"}]
+    whole = c.chat.completions.create(messages=msgs, **kw)
+    texts = [ch.message.content for ch in sorted(whole.choices, key=lambda ch: ch.index)]
+    want = srv.pipe.choices("w5 w6 w7 w8", 3, max_new_tokens=10, temperature=0.9, seed=3)
+    assert texts == [r.text for r in want] and len(set(texts)) > 1
+    n_prompt = len(srv.pipe.tokenizer.encode("w5 w6 w7 w8"))
+    assert whole.usage.prompt_tokens == n_prompt
+    assert whole.usage.completion_tokens == sum(len(r.token_ids) for r in want)
+    chunks = list(c.chat.completions.create(messages=msgs, stream=True, stream_options={"include_usage": True}, **kw))
+    streamed = {i: "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices and ch.choices[0].index == i)
+                for i in range(3)}
+    assert [streamed[i] for i in range(3)] == texts
+    finishes = [ch.choices[0].index for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert sorted(finishes) == [0, 1, 2] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    comp = c.completions.create(model="int8", prompt="w9 w10", max_tokens=6, temperature=0, n=2)
+    assert len(comp.choices) == 2 and comp.choices[0].text == comp.choices[1].text  # greedy: the same
+
+
 def _ids(pipe, prompt_ids, n):
     return [t for ch in pipe.stream_ids(prompt_ids, max_new_tokens=n, draft="none") for t in ch]
 
@@ -216,7 +239,7 @@ def test_stop_strings_and_seeds(srv):
     ({"model": "int8", "prompt": 5}, 400, "prompt"),
     ({"model": "int8", "prompt": "w5", "max_tokens": "ten"}, 400, "max_tokens"),
     ({"model": "int8", "prompt": "w5", "max_tokens": 10**400}, 400, "max_tokens"),
-    ({"model": "int8", "prompt": "w5", "n": 2}, 400, "n"),
+    ({"model": "int8", "prompt": "w5", "n": 17}, 400, "n"),
     ({"model": "int8", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
     ({"prompt": "w5"}, 400, "model"),
     ({"model": "gpt-4", "prompt": "w5"}, 404, "model"),

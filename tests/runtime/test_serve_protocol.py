@@ -99,7 +99,6 @@ def test_messages_say_what_to_change():
 
 # one request per entry of UNSUPPORTED, and the param its refusal names
 REFUSED = [
-    (chat, {"n": 2}, "n"),
     (completion, {"best_of": 2}, "best_of"),
     (chat, {"min_p": 0.1}, "min_p"),
     (completion, {"stop_token_ids": [2]}, "stop_token_ids"),
