@@ -194,3 +194,20 @@ def run_request(pipe, prompt, on_tokens=None, *, wait_s: float = 120, **kw):
 
 def rng(seed=0):
     return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def make(tmp_path):
+    """make(**kw) -> a fake pipeline (tests/fakes.py `fake_pipeline`), closed after the test.
+    Each test builds its own, so nothing adaptive k learns in one test reaches another."""
+    from fakes import fake_pipeline
+
+    made = []
+
+    def make(**kw):
+        made.append(fake_pipeline(tmp_path / f"p{len(made)}", **kw))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()

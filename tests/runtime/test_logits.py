@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import EOS, drive, fake_pipeline
+from fakes import EOS, drive
 from scipy import stats as sps
 
 from specrt.runtime.logits import Penalties, apply_penalties, logprobs
@@ -58,19 +58,6 @@ def test_logprobs_by_hand():
 
 
 # --- the engine: speculative equals target-only with the same settings ------------------------
-
-@pytest.fixture
-def make(tmp_path):
-    made = []
-
-    def make(**kw):
-        made.append(fake_pipeline(tmp_path / f"p{len(made)}", **kw))
-        return made[-1]
-
-    yield make
-    for p in made:
-        p.close()
-
 
 def reference(table, prompt, n, pen: Penalties, eos=()):
     """Target-only greedy with penalties straight from the fake's table."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import StaleRow, fake_pipeline, reference_greedy, rows, run_request
+from fakes import StaleRow, reference_greedy, rows, run_request
 
 from specrt.runtime.engine import Stats
 from specrt.runtime.engine.prefix import Placement, common_prefix, place
@@ -106,19 +106,6 @@ def test_pool_slot_states():
 
 
 # --- the engine on the fake backend ---------------------------------------------------------------
-
-@pytest.fixture
-def make(tmp_path):
-    made = []
-
-    def make(**kw):
-        made.append(fake_pipeline(tmp_path / f"p{len(made)}", **kw))
-        return made[-1]
-
-    yield make
-    for p in made:
-        p.close()
-
 
 def _want(pipe, prompt, n):
     return reference_greedy(pipe.parts.target.table, prompt, n)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import DRAFT_MARK, StaleRow, drive, fake_pipeline, reference_greedy, rows, run_request
+from fakes import DRAFT_MARK, StaleRow, drive, reference_greedy, rows, run_request
 from scipy import stats as sps
 
 from specrt.runtime.drafters import ModelDrafter
@@ -20,19 +20,6 @@ MODES = [("model", False), ("ngram", False), ("auto", False), ("model", True), (
 PROMPTS = [[1, 5, 9, 7], [1, 3], [4, 4, 4, 9, 12, 30, 6, 4, 4, 4, 9],
            [int(t) for t in np.random.default_rng(1).integers(3, 32, size=40)]]  # 40 > max_prefill_t: chunks
 DRAFTS = ["self", "separate"]
-
-
-@pytest.fixture
-def make(tmp_path):
-    made = []
-
-    def make(**kw):
-        made.append(fake_pipeline(tmp_path / f"p{len(made)}", **kw))
-        return made[-1]
-
-    yield make
-    for p in made:
-        p.close()
 
 
 def tokens(pipe, prompt, **kw) -> list[int]:
