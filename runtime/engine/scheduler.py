@@ -5,8 +5,8 @@ A step:
   2. admit waiting requests into free KV slots, in arrival order, each where the longest prefix
      of its prompt is already computed (runtime/engine/prefix.py: idle slots keep what finished
      requests held; running ones share their committed rows);
-  3. prefill: the rest of each prompt in chunks of the requests still in prefill, oldest first, up to one widest
-     call's worth of tokens per step: a long prompt holds the others up by at most one chunk;
+  3. prefill: the rest of each prompt, in chunks, oldest request first, up to one widest call's
+     worth of tokens per step: a long prompt holds the others up by at most one chunk;
   4. decode: choose k per row (fixed, or the request's adaptive policy capped by the batch
      plan, runtime/engine/plan.py); run the draft calls, one-token calls of all drafting rows
      batched into one per draft step; one batched target call for the rows that do not draft
@@ -227,10 +227,10 @@ class Scheduler:
             if r.prefilled < len(r.prompt):
                 return len(chunk)
             _check_finite(row, "target")
-        except Exception as e:  # noqa: BLE001
+            first = _pick(r, shape(r, row[None])[0])
+        except Exception as e:  # noqa: BLE001 - the request's own failure (a call, its grammar)
             self._retire(r, "error", e)
             return len(chunk)
-        first = _pick(r, shape(r, row[None])[0])
         now = time.perf_counter()
         r.t_first = now
         r.stats.ttft_ms = 1000 * (now - r.t_submit)
@@ -295,9 +295,12 @@ class Scheduler:
                                 {r.id: k for r, k in zip(rows, ks, strict=True)})
         t1 = time.perf_counter()
         rows = [r for r in rows if r.state == DECODE]  # a draft failure retired its request
-        for r in rows:
-            if r.id in proposals:
+        for r in [r for r in rows if r.id in proposals]:
+            try:
                 proposals[r.id] = _cut_to_grammar(r, proposals[r.id])
+            except Exception as e:  # noqa: BLE001 - the request's grammar failed: it ends alone
+                self._retire(r, "error", e)
+        rows = [r for r in rows if r.state == DECODE]
         plain = [r for r in rows if r.id not in proposals or not len(proposals[r.id].tokens)]
         drafting = [r for r in rows if r not in plain]
         c = self.counters
@@ -334,7 +337,12 @@ class Scheduler:
                     del pending[r.id]
                     self._retire(r, "error", res)
                     continue
-                out = r.drafter.take(*res)
+                try:
+                    out = r.drafter.take(*res)
+                except Exception as e:  # noqa: BLE001 - the drafter (or its grammar) failed: its request ends
+                    del pending[r.id]
+                    self._retire(r, "error", e)
+                    continue
                 if isinstance(out, Proposal):
                     del pending[r.id]
                     done[r.id] = out
@@ -424,10 +432,10 @@ class Scheduler:
         for r, (logits, _) in zip(rows, results, strict=True):
             try:
                 _check_finite(logits, "target")
-            except NonFiniteLogits as e:
+                nxt = _pick(r, shape(r, logits[None])[0])
+            except Exception as e:  # noqa: BLE001 - non-finite logits, the request's grammar
                 self._retire(r, "error", e)
                 continue
-            nxt = _pick(r, shape(r, logits[None])[0])
             pol = r.policies.get(r.route)
             if pol is not None and len(self.running) == 1:
                 pol.costs.observe(0, 0.0, verify_ms)
@@ -440,11 +448,11 @@ class Scheduler:
         try:
             logits = self._target_call(r, np.concatenate(([r.seq[-1]], draft)))  # [k+1, V], one call
             _check_finite(logits, "target")
+            target = shape(r, logits, draft)  # row i as a target-only step after draft[:i] would see it
         except Exception as e:  # noqa: BLE001
             self._retire(r, "error", e)
             return 0
         verify_ms = 1000 * (time.perf_counter() - t0)
-        target = shape(r, logits, draft)  # row i as a target-only step after draft[:i] would see it
         if r.cfg.greedy:
             n_ok, nxt = verify_greedy(draft, target)
         else:

@@ -146,3 +146,31 @@ def test_constrained_sampling_follows_the_constrained_target(make, draft):
     obs, exp = np.append(counts[big], counts[~big].sum()), np.append(e[big], e[~big].sum())
     keep = exp > 0
     assert sps.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue > 1e-3
+
+
+def test_a_grammar_that_fails_mid_run_ends_its_request_alone(make):
+    """A matcher that raises (an engine bug, a resource limit) fails its own request; the others
+    decoding beside it finish with their normal output."""
+    pipe = make(draft="self", slots=3)
+    prompt = [1] + ids('{"a":1,"b":["cat"]}')
+    want = constrained_reference(pipe, Constraint.json_schema(SCHEMA), prompt, 40)
+    reqs = [pipe.request(prompt, max_new_tokens=40, k=3, grammar=Constraint.json_schema(SCHEMA)) for _ in range(3)]
+    calls = [0]
+    broken = reqs[1].grammar
+    real = broken.masks
+
+    def masks(drafts=()):
+        calls[0] += 1
+        if calls[0] > 3:
+            raise RuntimeError("matcher failed")
+        return real(drafts)
+
+    broken.masks = masks
+    with pytest.raises(RuntimeError, match="matcher failed"):
+        drive(pipe, reqs)
+    assert reqs[1].stats.stop_reason == "error"
+    for r in (reqs[0], reqs[2]):
+        while r.state != "done":
+            pipe.scheduler.step()
+    for r in (reqs[0], reqs[2]):
+        assert r.seq[len(prompt):] == want and r.stats.stop_reason in ("eos", "length")
