@@ -150,6 +150,14 @@ class OpenAIServing:
         return self.ready()
 
     async def _generate(self, req, ids: list[int], prompt_param: str, out, request: Request) -> Response:
+        job = self.start(req, ids, prompt_param, out)
+        if req.stream:
+            return _Stream(job.sse(req.include_usage), job.cancel, media_type="text/event-stream", headers=SSE_HEADERS)
+        return JSONResponse(_dump(await job.collect(request)))
+
+    def start(self, req, ids: list[int], prompt_param: str, out) -> _Job:
+        """Submit a checked request to the engine now. Raises APIError (400: the prompt or
+        max_tokens does not fit), EngineBusy or EngineClosed (503: see `as_api_error`)."""
         pipe = self.pipe
         room = pipe.max_seq_len - len(ids)
         if room < 1:
@@ -163,12 +171,18 @@ class OpenAIServing:
             param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
             raise bad(f"{e} (prompt: {len(ids)} tokens, context: {pipe.max_seq_len})",
                       param if "max_new_tokens" in str(e) else None) from None
-        events = pipe.asubmit(r)  # EngineBusy / EngineClosed: 503 (see _error)
-        job = _Job(self, r, events, TextStream(pipe.tokenizer, list(p.stop)), out, len(ids))
-        if req.stream:
-            return _Stream(job.sse(req.include_usage), lambda: pipe.engine.cancel(r), media_type="text/event-stream",
-                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return JSONResponse(_dump(await job.collect(request)))
+        events = pipe.asubmit(r)  # EngineBusy / EngineClosed: 503
+        return _Job(pipe, r, events, TextStream(pipe.tokenizer, list(p.stop)), out, len(ids),
+                    self.metrics.finished if self.metrics is not None else None)
+
+    async def health(self) -> tuple[int, dict]:
+        """(status, body) of GET /health: 200 once the pipeline is loaded."""
+        if self.pipe is None:
+            return 503, {"status": "error" if self.error else "loading", "error": self.error}
+        return 200, {"status": "ok"}
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def _dump(model) -> dict:
@@ -247,11 +261,18 @@ class _Stream(StreamingResponse):
 class _Job:
     """One request's response: streamed as SSE chunks or collected into one body."""
 
-    def __init__(self, serving: OpenAIServing, r, events, text: TextStream, out, n_prompt: int):
-        self.serving, self.r, self.events, self.text, self.out = serving, r, events, text, out
-        self.n_prompt = n_prompt
+    def __init__(self, pipe, r, events, text: TextStream, out, n_prompt: int, record=None):
+        """record(prompt_tokens, new_tokens, finish_reason, ttft_s, tpot_s, e2e_s): called once
+        when the request ends normally (`Metrics.finished`); None records nothing."""
+        self.pipe, self.r, self.events, self.text, self.out = pipe, r, events, text, out
+        self.n_prompt, self.record = n_prompt, record
         self.t0 = time.perf_counter()
         self.t_first = None
+        self.finished: tuple | None = None  # what was recorded, once the request ended normally
+
+    def cancel(self) -> None:
+        """Stop the request (a request that already finished ignores it)."""
+        self.pipe.engine.cancel(self.r)
 
     def _finish(self) -> str:
         if self.text.stopped:
@@ -264,14 +285,13 @@ class _Job:
                          prompt_tokens_details=PromptTokensDetails(cached_tokens=self.r.stats.cached_tokens))
 
     def _record(self) -> None:
-        m = self.serving.metrics
-        if m is None:
-            return
         n = len(self.text.ids)
         end = time.perf_counter()
         ttft = self.t_first - self.t0 if self.t_first else None
         tpot = (end - self.t_first) / (n - 1) if self.t_first and n > 1 else None
-        m.finished(self.n_prompt, n, self._finish(), ttft, tpot, end - self.t0)
+        self.finished = (self.n_prompt, n, self._finish(), ttft, tpot, end - self.t0)
+        if self.record is not None:
+            self.record(*self.finished)
 
     async def _pieces(self):
         """Text pieces as they are safe to show; ends at EOS / length / a stop string / timeout."""
@@ -310,22 +330,28 @@ class _Job:
         finally:
             await self.events.aclose()  # a client that went away cancels its request
 
-    async def collect(self, request: Request):
-        async def watch():  # a client that disconnects cancels its request
-            while True:
-                await asyncio.sleep(0.5)
-                if await request.is_disconnected():
-                    self.serving.pipe.engine.cancel(self.r)
-                    return
-
-        watcher = asyncio.ensure_future(watch())
+    async def collect(self, request: Request | None = None):
+        """The whole response. With an HTTP `request`, a client that disconnects cancels the
+        request (polled every 0.5 s); without one, cancelling the calling task does."""
+        watcher = asyncio.ensure_future(watch_disconnect(request, self.cancel)) if request is not None else None
         try:
             parts = [piece async for piece in self._pieces()]
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
             await self.events.aclose()
         self._record()
         return self.out.whole("".join(parts) + self.text.tail(), self._finish(), self._usage())
+
+
+async def watch_disconnect(request: Request, on_disconnect) -> None:
+    """Call on_disconnect() once the HTTP client has gone (polled every 0.5 s); cancel the task
+    that runs this when the response is complete."""
+    while True:
+        await asyncio.sleep(0.5)
+        if await request.is_disconnected():
+            on_disconnect()
+            return
 
 
 # ---- reading bodies -------------------------------------------------------------------------
@@ -416,10 +442,8 @@ async def list_models(serving: Serving):
 
 @ops.get("/health")
 async def health(serving: Serving):
-    if serving.pipe is None:
-        return JSONResponse({"status": "error" if serving.error else "loading", "error": serving.error},
-                            status_code=503, headers={"Retry-After": "2"})
-    return {"status": "ok"}
+    status, body = await serving.health()
+    return JSONResponse(body, status_code=status, headers={"Retry-After": "2"} if status != 200 else None)
 
 
 @ops.get("/metrics")
@@ -429,7 +453,9 @@ async def metrics(serving: Serving):
 
 # ---- errors: one mapping from exception class to OpenAI's error -----------------------------
 
-def _as_api_error(request: Request, e: Exception) -> APIError:
+def as_api_error(e: Exception, method: str = "", path: str = "") -> APIError:
+    """Any exception as the APIError the client gets (method and path: for routing errors and
+    the log). Anything unexpected is a 500 whose traceback is logged: our bug."""
     if isinstance(e, APIError):
         return e
     if isinstance(e, RequestValidationError):
@@ -441,16 +467,16 @@ def _as_api_error(request: Request, e: Exception) -> APIError:
         return APIError(503, "the server is shutting down", "server_error", code="shutting_down")
     if isinstance(e, StarletteHTTPException):  # routing: unknown path or method
         if e.status_code in (404, 405):
-            return APIError(e.status_code, f"no route {request.method} {request.url.path}",
+            return APIError(e.status_code, f"no route {method} {path}",
                             "not_found_error" if e.status_code == 404 else "invalid_request_error",
                             code="not_found" if e.status_code == 404 else None)
         return APIError(e.status_code, str(e.detail))
-    log.exception("specrt: internal error on %s", request.url.path)  # our bug: the only traceback logged
+    log.error("specrt: internal error on %s", path, exc_info=e)  # our bug: the only traceback logged
     return APIError(500, "internal server error", "server_error")
 
 
 async def _error(request: Request, e: Exception) -> JSONResponse:
-    err = _as_api_error(request, e)
+    err = as_api_error(e, request.method, request.url.path)
     serving = request.app.state.serving
     if serving.metrics is not None:
         serving.metrics.error(err.status_code)
@@ -468,6 +494,14 @@ def build_app(cfg: ServerConfig, load, on_load_error=None) -> FastAPI:
         yield
         serving.close()
 
+    return make_app(serving, lifespan)
+
+
+def make_app(serving, lifespan=None) -> FastAPI:
+    """The HTTP API over a serving object: `OpenAIServing` here, or `RayServing`
+    (ray_deploy.py), which hands requests to engine replicas. The object provides `cfg`,
+    `metrics`, `health()`, `ready()`, `check_key()`, `models()`, `chat()`,
+    `complete()`."""
     # /openapi.json is served (the protocol models' schema); the docs UIs stay off. A body
     # without Content-Type is read as JSON, as before FastAPI 0.132 made that strict.
     app = FastAPI(title="specrt", docs_url=None, redoc_url=None, lifespan=lifespan, strict_content_type=False)
