@@ -102,7 +102,7 @@ class AffinityTable:
             return max(self._n_sent.get(replica, 0), len(self._reported.get(replica, ())))
 
 
-def rank(match: dict, load: dict, held: dict, imbalance: int) -> tuple[list, str]:
+def rank(match: dict, load: dict, held: dict, imbalance: int, recent: dict | None = None) -> tuple[list, str]:
     """The replicas in order of preference, and the rule that ordered them (SGLang's router
     policy). match: replica -> leading prompt blocks it holds; load: replica -> requests in
     flight there; held: replica -> blocks it caches; imbalance: how many more requests than the
@@ -110,11 +110,13 @@ def rank(match: dict, load: dict, held: dict, imbalance: int) -> tuple[list, str
     - "affinity": the replica holding the longest prefix (ties: the less loaded) first;
     - "balance": it is too loaded: least loaded first (ties: longer match);
     - "spread": no replica holds a block of it: least loaded first, ties to the replica caching
-      least, so new conversations spread over the replicas."""
+      least, then to the one chosen longest ago (recent: replica -> a counter of its last
+      choice), so new conversations spread over the replicas."""
+    recent = recent or {}
     least = min(load.values())
     best = max(match, key=lambda r: (match[r], -load[r]))
     if match[best] == 0:
-        return sorted(load, key=lambda r: (load[r], held.get(r, 0))), "spread"
+        return sorted(load, key=lambda r: (load[r], held.get(r, 0), recent.get(r, 0))), "spread"
     if load[best] - least > imbalance:
         return sorted(load, key=lambda r: (load[r], -match[r])), "balance"
     return [best] + sorted((r for r in load if r != best), key=lambda r: (-match[r], load[r])), "affinity"

@@ -58,6 +58,7 @@ REPLICA_HEADER = "x-specrt-replica"  # names the engine replica that served a re
 APP_NAME = "specrt"
 ENGINE = "SpecrtEngine"
 RETRIES = 2  # a request whose replica died before answering is sent again this many times
+INGRESS_MAX = 4096  # requests one ingress replica holds at once (HTTP relays, no CPU work)
 ROUTERS = {"prefix": PrefixAffinityRouter, "pow2": PowerOfTwoRouter}
 
 
@@ -404,5 +405,7 @@ def build(args: dict):
     o.server_config()  # the bundle's manifest reads, or the deploy fails now with its error
     opts = asdict(o) | {"engines": str(o.folder)}
     engine = SpecrtEngine.options(**engine_options(o)).bind(opts)
-    return SpecrtIngress.options(num_replicas=1, ray_actor_options={"num_cpus": 0},
+    # the ingress only relays: it takes every request (Ray's default of 5 would queue them at
+    # the proxy, unbounded) and the engine's router queue is the bound that answers 503
+    return SpecrtIngress.options(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=INGRESS_MAX,
                                  graceful_shutdown_timeout_s=o.grace).bind(engine, opts)

@@ -57,6 +57,7 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         self.table = AffinityTable(max_blocks)
         self.inflight: dict[str, ReplicaID] = {}  # internal request id -> replica it runs on
         self.decisions = {"affinity": 0, "balance": 0, "spread": 0}
+        self.recent: dict[ReplicaID, int] = {}  # replica -> routed requests when it last got one
         affinity.ROUTERS.add(self)  # through the module: Ray ships this one by value
 
     def _load(self, replica: RunningReplica) -> int:
@@ -75,7 +76,7 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         match = self.table.match(block_hashes(ids, self.block), list(by_id))
         load = {rid: self._load(r) for rid, r in by_id.items()}
         held = {rid: self.table.size(rid) for rid in by_id}
-        order, why = rank(match, load, held, self.imbalance)
+        order, why = rank(match, load, held, self.imbalance, self.recent)
         self.decisions[why] += 1
         return [[by_id[rid]] for rid in order]
 
@@ -84,6 +85,7 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         if ids is None:
             return
         self.inflight[pending_request.metadata.internal_request_id] = replica_id
+        self.recent[replica_id] = sum(self.decisions.values())
         self.table.record(replica_id, block_hashes(ids, self.block))
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
