@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -440,7 +441,8 @@ def _serve_ray(host: str, port: int, ray_address: str | None, args: dict) -> Non
 @click.option("--levels", default="1,2,4,8,16", show_default=True, help="comma-separated concurrency levels")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="output tokens per request (EOS ignored)")
 @click.option("--arms", default="specrt-off,specrt-fixed,specrt-policy", show_default=True,
-              help="comma-separated: specrt-off, specrt-fixed, specrt-policy, llama, llama-draft")
+              help="comma-separated: specrt-off, specrt-fixed, specrt-policy, specrt-nocache, rayN (specrt-policy on N "
+                   "Ray Serve replicas, prefix affinity), rayN-pow2 (Ray's default router), llama, llama-draft")
 @click.option("--k", "k", type=int, default=None, help="specrt-fixed's k (default: the bundle's)")
 @click.option("--llama-server", type=click.Path(), default=None, help="llama-server binary (arms llama, llama-draft)")
 @click.option("--llama-model", type=click.Path(), default=None, help="GGUF of the same weights (F32: as the target)")
@@ -486,6 +488,10 @@ def bench_serve(engines, workloads, levels, max_tokens, arms, k, llama_server, l
         if llama_draft:
             known["llama-draft"] = lambda: Arm("llama-draft", lbase + ["-md", llama_draft, "--spec-draft-n-max",
                                                                        str(llama_draft_max)], "llama")
+    for name in [a for a in arms.split(",") if re.fullmatch(r"ray\d+(-pow2)?", a)]:  # ray2: 2 Ray replicas
+        n = name[3:].split("-")[0]
+        known[name] = lambda name=name, n=n: Arm(name, base + ["--adaptive", "--replicas", n, "--replica-cpus", "1",
+                                                               "--router", "pow2" if "pow2" in name else "prefix"], model)
     chosen = []
     for name in [a for a in arms.split(",") if a]:
         if name not in known:
