@@ -73,6 +73,7 @@ class RayOptions:
     threads: int | None = None  # intra-op threads per replica (None: onnxruntime's default, all cores)
     replica_cpus: float | None = None  # CPUs each engine replica reserves (None: threads, else 1)
     router: str = "prefix"  # "prefix" (affinity) or "pow2" (Ray's default)
+    imbalance: int = 2  # prefix router: requests more than the least loaded replica past which affinity yields
     max_batch: int = 8  # KV slots per replica
     max_queue: int = 64  # requests the ingress's router may hold beyond every replica's slots (then 503)
     draft: str | None = None
@@ -386,7 +387,7 @@ def engine_options(o: RayOptions) -> dict:
                 health_check_period_s=2.0, health_check_timeout_s=30.0,
                 request_router_config=RequestRouterConfig(
                     request_router_class=ROUTERS[o.router],
-                    request_router_kwargs={"imbalance": o.max_batch} if o.router == "prefix" else {},
+                    request_router_kwargs={"imbalance": o.imbalance} if o.router == "prefix" else {},
                     request_routing_stats_period_s=1.0, request_routing_stats_timeout_s=5.0))
     if o.min_replicas is not None:
         opts["autoscaling_config"] = AutoscalingConfig(

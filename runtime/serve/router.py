@@ -50,9 +50,12 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
     """Prefix affinity with a load-imbalance fallback. Ranks are single replicas in order of
     preference: Ray tries the next when one refuses (its `max_ongoing_requests` is reached)."""
 
-    def initialize_state(self, imbalance: int = 4, block: int = BLOCK, max_blocks: int = 200_000):
+    def initialize_state(self, imbalance: int = 2, block: int = BLOCK, max_blocks: int = 200_000):
         """imbalance: requests more than the least loaded replica beyond which affinity yields
-        (the builder passes the engine's slots); block: tokens per hashed block."""
+        (small: the chat template's own system prompt is a shared prefix of every request, and
+        a loose threshold piles them onto the first replica that held it; once every replica
+        holds a shared prefix, matches tie and the least loaded wins); block: tokens per hashed
+        block."""
         self.imbalance, self.block = imbalance, block
         self.table = AffinityTable(max_blocks)
         self.inflight: dict[str, ReplicaID] = {}  # internal request id -> replica it runs on

@@ -26,6 +26,7 @@ from test_serve import _free_port, _serve_proc, _solo, _wait_healthy
 import specrt
 from specrt.runtime.serve.ray_deploy import APP_NAME, REPLICA_HEADER, build
 
+pytestmark = pytest.mark.ray
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "ray_serve.yaml"
 H = {"Content-Type": "application/json"}
