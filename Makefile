@@ -1,4 +1,4 @@
-# Everything installs itself into .venv (runtime + export + dev + bench extras).
+# Everything installs itself into .venv (runtime + export + dev + bench + serve + ray extras).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -15,7 +15,7 @@ $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[export,dev,bench,serve]'
+	$(PY) -m pip install -q -e '.[export,dev,bench,serve,ray]'
 	touch $@
 
 setup: $(VENV)/.stamp

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -366,9 +368,27 @@ def bench(ctx, engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_t
 @click.option("--hugepages/--no-hugepages", default=True, show_default=True)
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
               help="reuse the KV rows of prompt prefixes held by finished or running requests (chat turns, system prompts)")
+@click.option("--replicas", type=int, default=None,
+              help="serve through Ray Serve with N engine replicas (extra `ray`; with --min/--max-replicas: the initial count)")
+@click.option("--min-replicas", type=int, default=None, help="Ray: autoscale from this many replicas (with --max-replicas)")
+@click.option("--max-replicas", type=int, default=None, help="Ray: autoscale up to this many replicas")
+@click.option("--ray-address", default=None, help="Ray: join this cluster (default: start a local Ray and stop it on exit)")
+@click.option("--router", type=click.Choice(["prefix", "pow2"]), default="prefix", show_default=True,
+              help="Ray: prefix affinity, or Ray's default power-of-two choices")
+@click.option("--replica-cpus", type=float, default=None, help="Ray: CPUs each replica reserves (default: --threads, else 1)")
 def serve(engines, host, port, max_batch, max_seq_len, memory_fraction, max_queue, draft, adaptive, k, api_key,
-          request_timeout, max_body_mb, grace, threads, hugepages, prefix_cache):
-    """OpenAI-compatible HTTP server over the engine (extra `serve`)."""
+          request_timeout, max_body_mb, grace, threads, hugepages, prefix_cache, replicas, min_replicas, max_replicas,
+          ray_address, router, replica_cpus):
+    """OpenAI-compatible HTTP server over the engine (extra `serve`; with --replicas, Ray Serve)."""
+    if replicas is not None or min_replicas is not None or max_replicas is not None:
+        if max_batch == "auto" or memory_fraction is not None:
+            # each replica would size itself to the whole machine's memory
+            _fail("--max-batch auto / --memory-fraction size one process: give replicas a slot count")
+        return _serve_ray(host, port, ray_address, dict(
+            engines=engines, replicas=replicas, min_replicas=min_replicas, max_replicas=max_replicas, threads=threads,
+            replica_cpus=replica_cpus, router=router, max_batch=max_batch, max_seq_len=max_seq_len,
+            max_queue=max_queue, draft=draft, adaptive=adaptive, k=k, api_key=api_key, request_timeout=request_timeout,
+            max_body_mb=max_body_mb, grace=grace, hugepages=hugepages, prefix_cache=prefix_cache))
     try:
         import uvicorn
 
@@ -427,13 +447,62 @@ def serve(engines, host, port, max_batch, max_seq_len, memory_fraction, max_queu
         _fail(f"could not start the server on {host}:{port} (port in use?)")
 
 
+def _serve_ray(host: str, port: int, ray_address: str | None, args: dict) -> None:
+    """`specrt serve --replicas N`: deploy on Ray Serve (a local Ray instance unless
+    --ray-address), serve until SIGTERM / Ctrl-C, then drain every replica (--grace) and stop
+    what this command started; exit 0."""
+    try:
+        import ray
+        from ray import serve as rserve
+
+        from specrt.runtime.serve.ray_deploy import APP_NAME, RayOptions, build
+    except ImportError as e:
+        _fail(f"--replicas needs the ray extra (pip install 'specrt[ray]'): {e}")
+    from specrt.runtime import USER_ERRORS
+
+    if args["engines"] is None:
+        args["engines"] = str(_engines_default())
+    if args["replicas"] is not None and args["replicas"] < 1:
+        _fail("--replicas must be >= 1")
+    try:
+        o = RayOptions(**args)
+        o.server_config()
+    except (*USER_ERRORS, OSError) as e:
+        _fail(str(e))
+    if ray_address:
+        ray.init(address=ray_address, logging_level="WARNING", log_to_driver=False)
+    else:  # logical CPUs: every replica must fit (their threads say what they really use)
+        n = o.max_replicas or o.replicas or 1
+        ray.init(num_cpus=max(os.cpu_count() or 1, int(n * o.cpus + 0.999)), include_dashboard=False,
+                 logging_level="WARNING", log_to_driver=False)
+    stop = threading.Event()  # after ray.init, whose own SIGTERM handler would kill this process at once
+    signal.signal(signal.SIGTERM, lambda sig, frame: stop.set())
+    signal.signal(signal.SIGINT, lambda sig, frame: stop.set())
+    try:
+        rserve.start(http_options={"host": host, "port": port})
+        click.echo(f"specrt: deploying {o.folder.name} on Ray Serve ({o.replicas or o.min_replicas} replicas, "
+                   f"router {o.router}) ...", err=True)
+        rserve.run(build(args), name=APP_NAME, route_prefix="/")
+        click.echo(f"specrt: serving {o.folder.name} on http://{host}:{port}/v1 through Ray Serve", err=True)
+        while not stop.wait(0.5):
+            pass
+        click.echo("specrt: draining the replicas ...", err=True)
+    finally:
+        if ray_address:
+            rserve.delete(APP_NAME)
+        else:
+            rserve.shutdown()
+        ray.shutdown()
+
+
 @bench.command("serve")
 @click.option("--engines", default=None, help="bundle folder (default engines/default or $SPECRT_ENGINES)")
 @click.option("--workload", "workloads", multiple=True, type=click.Path(exists=True, dir_okay=False), help="JSONL prompts or conversations (default chat)")
 @click.option("--levels", default="1,2,4,8,16", show_default=True, help="comma-separated concurrency levels")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="output tokens per request (EOS ignored)")
 @click.option("--arms", default="specrt-off,specrt-fixed,specrt-policy", show_default=True,
-              help="comma-separated: specrt-off, specrt-fixed, specrt-policy, llama, llama-draft")
+              help="comma-separated: specrt-off, specrt-fixed, specrt-policy, specrt-nocache, rayN (specrt-policy on N "
+                   "Ray Serve replicas, prefix affinity), rayN-pow2 (Ray's default router), llama, llama-draft")
 @click.option("--k", "k", type=int, default=None, help="specrt-fixed's k (default: the bundle's)")
 @click.option("--llama-server", type=click.Path(), default=None, help="llama-server binary (arms llama, llama-draft)")
 @click.option("--llama-model", type=click.Path(), default=None, help="GGUF of the same weights (F32: as the target)")
@@ -479,6 +548,10 @@ def bench_serve(engines, workloads, levels, max_tokens, arms, k, llama_server, l
         if llama_draft:
             known["llama-draft"] = lambda: Arm("llama-draft", lbase + ["-md", llama_draft, "--spec-draft-n-max",
                                                                        str(llama_draft_max)], "llama")
+    for name in [a for a in arms.split(",") if re.fullmatch(r"ray\d+(-pow2)?", a)]:  # ray2: 2 Ray replicas
+        n = name[3:].split("-")[0]
+        known[name] = lambda name=name, n=n: Arm(name, base + ["--adaptive", "--replicas", n, "--replica-cpus", "1",
+                                                               "--router", "pow2" if "pow2" in name else "prefix"], model)
     chosen = []
     for name in [a for a in arms.split(",") if a]:
         if name not in known:

@@ -71,6 +71,15 @@ class Engine:
                  kv_bytes_per_slot=self.sched.pool.bytes_per_slot())
         return c
 
+    def alive(self) -> bool:
+        """Whether the engine can serve: not closed, and no request waits without a thread to
+        run it (the thread ends when idle and a submit starts one; a dead thread with work left
+        is a bug). Serving layers report it as their health."""
+        with self._cv:
+            if self._closed:
+                return False
+            return not self._waiting or (self._thread is not None and self._thread.is_alive())
+
     def close(self, timeout: float | None = 5.0) -> None:
         """Refuse new requests, end the running ones (stop_reason "stop"), stop the thread."""
         with self._cv:

@@ -142,12 +142,12 @@ class OpenAIServing:
             ids = pipe.tokenizer.encode_messages(req.chat_messages())
         except Exception as e:  # noqa: BLE001 - the bundle's chat template refused these messages
             raise bad(f"the chat template cannot render these messages: {str(e)[:300]}", "messages") from None
-        return await self._generate(req, ids, "messages", _ChatOutput(req.model, pipe.tokenizer), request)
+        return await self._generate(req, ids, "messages", _ChatOutput(req.model), request)
 
     async def complete(self, req: CompletionRequest, request: Request) -> Response:
         pipe = self._served(req.model)
         ids = pipe.tokenizer.encode(req.prompt, chat=False)
-        return await self._generate(req, ids, "prompt", _CompletionOutput(req.model, pipe.tokenizer), request)
+        return await self._generate(req, ids, "prompt", _CompletionOutput(req.model), request)
 
     def _served(self, model: str):
         if model != self.cfg.model_id:
@@ -156,6 +156,16 @@ class OpenAIServing:
         return self.ready()
 
     async def _generate(self, req, ids: list[int], prompt_param: str, out, request: Request) -> Response:
+        reply = self.start(req, ids, prompt_param, out)
+        if req.stream:
+            return _Stream(reply.sse(req.include_usage), reply.cancel, media_type="text/event-stream",
+                           headers=SSE_HEADERS)
+        return JSONResponse(_dump(await reply.collect(request)))
+
+    def start(self, req, ids: list[int], prompt_param: str, out) -> _Reply:
+        """Submit the request's choices to the engine now. Raises APIError (400: the prompt or
+        max_tokens does not fit, a grammar that cannot compile), EngineBusy or EngineClosed
+        (503: see `as_api_error`)."""
         pipe = self.pipe
         room = pipe.max_seq_len - len(ids)
         if room < 1:
@@ -174,18 +184,23 @@ class OpenAIServing:
             raise bad(f"{e} (prompt: {len(ids)} tokens, context: {pipe.max_seq_len})",
                       param if "max_new_tokens" in str(e) else named) from None
         jobs: list[_Job] = []
-        try:  # all siblings go in together: the later ones wait for the first one's prefill and copy it
+        try:  # all choices go in together: the later ones wait for the first one's prefill and copy it
             for i, r in enumerate(rs):
-                jobs.append(_Job(self, r, pipe.asubmit(r), TextStream(pipe.tokenizer, list(p.stop)), i))
-        except Exception:  # EngineBusy / EngineClosed (503, see _error): the choices already in are cancelled
+                jobs.append(_Job(pipe, r, pipe.asubmit(r), TextStream(pipe.tokenizer, list(p.stop)), i))
+        except Exception:  # EngineBusy / EngineClosed (503, see as_api_error): the choices already in stop
             for job in jobs:
-                await job.close()
+                job.cancel()
             raise
-        reply = _Reply(self, jobs, out, len(ids))
-        if req.stream:
-            return _Stream(reply.sse(req.include_usage), reply.cancel, media_type="text/event-stream",
-                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return JSONResponse(_dump(await reply.collect(request)))
+        return _Reply(jobs, out, len(ids), self.metrics.finished if self.metrics is not None else None)
+
+    async def health(self) -> tuple[int, dict]:
+        """(status, body) of GET /health: 200 once the pipeline is loaded."""
+        if self.pipe is None:
+            return 503, {"status": "error" if self.error else "loading", "error": self.error}
+        return 200, {"status": "ok"}
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def _dump(model) -> dict:
@@ -196,15 +211,16 @@ def _dump(model) -> dict:
 
 # ---- responses: the two endpoints' shapes ---------------------------------------------------
 
-def _token(tok, t: int, logprob: float) -> dict:
-    text = tok.token_text(t)
+def _token(text: str, logprob: float) -> dict:
     return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
 
 class _ChatOutput:
-    def __init__(self, model: str, tok):
+    """Chat's response shapes. Plain data (the Ray ingress sends it to an engine replica): token
+    logprobs arrive as text already (`_Job.new_logprobs`)."""
+
+    def __init__(self, model: str):
         self.id, self.model, self.created = "chatcmpl-" + uuid.uuid4().hex[:24], model, int(time.time())
-        self.tok = tok
 
     def first(self, index: int) -> list[ChatCompletionStreamResponse]:
         return [self.chunk(index, DeltaMessage(role="assistant", content=""))]
@@ -225,13 +241,13 @@ class _ChatOutput:
                                             usage=usage)
 
     def logprobs(self, index: int, lp: list | None) -> ChoiceLogprobs | None:
-        """runtime/logits.py TokenLogprob entries -> OpenAI's chat logprobs (None: not asked)."""
+        """(token text, logprob, [(text, logprob)] alternatives) per token -> OpenAI's chat
+        logprobs (None: not asked)."""
         if lp is None:
             return None
         return ChoiceLogprobs(content=[
-            ChatCompletionTokenLogprob(**_token(self.tok, e.token, e.logprob),
-                                       top_logprobs=[TopLogprob(**_token(self.tok, t, v)) for t, v in e.top])
-            for e in lp])
+            ChatCompletionTokenLogprob(**_token(text, v), top_logprobs=[TopLogprob(**_token(t, w)) for t, w in top])
+            for text, v, top in lp])
 
     def whole(self, choices: list[tuple[str, str, list | None]], usage: UsageInfo) -> ChatCompletionResponse:
         """choices: (text, finish_reason, logprobs) per choice, in index order."""
@@ -242,9 +258,10 @@ class _ChatOutput:
 
 
 class _CompletionOutput:
-    def __init__(self, model: str, tok):
+    """Completions' response shapes (plain data, as `_ChatOutput`)."""
+
+    def __init__(self, model: str):
         self.id, self.model, self.created = "cmpl-" + uuid.uuid4().hex[:24], model, int(time.time())
-        self.tok = tok
         self.offsets: dict[int, int] = {}  # per choice: characters its logprobs' text_offset has passed
 
     def first(self, index: int) -> list[CompletionResponse]:
@@ -266,11 +283,10 @@ class _CompletionOutput:
         if lp is None:
             return None
         out = CompletionLogprobs()
-        for e in lp:
-            text = self.tok.token_text(e.token)
+        for text, v, top in lp:
             out.tokens.append(text)
-            out.token_logprobs.append(e.logprob)
-            out.top_logprobs.append({self.tok.token_text(t): v for t, v in e.top})
+            out.token_logprobs.append(v)
+            out.top_logprobs.append(dict(top))
             out.text_offset.append(self.offsets.get(index, 0))
             self.offsets[index] = self.offsets.get(index, 0) + len(text)
         return out
@@ -300,19 +316,28 @@ class _Stream(StreamingResponse):
 class _Job:
     """One choice: its request, token events and text."""
 
-    def __init__(self, serving: OpenAIServing, r, events, text: TextStream, index: int):
-        self.serving, self.r, self.events, self.text, self.index = serving, r, events, text, index
+    def __init__(self, pipe, r, events, text: TextStream, index: int):
+        self.pipe, self.r, self.events, self.text, self.index = pipe, r, events, text, index
         self.t0 = time.perf_counter()
         self.t_first = None
         self.lp_sent = 0  # tokens whose logprobs went out
 
+    def cancel(self) -> None:
+        """Stop the request (a request that already finished ignores it)."""
+        self.pipe.engine.cancel(self.r)
+
+    async def close(self) -> None:
+        await self.events.aclose()  # cancels a request still running
+
     def new_logprobs(self) -> list | None:
-        """Logprobs of the tokens pushed since the last call (None when not asked)."""
+        """(token text, logprob, [(text, logprob)] alternatives) of the tokens pushed since the
+        last call (None when not asked)."""
         if self.r.logprobs is None:
             return None
         n = len(self.text.ids)
         lp, self.lp_sent = self.r.token_logprobs[self.lp_sent : n], n
-        return lp
+        text = self.pipe.tokenizer.token_text
+        return [(text(e.token), e.logprob, [(text(t), v) for t, v in e.top]) for e in lp]
 
     def finish(self) -> str:
         if self.text.stopped:
@@ -334,21 +359,14 @@ class _Job:
             self.text.flush()
         await self.events.aclose()
 
-    def record(self, n_prompt: int) -> None:
-        m = self.serving.metrics
-        if m is None:
-            return
+    def outcome(self, n_prompt: int) -> tuple:
+        """`Metrics.finished`'s arguments: (prompt tokens, new tokens, finish reason, TTFT s,
+        TPOT s, end-to-end s)."""
         n = len(self.text.ids)
         end = time.perf_counter()
         ttft = self.t_first - self.t0 if self.t_first else None
         tpot = (end - self.t_first) / (n - 1) if self.t_first and n > 1 else None
-        m.finished(n_prompt, n, self.finish(), ttft, tpot, end - self.t0)
-
-    def cancel(self) -> None:
-        self.serving.pipe.engine.cancel(self.r)
-
-    async def close(self) -> None:
-        await self.events.aclose()  # cancels a request still running
+        return n_prompt, n, self.finish(), ttft, tpot, end - self.t0
 
 
 class _Reply:
@@ -356,8 +374,17 @@ class _Reply:
     come, each chunk naming its `index`) or collected into one body. The prompt counts once in
     usage; its cached tokens are the first choice's (the others copy its rows)."""
 
-    def __init__(self, serving: OpenAIServing, jobs: list[_Job], out, n_prompt: int):
-        self.serving, self.jobs, self.out, self.n_prompt = serving, jobs, out, n_prompt
+    def __init__(self, jobs: list[_Job], out, n_prompt: int, record=None):
+        """record(prompt_tokens, new_tokens, finish_reason, ttft_s, tpot_s, e2e_s): called once
+        per choice that ends normally (`Metrics.finished`); None records nothing."""
+        self.jobs, self.out, self.n_prompt, self.record = jobs, out, n_prompt, record
+        self.finished: list[tuple] = []  # what was recorded, per choice that ended normally
+
+    def _done(self, job: _Job) -> None:
+        rec = job.outcome(self.n_prompt)
+        self.finished.append(rec)
+        if self.record is not None:
+            self.record(*rec)
 
     def usage(self) -> UsageInfo:
         n = sum(len(j.text.ids) for j in self.jobs)
@@ -403,7 +430,7 @@ class _Reply:
                     raise item
                 if isinstance(item, _Job):
                     left -= 1
-                    item.record(self.n_prompt)
+                    self._done(item)
                     continue
                 yield data(item)
             if include_usage:
@@ -420,27 +447,34 @@ class _Reply:
             for j in self.jobs:
                 await j.close()
 
-    async def collect(self, request: Request):
-        async def watch():  # a client that disconnects cancels its requests
-            while True:
-                await asyncio.sleep(0.5)
-                if await request.is_disconnected():
-                    self.cancel()
-                    return
+    async def collect(self, request: Request | None = None):
+        """The whole response. With an HTTP `request`, a client that disconnects cancels the
+        requests (polled every 0.5 s); without one, cancelling the calling task does."""
 
         async def whole(job: _Job):
             text = "".join([piece async for piece in job.pieces()]) + job.text.tail()
-            job.record(self.n_prompt)
+            self._done(job)
             return text, job.finish(), job.new_logprobs()
 
-        watcher = asyncio.ensure_future(watch())
+        watcher = asyncio.ensure_future(watch_disconnect(request, self.cancel)) if request is not None else None
         try:
             choices = await asyncio.gather(*(whole(j) for j in self.jobs))
         finally:
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
             for j in self.jobs:
                 await j.close()
         return self.out.whole(list(choices), self.usage())
+
+
+async def watch_disconnect(request: Request, on_disconnect) -> None:
+    """Call on_disconnect() once the HTTP client has gone (polled every 0.5 s); cancel the task
+    that runs this when the response is complete."""
+    while True:
+        await asyncio.sleep(0.5)
+        if await request.is_disconnected():
+            on_disconnect()
+            return
 
 
 # ---- reading bodies -------------------------------------------------------------------------
@@ -531,10 +565,8 @@ async def list_models(serving: Serving):
 
 @ops.get("/health")
 async def health(serving: Serving):
-    if serving.pipe is None:
-        return JSONResponse({"status": "error" if serving.error else "loading", "error": serving.error},
-                            status_code=503, headers={"Retry-After": "2"})
-    return {"status": "ok"}
+    status, body = await serving.health()
+    return JSONResponse(body, status_code=status, headers={"Retry-After": "2"} if status != 200 else None)
 
 
 @ops.get("/metrics")
@@ -544,7 +576,9 @@ async def metrics(serving: Serving):
 
 # ---- errors: one mapping from exception class to OpenAI's error -----------------------------
 
-def _as_api_error(request: Request, e: Exception) -> APIError:
+def as_api_error(e: Exception, method: str = "", path: str = "") -> APIError:
+    """Any exception as the APIError the client gets (method and path: for routing errors and
+    the log). Anything unexpected is a 500 whose traceback is logged: our bug."""
     if isinstance(e, APIError):
         return e
     if isinstance(e, RequestValidationError):
@@ -556,16 +590,16 @@ def _as_api_error(request: Request, e: Exception) -> APIError:
         return APIError(503, "the server is shutting down", "server_error", code="shutting_down")
     if isinstance(e, StarletteHTTPException):  # routing: unknown path or method
         if e.status_code in (404, 405):
-            return APIError(e.status_code, f"no route {request.method} {request.url.path}",
+            return APIError(e.status_code, f"no route {method} {path}",
                             "not_found_error" if e.status_code == 404 else "invalid_request_error",
                             code="not_found" if e.status_code == 404 else None)
         return APIError(e.status_code, str(e.detail))
-    log.exception("specrt: internal error on %s", request.url.path)  # our bug: the only traceback logged
+    log.error("specrt: internal error on %s", path, exc_info=e)  # our bug: the only traceback logged
     return APIError(500, "internal server error", "server_error")
 
 
 async def _error(request: Request, e: Exception) -> JSONResponse:
-    err = _as_api_error(request, e)
+    err = as_api_error(e, request.method, request.url.path)
     serving = request.app.state.serving
     if serving.metrics is not None:
         serving.metrics.error(err.status_code)
@@ -583,6 +617,14 @@ def build_app(cfg: ServerConfig, load, on_load_error=None) -> FastAPI:
         yield
         serving.close()
 
+    return make_app(serving, lifespan)
+
+
+def make_app(serving, lifespan=None) -> FastAPI:
+    """The HTTP API over a serving object: `OpenAIServing` here, or `RayServing`
+    (ray_deploy.py), which hands requests to engine replicas. The object provides `cfg`,
+    `metrics`, `health()`, `ready()`, `check_key()`, `models()`, `chat()`,
+    `complete()`."""
     # /openapi.json is served (the protocol models' schema); the docs UIs stay off. A body
     # without Content-Type is read as JSON, as before FastAPI 0.132 made that strict.
     app = FastAPI(title="specrt", docs_url=None, redoc_url=None, lifespan=lifespan, strict_content_type=False)

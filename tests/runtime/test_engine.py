@@ -153,12 +153,14 @@ def test_full_queue_is_a_clear_error_and_nothing_is_lost(tiny_bundles):
     pipe = specrt.load(tiny_bundles["none"], max_batch=1, max_queue=1, draft="none")
     try:
         prompt = _prompts(1, seed=9)[0]
-        want = _solo(pipe, prompt, 40)
-        running = pipe.stream_ids(prompt, max_new_tokens=40, ignore_eos=False)
+        # long enough that the running request still holds the slot while the next two arrive
+        # (its prompt is cached from the solo run: it starts decoding at once)
+        want = _solo(pipe, prompt, 200, ignore_eos=True)
+        running = pipe.stream_ids(prompt, max_new_tokens=200, ignore_eos=True)
         first = next(running)  # admitted: holds the only slot
-        queued = pipe.stream_ids(prompt, max_new_tokens=40)  # waits in the queue (size 1)
+        queued = pipe.stream_ids(prompt, max_new_tokens=200, ignore_eos=True)  # waits in the queue (size 1)
         with pytest.raises(EngineBusy, match="max_queue=1"):
-            pipe.stream_ids(prompt, max_new_tokens=40)
+            pipe.stream_ids(prompt, max_new_tokens=200)
         assert first + [t for c in running for t in c] == want
         assert [t for c in queued for t in c] == want
     finally:

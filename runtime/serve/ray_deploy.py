@@ -1,0 +1,413 @@
+"""`specrt serve --replicas N`: the same HTTP API on Ray Serve, in Ray Serve LLM's layers.
+
+- `SpecrtIngress` (one replica, no CPU reserved): the FastAPI app of app.py over `RayServing`,
+  which parses, authorizes, tokenizes (the router needs the prompt's token ids) and maps
+  errors exactly as the single-process server, then calls the engine deployment through a
+  `DeploymentHandle` (`stream=True`). It records the latency histograms; engine counters are
+  the replicas' own, summed from their routing stats.
+- `SpecrtEngine` (N replicas, each loads the bundle once): a thin shell over `EngineServer`,
+  whose `generate` yields values — a `Head` (the replica, or the error the request got), then
+  SSE lines or the JSON body, then `Finished` (what /metrics records). `check_health` fails
+  when the engine cannot serve; `record_routing_stats` reports slots in use, queue depth, the
+  block hashes its idle slots hold and its counters.
+- The handle's router (router.py): prefix affinity (`--router prefix`) or Ray's default
+  power-of-two choices (`pow2`).
+
+`build(args)` is the application builder that `serve run` / `serve deploy` call with a config
+file's `args` (configs/ray_serve.yaml); the CLI calls it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from fastapi.responses import JSONResponse
+from ray import serve
+from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.serve.config import AutoscalingConfig, RequestRouterConfig
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from ray.serve.handle import DeploymentHandle
+
+from ..engine.counters import Counters
+from ..manifest import load_manifest
+from ..tokenizer import Tokenizer
+from .affinity import BLOCK, block_hashes, replica_stats
+from .app import (
+    SSE_HEADERS,
+    APIError,
+    OpenAIServing,
+    ServerConfig,
+    _dump,
+    _Stream,
+    as_api_error,
+    make_app,
+    watch_disconnect,
+)
+from .metrics import Metrics
+from .protocol import ErrorInfo, ErrorResponse
+from .router import PowerOfTwoRouter, PrefixAffinityRouter
+
+log = logging.getLogger("specrt.serve")
+REPLICA_HEADER = "x-specrt-replica"  # names the engine replica that served a request
+APP_NAME = "specrt"
+ENGINE = "SpecrtEngine"
+RETRIES = 2  # a request whose replica died before answering is sent again this many times
+INGRESS_MAX = 4096  # requests one ingress replica holds at once (HTTP relays, no CPU work)
+ROUTERS = {"prefix": PrefixAffinityRouter, "pow2": PowerOfTwoRouter}
+
+
+@dataclass
+class RayOptions:
+    """What `specrt serve --replicas` and a config file's `args` set (same names as the CLI's)."""
+
+    engines: str | None = None  # bundle folder (None: $SPECRT_ENGINES, else engines/default)
+    replicas: int | None = None  # fixed count (with min/max: the initial count)
+    min_replicas: int | None = None  # autoscaling between min and max (both needed)
+    max_replicas: int | None = None
+    threads: int | None = None  # intra-op threads per replica (None: onnxruntime's default, all cores)
+    replica_cpus: float | None = None  # CPUs each engine replica reserves (None: threads, else 1)
+    router: str = "prefix"  # "prefix" (affinity) or "pow2" (Ray's default)
+    imbalance: int = 2  # prefix router: requests more than the least loaded replica past which affinity yields
+    max_batch: int = 8  # KV slots per replica
+    max_seq_len: int | None = None  # context per slot (None: the bundle's S_max)
+    max_queue: int = 64  # requests the ingress's router may hold beyond every replica's slots (then 503)
+    draft: str | None = None
+    adaptive: bool = True
+    k: int | None = None
+    api_key: str | None = None  # None: $SPECRT_API_KEY if set
+    request_timeout: float | None = None
+    max_body_mb: float = 1.0
+    grace: float = 30.0  # seconds a stopping replica lets its requests finish
+    hugepages: bool = True
+    prefix_cache: bool = True
+
+    def __post_init__(self):
+        if self.router not in ROUTERS:
+            raise ValueError(f"router must be one of {sorted(ROUTERS)}, got {self.router!r}")
+        if (self.min_replicas is None) != (self.max_replicas is None):
+            raise ValueError("min_replicas and max_replicas go together")
+        if self.min_replicas is not None and not 0 < self.min_replicas <= self.max_replicas:
+            raise ValueError(f"need 0 < min_replicas <= max_replicas, got {self.min_replicas}, {self.max_replicas}")
+        if self.max_batch < 1 or self.max_queue < 0:
+            raise ValueError("max_batch must be >= 1 and max_queue >= 0")
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.engines or os.environ.get("SPECRT_ENGINES") or "engines/default").resolve()
+
+    @property
+    def cpus(self) -> float:
+        return self.replica_cpus if self.replica_cpus is not None else float(self.threads or 1)
+
+    def server_config(self) -> ServerConfig:
+        """The single-process server's config for this bundle (draft: the bundle's by default)."""
+        draft = self.draft or ("model" if load_manifest(self.folder).draft is not None else "none")
+        return ServerConfig(model_id=self.folder.name, api_key=self.api_key or os.environ.get("SPECRT_API_KEY"),
+                            max_body_bytes=int(self.max_body_mb * 2**20), request_timeout_s=self.request_timeout,
+                            draft=draft, adaptive=self.adaptive and draft != "none")
+
+    def load(self):
+        from .. import load
+
+        cfg = self.server_config()
+        return load(self.folder, draft=cfg.draft, threads=self.threads, k=self.k, global_pool=True,
+                    hugepages=self.hugepages, adaptive=self.adaptive, max_batch=self.max_batch,
+                    max_seq_len=self.max_seq_len, max_queue=self.max_queue, prefix_cache=self.prefix_cache)
+
+
+# ---- what travels between the ingress and an engine replica ---------------------------------
+
+@dataclass
+class EngineRequest:
+    """One generation call: the validated body, its prompt's token ids (the router hashes
+    them), the field a too-long prompt is blamed on, and the response shape (`_ChatOutput` /
+    `_CompletionOutput`, whose id the ingress chose)."""
+
+    body: object
+    ids: list[int]
+    prompt_param: str
+    out: object
+
+
+@dataclass
+class Head:
+    """First value of every reply: the replica, and the error if the request was refused."""
+
+    replica: str
+    status: int = 200
+    error: ErrorInfo | None = None
+    headers: dict = field(default_factory=dict)
+
+
+@dataclass
+class Finished:
+    """Last value of a reply that ended normally: `Metrics.finished`'s arguments."""
+
+    record: tuple
+
+
+# ---- the engine side ------------------------------------------------------------------------
+
+def _idle_blocks(pool, block: int) -> list[int]:
+    """Block hashes of what the pool's idle slots hold. The engine thread may change the pool
+    while this reads it; a read that collides is tried again."""
+    for _ in range(5):
+        try:
+            held = list(pool.idle().values())
+            break
+        except RuntimeError:  # dict changed size during iteration
+            continue
+    else:
+        return []
+    return sorted({h for toks in held for h in block_hashes(list(toks), block)})
+
+
+class EngineServer:
+    """One replica's pipeline behind value-yielding calls; no Ray here (tests drive it directly)."""
+
+    def __init__(self, cfg: ServerConfig, load, replica: str):
+        """load() -> Pipeline, run now: the replica is ready when constructed (raises if not)."""
+        self.replica = replica
+        self.serving = OpenAIServing(cfg, load)
+        self.serving.load()
+        if self.serving.pipe is None:
+            raise RuntimeError(f"cannot load {cfg.model_id}: {self.serving.error}")
+
+    async def generate(self, req: EngineRequest):
+        """Head, then SSE lines (`stream: true`) or one JSON body (a dict), then Finished when
+        the request ended normally. Closing the generator cancels the request."""
+        try:
+            reply = self.serving.start(req.body, req.ids, req.prompt_param, req.out)
+        except Exception as e:  # noqa: BLE001 - an error value, mapped as the single-process server does
+            err = as_api_error(e, "POST", "engine")
+            yield Head(self.replica, err.status_code, err.info, dict(err.headers or {}))
+            return
+        yield Head(self.replica)
+        if req.body.stream:
+            async for line in reply.sse(req.body.include_usage):
+                yield line
+        else:
+            yield _dump(await reply.collect())
+        for record in reply.finished:  # one per choice that ended normally
+            yield Finished(record)
+
+    def unhealthy(self) -> str | None:
+        """Why this replica cannot serve, or None."""
+        return None if self.serving.pipe.engine.alive() else "the engine thread is dead or the engine closed"
+
+    def routing_stats(self) -> dict:
+        pipe = self.serving.pipe
+        c = pipe.counters()
+        return {"running": c["running"], "waiting": c["waiting"], "slots": c["slots"], "block": BLOCK,
+                "held_blocks": _idle_blocks(pipe.scheduler.pool, BLOCK), "counters": c}
+
+    def close(self) -> None:
+        self.serving.close()
+
+
+@serve.deployment(name=ENGINE)
+class SpecrtEngine:
+    """An engine replica: loads the bundle once and serves `generate` calls."""
+
+    def __init__(self, opts: dict):
+        o = RayOptions(**opts)
+        replica = serve.get_replica_context().replica_id.unique_id
+        self.server = EngineServer(o.server_config(), o.load, replica)
+
+    async def generate(self, req: EngineRequest):
+        async for item in self.server.generate(req):
+            yield item
+
+    def record_routing_stats(self) -> dict:
+        return self.server.routing_stats()
+
+    def check_health(self) -> None:
+        reason = self.server.unhealthy()
+        if reason:
+            raise RuntimeError(reason)
+
+    def __del__(self):  # Serve calls it when the replica stops, after its requests drained
+        server = getattr(self, "server", None)
+        if server is not None:
+            server.close()
+
+
+# ---- the ingress side -----------------------------------------------------------------------
+
+@dataclass
+class _Frontend:
+    """What the shared routes need of a pipeline: the tokenizer and the context length."""
+
+    tokenizer: Tokenizer
+    max_seq_len: int
+
+
+def sum_counters(snapshots: list[dict]) -> dict:
+    """Engine counters of several replicas summed (per-position lists element-wise); zeros
+    for none, so /metrics names every series before the first request."""
+    out = Counters().snapshot() | {"running": 0, "waiting": 0, "slots": 0, "kv_bytes_per_slot": 0}
+    for c in snapshots:
+        for k, v in c.items():
+            if isinstance(v, list):
+                acc = out.setdefault(k, [])
+                acc.extend([0] * (len(v) - len(acc)))
+                out[k] = [a + b for a, b in zip(acc, v + [0] * (len(acc) - len(v)), strict=True)]
+            elif isinstance(v, (int, float)):
+                out[k] = out.get(k, 0) + v
+    return out
+
+
+class RayServing(OpenAIServing):
+    """The single-process serving layer, with the engine replaced by calls to the engine
+    deployment: parsing, auth, tokenizing, model checks and error mapping are inherited."""
+
+    def __init__(self, cfg: ServerConfig, folder: Path, engine: DeploymentHandle, engine_name: str = ENGINE):
+        super().__init__(cfg, load=None)
+        man = load_manifest(folder)
+        self.front = _Frontend(Tokenizer(folder, man.tokenizer), man.target.kv.max_seq_len)
+        self.engine = engine.options(stream=True)
+        self.engine_name = engine_name
+        self.metrics = Metrics(cfg.model_id, self.engine_counters)
+        self._health: tuple[float, tuple] = (0.0, (503, {}))
+
+    def ready(self):
+        return self.front  # requests wait in the router's queue while no replica runs (bounded: 503)
+
+    def engine_counters(self) -> dict:
+        """The replicas' engine counters summed (from their latest routing stats, ~1 s old)."""
+        return sum_counters([s["counters"] for s in replica_stats(self.engine_name).values() if "counters" in s])
+
+    async def health(self) -> tuple[int, dict]:
+        """200 while at least one engine replica is running (asked of the Serve controller,
+        at most once a second)."""
+        t, answer = self._health
+        if time.monotonic() - t > 1.0:
+            answer = await asyncio.to_thread(self._ask_health)
+            self._health = (time.monotonic(), answer)
+        return answer
+
+    def _ask_health(self) -> tuple[int, dict]:
+        try:
+            app = serve.status().applications[serve.get_replica_context().app_name]
+            states = app.deployments[self.engine_name].replica_states
+        except Exception as e:  # noqa: BLE001 - no answer from the controller is not ready
+            return 503, {"status": "error", "error": f"cannot read the deployment's status: {e}"}
+        running = states.get("RUNNING", 0)
+        if running:
+            return 200, {"status": "ok", "replicas": running}
+        return 503, {"status": "loading", "replicas": 0, "replica_states": {str(k): v for k, v in states.items()}}
+
+    async def _generate(self, req, ids: list[int], prompt_param: str, out, request):
+        gen, head = await self._open(EngineRequest(req, ids, prompt_param, out))
+        headers = {REPLICA_HEADER: head.replica}
+        if head.error is not None:
+            raise APIError(head.status, head.error.message, head.error.type, head.error.param, head.error.code,
+                           {**head.headers, **headers})
+        if req.stream:
+            return _Stream(self._relay(gen, out), gen.cancel, media_type="text/event-stream",
+                           headers={**SSE_HEADERS, **headers})
+        return await self._collect(gen, request, headers)
+
+    async def _open(self, call: EngineRequest):
+        """Send the call and wait for its Head. A replica that died before answering: sent
+        again (the router picks a live one); a full queue: 503."""
+        for attempt in range(RETRIES + 1):
+            gen = self.engine.generate.remote(call)
+            try:
+                return gen, await gen.__anext__()
+            except BackPressureError as e:
+                raise APIError(503, f"every replica and the queue are full ({e}); retry later", "server_error",
+                               code="queue_full", headers={"Retry-After": "1"}) from None
+            except (RayActorError, ActorUnavailableError, DeploymentUnavailableError) as e:
+                log.warning("specrt: replica failed before answering (try %d): %s", attempt + 1, e)
+        raise APIError(503, "the engine replicas failed; retry later", "server_error", code="replica_failed",
+                       headers={"Retry-After": "2"})
+
+    async def _collect(self, gen, request, headers: dict):
+        watcher = asyncio.ensure_future(watch_disconnect(request, gen.cancel))
+        body = None
+        try:
+            async for item in gen:
+                if isinstance(item, Finished):
+                    self.metrics.finished(*item.record)
+                else:
+                    body = item
+        except (RayActorError, ActorUnavailableError) as e:
+            raise APIError(503, f"the replica serving this request failed ({type(e).__name__}); retry",
+                           "server_error", code="replica_failed", headers={"Retry-After": "1", **headers}) from None
+        finally:
+            watcher.cancel()
+        return JSONResponse(body, headers=headers)
+
+    async def _relay(self, gen, out):
+        """The replica's SSE lines; a replica that dies mid-stream ends the stream with an
+        error chunk and [DONE], never a hang."""
+        try:
+            async for item in gen:
+                if isinstance(item, Finished):
+                    self.metrics.finished(*item.record)
+                else:
+                    yield item
+        except (RayActorError, ActorUnavailableError) as e:
+            log.error("specrt: replica failed mid-stream of %s: %s", out.id, e)
+            err = ErrorResponse(error=ErrorInfo(message=f"the replica serving this request failed: "
+                                                        f"{type(e).__name__}; retry", type="server_error",
+                                                code="replica_failed"))
+            yield f"data: {json.dumps(_dump(err))}\n\n"
+            yield "data: [DONE]\n\n"
+
+
+@serve.deployment(name="SpecrtIngress")
+@serve.ingress()
+class SpecrtIngress:
+    """The HTTP API (app.py's routes) over `RayServing`."""
+
+    def __init__(self, engine: DeploymentHandle, opts: dict):
+        o = RayOptions(**opts)
+        self.serving = RayServing(o.server_config(), o.folder, engine)
+
+    def __serve_build_asgi_app__(self):
+        return make_app(self.serving)
+
+
+# ---- the application ------------------------------------------------------------------------
+
+def engine_options(o: RayOptions) -> dict:
+    """The engine deployment's Ray Serve options. A replica takes as many requests as it has
+    slots (`max_ongoing_requests`): the rest wait in the router, which can still choose where
+    they go, and a replica that dies loses only requests it was running. Autoscaling targets
+    the slots too: a deployment whose replicas are full and whose router holds more grows."""
+    opts = dict(max_ongoing_requests=o.max_batch, max_queued_requests=o.max_queue,
+                ray_actor_options={"num_cpus": o.cpus}, graceful_shutdown_timeout_s=o.grace,
+                health_check_period_s=2.0, health_check_timeout_s=30.0,
+                request_router_config=RequestRouterConfig(
+                    request_router_class=ROUTERS[o.router],
+                    request_router_kwargs={"imbalance": o.imbalance} if o.router == "prefix" else {},
+                    request_routing_stats_period_s=1.0, request_routing_stats_timeout_s=5.0))
+    if o.min_replicas is not None:
+        opts["autoscaling_config"] = AutoscalingConfig(
+            min_replicas=o.min_replicas, max_replicas=o.max_replicas,
+            initial_replicas=o.replicas if o.replicas is not None else o.min_replicas,
+            target_ongoing_requests=o.max_batch, upscale_delay_s=5.0, downscale_delay_s=60.0)
+    else:
+        opts["num_replicas"] = o.replicas or 1
+    return opts
+
+
+def build(args: dict):
+    """Ray Serve application builder (`import_path: specrt.runtime.serve.ray_deploy:build`):
+    `args` are `RayOptions` fields. The bundle is checked here, before any replica starts."""
+    o = RayOptions(**args)
+    o.server_config()  # the bundle's manifest reads, or the deploy fails now with its error
+    opts = asdict(o) | {"engines": str(o.folder)}
+    engine = SpecrtEngine.options(**engine_options(o)).bind(opts)
+    # the ingress only relays: it takes every request (Ray's default of 5 would queue them at
+    # the proxy, unbounded) and the engine's router queue is the bound that answers 503
+    return SpecrtIngress.options(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=INGRESS_MAX,
+                                 graceful_shutdown_timeout_s=o.grace).bind(engine, opts)
