@@ -375,6 +375,11 @@ class Pipeline:
         self.store.forget()
         self.scheduler.forget_plan()
 
+    def forget_prefixes(self) -> None:
+        """Drop the KV rows finished requests left in their slots (the prefix cache): the next
+        prompts are computed from their first token. Call it while no request runs."""
+        self.scheduler.forget_prefixes()
+
     @property
     def kv_bytes_per_slot(self) -> int:
         return self.parts.kv_bytes_per_slot

@@ -305,13 +305,19 @@ def bench(ctx, engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_t
     from specrt.runtime.bench import report
     from specrt.runtime.bench.runner import BenchConfig, is_conversations, is_plain, run_bench
 
-    # by default every plain-prompt workload (conversations run with `bench serve`, schemas with
-    # tools/feature_costs.py)
+    # by default every plain-prompt workload (conversations run with --concurrency or `bench serve`,
+    # schemas with tools/feature_costs.py)
     wl = [Path(w) for w in workloads] or [w for w in sorted(Path("configs/workloads").glob("*.jsonl")) if is_plain(w)]
-    if any(is_conversations(w) for w in wl):
-        _fail("multi-turn workloads (conversations) run with `specrt bench serve --workload ...`")
     if not wl:
         _fail("no workloads: pass --workload FILE (JSONL with a 'prompt' field per line)")
+    convs = [w for w in wl if is_conversations(w)]
+    if convs and len(convs) != len(wl):
+        _fail("conversation workloads (turns) and prompt workloads run separately")
+    if convs:
+        if not concurrency:
+            _fail("multi-turn workloads run with --concurrency L (in process) or `specrt bench serve`")
+        _bench_conversations(engines, wl, concurrency, max_new_tokens, repeats, out, hugepages)
+        return
     if concurrency:
         _bench_load(engines, wl, concurrency, ks, max_new_tokens, repeats, limit, out, hugepages, soak_minutes)
         return
@@ -575,6 +581,38 @@ def bench_serve(engines, workloads, levels, max_tokens, arms, k, llama_server, l
         click.echo(f"wrote {Path(out) / 'serve.json'} and {plot(results, Path(out))}")
     except ImportError:
         click.echo(f"wrote {Path(out) / 'serve.json'}")
+
+
+def _levels(concurrency: str) -> list[int]:
+    try:
+        levels = [int(x) for x in concurrency.split(",") if x]
+    except ValueError:
+        _fail(f"--concurrency takes comma-separated integers, got {concurrency!r}")
+    if not levels or min(levels) < 1:
+        _fail(f"--concurrency levels must be >= 1, got {concurrency!r}")
+    return levels
+
+
+def _bench_conversations(engines, wl, concurrency, max_new_tokens, repeats, out, hugepages):
+    """Multi-turn conversations in process: prefix reuse on against off (bench/conversations.py)."""
+    from specrt.runtime import USER_ERRORS
+    from specrt.runtime.bench.conversations import ConversationConfig, run_conversations, table
+    from specrt.runtime.bench.runner import load_workload
+
+    cfg = ConversationConfig(Path(engines or _engines_default()), [it for w in wl for it in load_workload(w)],
+                             _levels(concurrency), max_new_tokens=max_new_tokens, repeats=max(1, repeats),
+                             hugepages=hugepages)
+    try:
+        results = run_conversations(cfg, lambda i, n, what: click.echo(f"\r[{i + 1}/{n}] {what:<50}", nl=False, err=True))
+    except (RuntimeError, *USER_ERRORS) as e:
+        _fail(str(e))
+    click.echo("", err=True)
+    click.echo(table(results))
+    results["command"] = " ".join(["specrt"] + sys.argv[1:]) if sys.argv and "specrt" in sys.argv[0] else ""
+    Path(out).mkdir(parents=True, exist_ok=True)
+    path = Path(out) / "conversations.json"
+    path.write_text(json.dumps(results, indent=1))
+    click.echo(f"wrote {path}")
 
 
 def _bench_load(engines, wl, concurrency, ks, max_new_tokens, repeats, limit, out, hugepages, soak_minutes=None):

@@ -89,7 +89,7 @@ def probe_costs(pipe: Pipeline, ks: list[int]) -> dict:
 def run_bench(cfg: BenchConfig, progress=None) -> dict:
     items = [it for w in cfg.workloads for it in load_workload(w)[: cfg.limit]]
     if any("turns" in it for it in items):
-        raise ValueError("multi-turn workloads (conversations) run with `specrt bench serve`")
+        raise ValueError("multi-turn workloads (conversations) run with `specrt bench --concurrency L` or `specrt bench serve`")
     pipe = Pipeline(cfg.bundle, draft="model" if _has_draft(cfg.bundle) else "none", global_pool=cfg.global_pool,
                     hugepages=cfg.hugepages, cost_cache=False,  # the run's own probe: c and v of this run
                     max_batch=1,  # one request at a time, as `specrt generate` (--concurrency: bench/load.py)

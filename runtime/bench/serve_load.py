@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .conversations import turns
 from .load import dist
 
 
@@ -164,22 +165,6 @@ async def _level(url: str, model: str, prompts: list, level: int, total: int, ma
     if conversations:
         out.update(turns(recs))
     return out
-
-
-def turns(recs: list[dict]) -> dict:
-    """Multi-turn fields: TTFT of first and later turns, per turn, and the cached share of later
-    turns' prompt tokens (None where the server reports no cached tokens)."""
-    later = [r for r in recs if r["turn"] > 0]
-    known = [r for r in later if r["cached_tokens"] is not None and r["prompt_tokens"]]
-    return {"ttft_first_turn_ms": dist(r["ttft_ms"] for r in recs if r["turn"] == 0),
-            "ttft_later_turns_ms": dist(r["ttft_ms"] for r in later),
-            "ttft_by_turn_ms": {t: dist(r["ttft_ms"] for r in recs if r["turn"] == t)["p50"]
-                                for t in sorted({r["turn"] for r in recs})},
-            "prompt_tokens_by_turn": {t: dist(r["prompt_tokens"] or 0 for r in recs if r["turn"] == t)["p50"]
-                                      for t in sorted({r["turn"] for r in recs})},
-            "later_turns_cached_share": (sum(r["cached_tokens"] for r in known) / sum(r["prompt_tokens"] for r in known)
-                                         if known else None),
-            "later_turns_found_cached": (sum(r["cached_tokens"] > 0 for r in known) / len(known) if known else None)}
 
 
 def run_serve_bench(cfg: ServeBenchConfig, progress=None) -> dict:

@@ -114,6 +114,13 @@ class Scheduler:
         self.counters = Counters(target.max_t - 1)
         self.forget_plan()
 
+    def forget_prefixes(self) -> None:
+        """Empty every idle slot (what finished requests left for reuse). Call it while no
+        request runs (benchmarks starting cold; an operator dropping the cache)."""
+        for pool in self.pools:
+            for slot in list(pool.idle()):
+                pool.clear(slot)
+
     def forget_plan(self) -> None:
         self._idle_plan = [0, 0]  # [rows, steps left]: the last plan for this many rows drafted nothing
 

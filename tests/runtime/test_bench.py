@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+import specrt
 from specrt.runtime.bench.stats import (
     alpha_from_expected,
     expected_tokens,
@@ -116,3 +117,52 @@ def test_serve_bench_against_a_real_server(tiny_bundles, tmp_path):
         assert r["errors"] == 0 and r["requests"] == 2, r["error_samples"]
         assert r["output_tokens_per_s"] > 0 and r["tpot_ms"]["n"] == 2
     assert "req/s" in table(res)
+
+
+CONVS = [{"system": "w40 w41 w42 w43 w44 w45 w46 w47", "turns": ["w5 w6", "w7", "w8 w9"]},
+         {"system": "w40 w41 w42 w43 w44 w45 w46 w47", "turns": ["w10", "w11 w12"]}]
+
+
+def test_conversation_bench_reuse_against_cold(tiny_bundles):
+    """`specrt bench --concurrency` on a multi-turn workload: the reuse arm finds every later turn
+    cached, the cold arm none, and the two arms answer the same (greedy, exact)."""
+    from specrt.runtime.bench.conversations import (
+        ConversationConfig,
+        play,
+        run_conversations,
+        table,
+    )
+
+    cfg = ConversationConfig(tiny_bundles["int8"], CONVS, levels=[2], max_new_tokens=6, repeats=2, hugepages=False,
+                             global_pool=False)
+    res = run_conversations(cfg)
+    assert [(r["arm"], r["repeat"]) for r in res["runs"]] == [("reuse", 0), ("cold", 0), ("cold", 1), ("reuse", 1)]
+    for r in res["runs"]:
+        assert r["errors"] == 0 and r["requests"] == 5
+        if r["arm"] == "reuse":
+            assert r["later_turns_found_cached"] == 1.0 and r["later_turns_cached_share"] > 0.5
+        else:
+            assert r["later_turns_found_cached"] == 0.0
+        assert r["ttft_first_turn_ms"]["n"] == 2 and r["ttft_later_turns_ms"]["n"] == 3
+    assert "found cached" in table(res)
+    with specrt.load(tiny_bundles["int8"], max_batch=2) as warm, \
+            specrt.load(tiny_bundles["int8"], max_batch=1, prefix_cache=False) as cold:
+        assert [r["tokens"] for r in play(warm, CONVS[0], 6)] == [r["tokens"] for r in play(cold, CONVS[0], 6)]
+        warm.forget_prefixes()
+        assert warm.parts.target.pool.idle() == {}
+
+
+def test_serve_bench_plays_conversations(tiny_bundles):
+    """`specrt bench serve` on conversations: every turn resends the history; the server reports
+    cached tokens for the later turns."""
+    from specrt.runtime.bench.serve_load import Arm, ServeBenchConfig, run_serve_bench, table
+
+    base = [sys.executable, "-m", "specrt.cli", "serve", "--engines", str(tiny_bundles["int8"]), "--port", "{port}",
+            "--max-batch", "2", "--no-hugepages"]
+    cfg = ServeBenchConfig([Arm("reuse", base, "int8"), Arm("cold", base + ["--no-prefix-cache"], "int8")], [],
+                           levels=[2], max_tokens=6, conversations=CONVS)
+    res = run_serve_bench(cfg)
+    by = {r["arm"]: r for r in res["runs"]}
+    assert by["reuse"]["errors"] == by["cold"]["errors"] == 0 and by["reuse"]["requests"] == 5
+    assert by["reuse"]["later_turns_found_cached"] == 1.0 and by["cold"]["later_turns_found_cached"] == 0.0
+    assert "found cached" in table(res)
