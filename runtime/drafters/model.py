@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..grammar import apply_mask
 from ..sampling import SamplingConfig, probs, sample
 from .base import DraftCall, Proposal
 
@@ -23,13 +22,14 @@ from .base import DraftCall, Proposal
 class ModelDrafter:
     name = "model"
 
-    def __init__(self, model, slot: int, target_track: str | None = None, constraint=None):
+    def __init__(self, model, slot: int, target_track: str | None = None, shape=None):
         """model: the draft model (runtime/backends/ort.py OrtModel or a one-slot adapter);
         target_track: the target's track when the draft shares its pool (self-draft);
-        constraint: the request's grammar (runtime/grammar.py Matcher): proposals are chosen from
-        the draft's masked distribution, which is then the q verification divides by."""
+        shape(logits [V], proposed so far) -> logits: the request's penalties and grammar mask
+        (runtime/engine/shaping.py); proposals are chosen from the shaped distribution, which is
+        then the q verification divides by."""
         self.model, self.slot, self.pool = model, slot, model.pool
-        self.constraint = constraint
+        self.shape = shape
         self.track = model.track
         self.target_track = target_track
         others = set(self.pool.tracks) - {self.track}
@@ -63,8 +63,8 @@ class ModelDrafter:
         if self._pending:
             return DraftCall(self._pending.pop(0), keep=1)
         cfg = self._cfg
-        if self.constraint is not None:
-            logits = apply_mask(logits[None], self.constraint.mask_after(self._toks)[None])[0]
+        if self.shape is not None:
+            logits = self.shape(logits, self._toks)
         if cfg.greedy:
             t = int(logits.argmax())
             if self._want_conf:

@@ -26,14 +26,14 @@ import numpy as np
 
 from ..decoder import NonFiniteLogits
 from ..drafters import DraftCall, Proposal
-from ..grammar import apply_mask
-from ..logits import apply_penalties, logprobs
+from ..logits import logprobs
 from ..sampling import probs, sample
 from ..verify import verify_greedy, verify_sampling
 from .counters import Counters
 from .plan import Row, plan
 from .prefix import common_prefix, place
 from .request import DECODE, DONE, PREFILL, Request
+from .shaping import cut_to_grammar, shape
 
 
 def send(r: Request, kind: str, value) -> None:
@@ -57,28 +57,6 @@ def _pick(r: Request, logits: np.ndarray) -> int:
     """The target's own next token from one row of its (processed) logits (greedy, or sampled
     with the request's random stream)."""
     return int(logits.argmax()) if r.cfg.greedy else sample(probs(logits, r.cfg), r.rng.random())
-
-
-def shape(r: Request, rows: np.ndarray, drafts=()) -> np.ndarray:
-    """The request's own processing of target rows [T, V]: penalties (runtime/logits.py), then
-    its grammar's masks (runtime/grammar.py); row i follows the committed sequence plus
-    drafts[:i] (grammar-valid: `_cut_to_grammar`). The raw rows themselves when nothing is asked."""
-    if r.penalties is not None and r.penalties.active:
-        rows = apply_penalties(rows, r.penalties, r.prompt, r.seq[len(r.prompt):], drafts, r.eos_ids)
-    if r.grammar is not None:
-        rows = apply_mask(rows, r.grammar.masks(drafts[: len(rows) - 1]))
-    return rows
-
-
-def _cut_to_grammar(r: Request, prop: Proposal) -> Proposal:
-    """A proposal cut at its first token the request's grammar forbids (n-gram copies, or a
-    draft that did not see the mask)."""
-    if r.grammar is None or not len(prop.tokens):
-        return prop
-    n = r.grammar.valid_prefix(prop.tokens)
-    if n == len(prop.tokens):
-        return prop
-    return Proposal(prop.tokens[:n], None if prop.q is None else prop.q[:n], prop.confs[:n], prop.drafter)
 
 
 REPLAN_STEPS = 8  # steps a "no drafting" plan is kept while the row count stays the same
@@ -304,7 +282,7 @@ class Scheduler:
         rows = [r for r in rows if r.state == DECODE]  # a draft failure retired its request
         for r in [r for r in rows if r.id in proposals]:
             try:
-                proposals[r.id] = _cut_to_grammar(r, proposals[r.id])
+                proposals[r.id] = cut_to_grammar(r, proposals[r.id])
             except Exception as e:  # noqa: BLE001 - the request's grammar failed: it ends alone
                 self._retire(r, "error", e)
         rows = [r for r in rows if r.state == DECODE]

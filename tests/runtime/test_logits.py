@@ -174,3 +174,15 @@ def test_bad_settings_are_refused(make):
         with pytest.raises(ValueError):
             pipe.request([1, 5, 9], **{"max_new_tokens": 20, **kw})
     assert EOS not in REPETITIVE
+
+
+@pytest.mark.parametrize("kind", ["self", "separate"])
+def test_the_draft_proposes_from_the_penalized_distribution(make, kind):
+    """A draft equal to the target, shaped by the same penalties over the tokens before each of
+    its proposals, proposes exactly the penalized target's choices: every proposal is accepted
+    (unshaped, the penalties would reject it wherever they move the argmax)."""
+    pipe = make(draft=kind, noise=0.0)
+    r = pipe.request(REPETITIVE, max_new_tokens=40, k=4, ignore_eos=True, **PEN)
+    got = [t for c in pipe.submit(r) for t in c]
+    assert got == reference(pipe.parts.target.table, REPETITIVE, 40, Penalties(0.8, 0.6, 1.3, {7: 3.0, 11: -5.0}))
+    assert r.stats.draft_tokens > 20 and r.stats.acceptance_rate == 1.0

@@ -1,0 +1,62 @@
+"""A request's own processing of logits — penalties (runtime/logits.py), then its grammar's mask
+(runtime/grammar.py) — for the target's rows and for its draft's.
+
+Exactness: the target's row i of a verification call is processed as a target-only step at
+that position would be, with the history the tokens before it make (committed output +
+draft[:i]). The draft's rows get the same processing over the committed output + what it has
+proposed so far: it then proposes from (nearly) the distribution verification compares with —
+acceptance, not exactness, is what that buys (verification divides by the q it sampled from).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..drafters import Proposal
+from ..grammar import apply_mask
+from ..logits import apply_penalties
+from .request import Request
+
+
+def _active(r: Request) -> bool:
+    return (r.penalties is not None and r.penalties.active) or r.grammar is not None
+
+
+def shape(r: Request, rows: np.ndarray, drafts=()) -> np.ndarray:
+    """Target rows [T, V]: row i follows the committed sequence plus drafts[:i] (grammar-valid:
+    `cut_to_grammar`). The raw rows themselves when the request asks for nothing."""
+    if r.penalties is not None and r.penalties.active:
+        rows = apply_penalties(rows, r.penalties, r.prompt, r.seq[len(r.prompt):], drafts, r.eos_ids)
+    if r.grammar is not None:
+        rows = apply_mask(rows, r.grammar.masks(drafts[: len(rows) - 1]))
+    return rows
+
+
+def draft_shaper(r: Request) -> Callable[[np.ndarray, list[int]], np.ndarray] | None:
+    """(draft logits row [V], tokens proposed so far this round) -> the row processed as the
+    target's would be at that position; None when the request asks for nothing."""
+    if not _active(r):
+        return None
+
+    def shape_row(row: np.ndarray, proposed: list[int]) -> np.ndarray:
+        rows = row[None]
+        if r.penalties is not None and r.penalties.active:
+            rows = apply_penalties(rows, r.penalties, r.prompt, r.seq[len(r.prompt):] + list(proposed), [], r.eos_ids)
+        if r.grammar is not None:
+            rows = apply_mask(rows, r.grammar.mask_after(proposed)[None])
+        return rows[0]
+
+    return shape_row
+
+
+def cut_to_grammar(r: Request, prop: Proposal) -> Proposal:
+    """A proposal cut at its first token the request's grammar forbids (n-gram copies, or a
+    draft that did not see the mask)."""
+    if r.grammar is None or not len(prop.tokens):
+        return prop
+    n = r.grammar.valid_prefix(prop.tokens)
+    if n == len(prop.tokens):
+        return prop
+    return Proposal(prop.tokens[:n], None if prop.q is None else prop.q[:n], prop.confs[:n], prop.drafter)
