@@ -204,13 +204,14 @@ class KVPool:
             for a in self.host:
                 a[dst, :, :n] = a[src, :, :n]
             return
-        from .backends.cudart import copy_device_rows
+        from .backends.cudart import copy_device_rows, synchronize
 
         kv_heads, s_max, head_dim = self.slot_shape
         row = head_dim * self.dtype.itemsize
         for base in self.ptrs:
             copy_device_rows(base + dst * self.slot_bytes, base + src * self.slot_bytes,
                              pitch=s_max * row, width=n * row, height=kv_heads)
+        synchronize()  # the next call may run on a stream of its own: the rows must have landed
 
     # --- lengths per track -------------------------------------------------------------------
     def track(self, name: str) -> str:

@@ -183,8 +183,9 @@ class Pipeline:
         cfg = SamplingConfig(temperature, top_k, top_p)
         matcher = None
         if grammar is not None:
-            if ignore_eos:
-                raise ValueError("ignore_eos cannot be combined with a grammar (the grammar decides where output ends)")
+            if ignore_eos or min_tokens:  # a complete grammar allows only EOS
+                raise ValueError(f"{'ignore_eos' if ignore_eos else 'min_tokens'} cannot be combined with a grammar "
+                                 "(the grammar decides where the output ends)")
             matcher = self.grammars.matcher(self.grammars.compile(grammar))
         k = self.default_k if k is None else k
         self.check_request(len(prompt_ids), max_new_tokens, k)
@@ -193,7 +194,7 @@ class Pipeline:
         adaptive = self.default_adaptive if adaptive is None else adaptive
         return Request(list(prompt_ids), cfg, max_new_tokens, frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids),
                        k=k if draft != "none" else 0, draft=draft, adaptive=adaptive and draft != "none",
-                       seed=seed if sibling == 0 or seed is None else [seed, sibling],
+                       seed=None if seed is None else (seed % 2**64 if sibling == 0 else [seed % 2**64, sibling]),
                        stats=stats, timeout_s=timeout_s, penalties=pen if pen.active else None, logprobs=logprobs,
                        grammar=matcher)
 
@@ -228,7 +229,7 @@ class Pipeline:
         finally:
             if not finished:  # cancel, and wait the step it takes: the slot is free and the stats final
                 self.engine.cancel(r)
-                while events.get()[0] == "tokens":
+                while events.get()[0] not in ("done", "error"):  # tokens, logprobs
                     pass
 
     def stream(self, prompt: str, *, chat: bool = True, stop: list[str] | None = None, **kw) -> Iterator[str]:
@@ -330,7 +331,7 @@ class Pipeline:
         finally:
             if not finished:
                 self.engine.cancel(r)
-                while (await events.get())[0] == "tokens":
+                while (await events.get())[0] not in ("done", "error"):
                     pass
 
     async def astream(self, prompt: str, *, chat: bool = True, stop: list[str] | None = None,

@@ -20,14 +20,18 @@ class TextStream:
         self.stopped = False
 
     def push(self, chunk: list[int]) -> str:
-        """-> the text that is now safe to show ("" if none)."""
-        self.ids.extend(chunk)
-        self.full += self.dec.push(chunk)
-        cut = _find_stop(self.full, self.stops, max(0, self.emitted - self.hold))
-        if cut is not None:
-            self.full = self.full[:cut]
-            self.stopped = True
-            return ""
+        """-> the text that is now safe to show ("" if none). With stop strings the chunk is read
+        token by token: `ids` ends at the token that completed a stop string, whatever followed
+        it in the chunk (a speculative round commits several tokens at once; the ids, and what
+        is counted and reported of them, must be those of target-only decoding)."""
+        for piece in ([[t] for t in chunk] if self.stops else [list(chunk)]):
+            self.ids.extend(piece)
+            self.full += self.dec.push(piece)
+            cut = _find_stop(self.full, self.stops, max(0, self.emitted - self.hold))
+            if cut is not None:
+                self.full = self.full[:cut]
+                self.stopped = True
+                return ""
         safe = len(self.full) - self.hold
         if safe > self.emitted:
             piece, self.emitted = self.full[self.emitted : safe], safe

@@ -20,6 +20,12 @@ def ck(result):
     return vals[0] if len(vals) == 1 else vals
 
 
+def synchronize() -> None:
+    """Wait for the device's queued work (device-to-device copies may return before they land)."""
+    cu = cudart()
+    ck(cu.cudaDeviceSynchronize())
+
+
 def copy_device_rows(dst: int, src: int, *, pitch: int, width: int, height: int) -> None:
     """`height` runs of `width` bytes, `pitch` bytes apart, from device address src to dst: rows
     [0, n) of one slot's [Hkv, S_max, D] buffer are Hkv runs of n·D elements, S_max·D apart."""

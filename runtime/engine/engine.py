@@ -150,4 +150,7 @@ class Engine:
                     except Exception:  # noqa: BLE001
                         self.sched.running.remove(r)
             if self._closed:
-                self.sched.admit(self._take_waiting)  # retires the cancelled ones
+                try:
+                    self.sched.admit(self._take_waiting)  # retires the cancelled ones
+                except Exception:  # noqa: BLE001 - the next turn of the loop retires them again
+                    pass

@@ -133,19 +133,35 @@ class Scheduler:
         now = time.perf_counter()
         for r in [r for r in self.running if r.cancelled or r.expired(now)]:
             self._retire(r, "stop" if r.cancelled else "timeout")
-        earlier, self.deferred = self.deferred, []
-        while self.pool.free_slots:
-            r = earlier.pop(0) if earlier else take_waiting()
-            if r is None:
-                break
+        earlier = []
+        for r in self.deferred:  # cancellation and timeouts are checked every step, slot or not
             if r.cancelled or r.expired(now):
                 end_unstarted(r, "stop" if r.cancelled else "timeout")
-                continue
-            if self._await_prefill(r):
-                self.deferred.append(r)
-                continue
-            self._admit(r)
-        self.deferred = sorted(self.deferred + earlier, key=lambda r: r.t_submit)
+            else:
+                earlier.append(r)
+        self.deferred = []
+        try:
+            while True:
+                if earlier:
+                    if not self.pool.free_slots:
+                        break
+                    r = earlier.pop(0)
+                else:
+                    # a deferred request keeps its place: newer ones get only the slots beyond one each
+                    if self.pool.free_slots <= len(self.deferred):
+                        break
+                    r = take_waiting()
+                    if r is None:
+                        break
+                    if r.cancelled or r.expired(now):
+                        end_unstarted(r, "stop" if r.cancelled else "timeout")
+                        continue
+                if self._await_prefill(r):
+                    self.deferred.append(r)
+                else:
+                    self._admit(r)
+        finally:  # whatever happened, no deferred request is lost
+            self.deferred = sorted(self.deferred + earlier, key=lambda r: r.t_submit)
 
     def _await_prefill(self, r: Request) -> bool:
         """Whether `r` should wait for a request still reading a prompt that shares a longer prefix
@@ -165,14 +181,16 @@ class Scheduler:
         return now is not None and ahead > now.reuse
 
     def _admit(self, r: Request) -> None:
-        self._place(r)
+        """Place `r` and make its drafter; a request that cannot start (a copy that failed, a
+        drafter that cannot be made) fails alone, its slot given back empty."""
         r.state = PREFILL
         r.stats.queue_ms = 1000 * (time.perf_counter() - r.t_submit)
         try:
+            self._place(r)
             r.drafter = self.make_drafter(r)
             r.policies = self.policies(r) if r.adaptive and r.drafter is not None else {}
-        except Exception as e:  # noqa: BLE001 - a request that cannot start fails alone
-            self._retire(r, "error", e)
+        except Exception as e:  # noqa: BLE001
+            self._retire(r, "error", e)  # frees its slot, empty: nothing half copied is kept
             return
         self.running.append(r)
 
@@ -181,13 +199,19 @@ class Scheduler:
         tt = self.target.track
         running = {q.slot: q.seq[: self.pool.length(tt, q.slot)] for q in self.running}
         pl = place(r.prompt, self.pool, running, self.prefix_cache)
-        for pool in self.pools:
-            # an EAGLE head re-feeds the target's features of every committed token from its
-            # first round (its rows pair each position with the next token): only features move
-            own = self.features is not None and pool is not self.pool
-            pool.assign(pl.slot, 0 if own else pl.reuse, pl.source)
-        if self.features is not None and pl.source is not None:
-            self.features[pl.slot, : pl.reuse] = self.features[pl.source, : pl.reuse]
+        try:
+            for pool in self.pools:
+                # an EAGLE head re-feeds the target's features of every committed token from its
+                # first round (its rows pair each position with the next token): only features move
+                own = self.features is not None and pool is not self.pool
+                pool.assign(pl.slot, 0 if own else pl.reuse, pl.source)
+            if self.features is not None and pl.source is not None:
+                self.features[pl.slot, : pl.reuse] = self.features[pl.source, : pl.reuse]
+        except BaseException:  # a failed copy: every pool gives the slot back, empty
+            for pool in self.pools:
+                if pl.slot in pool.in_use():
+                    pool.free(pl.slot)
+            raise
         r.slot = pl.slot
         r.prefilled = r.stats.cached_tokens = self.pool.length(tt, pl.slot)
         if self.prefix_cache:
@@ -471,6 +495,12 @@ class Scheduler:
                 new, r.stats.stop_reason = new[:i], "eos"
                 break
         new = new[: r.remaining]
+        if r.grammar is not None:
+            try:
+                new = self._grammar_commit(r, new)
+            except Exception as e:  # noqa: BLE001 - the request's own grammar failed: it ends alone
+                self._retire(r, "error", e)
+                return 0
         r.seq.extend(new)
         r.produced += len(new)
         r.stats.new_tokens = r.produced
@@ -478,19 +508,23 @@ class Scheduler:
             send(r, "logprobs", logprobs(raw[: len(new)], new, r.logprobs))
         if new:
             send(r, "tokens", new)
-        if r.grammar is not None:
-            try:
-                r.grammar.commit(new)
-            except Exception as e:  # noqa: BLE001 - the request's own grammar failed: it ends alone
-                self._retire(r, "error", e)
-                return len(new)
-            if r.grammar.done and not r.stats.stop_reason:
-                r.stats.stop_reason = "eos"  # the grammar is complete: only EOS could follow
         if r.stats.stop_reason == "eos":
             self._retire(r)
         elif r.remaining <= 0:
             self._retire(r, "length")
         return len(new)
+
+    @staticmethod
+    def _grammar_commit(r: Request, new: list[int]) -> list[int]:
+        """Advance the request's grammar over `new`, token by token; a grammar that completes
+        ends the output there (stop_reason eos: only EOS could follow), as target-only decoding
+        would. -> the tokens kept."""
+        for i, t in enumerate(new):
+            r.grammar.commit([t])
+            if r.grammar.done:
+                r.stats.stop_reason = "eos"
+                return new[: i + 1]
+        return new
 
     # --- the step ----------------------------------------------------------------------------
     def step(self, take_waiting=lambda: None) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..drafters import Proposal
-from ..grammar import apply_mask
+from ..grammar import GrammarError, apply_mask
 from ..logits import apply_penalties
 from .request import Request
 
@@ -31,7 +31,15 @@ def shape(r: Request, rows: np.ndarray, drafts=()) -> np.ndarray:
         rows = apply_penalties(rows, r.penalties, r.prompt, r.seq[len(r.prompt):], drafts, r.eos_ids)
     if r.grammar is not None:
         rows = apply_mask(rows, r.grammar.masks(drafts[: len(rows) - 1]))
+        _some_allowed(rows)
     return rows
+
+
+def _some_allowed(rows: np.ndarray) -> None:
+    """A row where every token is masked has no next token: the request cannot go on (a grammar
+    in an error state); it ends with this error rather than a token picked from nothing."""
+    if not np.isfinite(rows.max(axis=-1)).all():
+        raise GrammarError("the grammar allows no token here (a grammar engine error)")
 
 
 def draft_shaper(r: Request) -> Callable[[np.ndarray, list[int]], np.ndarray] | None:

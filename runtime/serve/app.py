@@ -182,7 +182,7 @@ class OpenAIServing:
             param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
             named = next((n for n in ("logit_bias", "min_tokens", "ignore_eos") if n in str(e)), None)
             raise bad(f"{e} (prompt: {len(ids)} tokens, context: {pipe.max_seq_len})",
-                      param if "max_new_tokens" in str(e) else named) from None
+                      named or (param if "max_new_tokens" in str(e) else None)) from None
         jobs: list[_Job] = []
         try:  # all choices go in together: the later ones wait for the first one's prefill and copy it
             for i, r in enumerate(rs):
@@ -381,7 +381,7 @@ class _Reply:
         self.finished: list[tuple] = []  # what was recorded, per choice that ended normally
 
     def _done(self, job: _Job) -> None:
-        rec = job.outcome(self.n_prompt)
+        rec = job.outcome(self.n_prompt if job.index == 0 else 0)  # the prompt counts once
         self.finished.append(rec)
         if self.record is not None:
             self.record(*rec)
@@ -457,11 +457,16 @@ class _Reply:
             return text, job.finish(), job.new_logprobs()
 
         watcher = asyncio.ensure_future(watch_disconnect(request, self.cancel)) if request is not None else None
+        tasks = [asyncio.ensure_future(whole(j)) for j in self.jobs]
         try:
-            choices = await asyncio.gather(*(whole(j) for j in self.jobs))
-        finally:
+            choices = await asyncio.gather(*tasks)
+        finally:  # one choice failed (or the caller was cancelled): the others stop, then close
             if watcher is not None:
                 watcher.cancel()
+            self.cancel()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             for j in self.jobs:
                 await j.close()
         return self.out.whole(list(choices), self.usage())

@@ -188,14 +188,17 @@ class EngineServer:
             err = as_api_error(e, "POST", "engine")
             yield Head(self.replica, err.status_code, err.info, dict(err.headers or {}))
             return
-        yield Head(self.replica)
-        if req.body.stream:
-            async for line in reply.sse(req.body.include_usage):
-                yield line
-        else:
-            yield _dump(await reply.collect())
-        for record in reply.finished:  # one per choice that ended normally
-            yield Finished(record)
+        try:  # however this generator ends (even closed at its first yield), the requests stop
+            yield Head(self.replica)
+            if req.body.stream:
+                async for line in reply.sse(req.body.include_usage):
+                    yield line
+            else:
+                yield _dump(await reply.collect())
+            for record in reply.finished:  # one per choice that ended normally
+                yield Finished(record)
+        finally:
+            reply.cancel()  # requests that already finished ignore it
 
     def unhealthy(self) -> str | None:
         """Why this replica cannot serve, or None."""
@@ -267,10 +270,12 @@ class RayServing(OpenAIServing):
     """The single-process serving layer, with the engine replaced by calls to the engine
     deployment: parsing, auth, tokenizing, model checks and error mapping are inherited."""
 
-    def __init__(self, cfg: ServerConfig, folder: Path, engine: DeploymentHandle, engine_name: str = ENGINE):
+    def __init__(self, cfg: ServerConfig, folder: Path, engine: DeploymentHandle, engine_name: str = ENGINE,
+                 max_seq_len: int | None = None):
+        """max_seq_len: the replicas' context per slot (None: the bundle's S_max)."""
         super().__init__(cfg, load=None)
         man = load_manifest(folder)
-        self.front = _Frontend(Tokenizer(folder, man.tokenizer), man.target.kv.max_seq_len)
+        self.front = _Frontend(Tokenizer(folder, man.tokenizer), max_seq_len or man.target.kv.max_seq_len)
         self.engine = engine.options(stream=True)
         self.engine_name = engine_name
         self.metrics = Metrics(cfg.model_id, self.engine_counters)
@@ -370,7 +375,7 @@ class SpecrtIngress:
 
     def __init__(self, engine: DeploymentHandle, opts: dict):
         o = RayOptions(**opts)
-        self.serving = RayServing(o.server_config(), o.folder, engine)
+        self.serving = RayServing(o.server_config(), o.folder, engine, max_seq_len=o.max_seq_len)
 
     def __serve_build_asgi_app__(self):
         return make_app(self.serving)

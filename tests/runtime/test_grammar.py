@@ -90,6 +90,8 @@ def test_a_grammar_that_cannot_compile_says_why(make, bad, match):
         Constraint("yaml", "x")
     with pytest.raises(ValueError, match="ignore_eos"):
         pipe.request([1, 3, 4], max_new_tokens=10, grammar=Constraint.json_object(), ignore_eos=True)
+    with pytest.raises(ValueError, match="min_tokens"):  # a complete grammar allows only EOS
+        pipe.request([1, 3, 4], max_new_tokens=10, grammar=Constraint.json_object(), min_tokens=5)
 
 
 @pytest.mark.parametrize("kind", ["self", "separate"])

@@ -186,3 +186,18 @@ def test_the_draft_proposes_from_the_penalized_distribution(make, kind):
     got = [t for c in pipe.submit(r) for t in c]
     assert got == reference(pipe.parts.target.table, REPETITIVE, 40, Penalties(0.8, 0.6, 1.3, {7: 3.0, 11: -5.0}))
     assert r.stats.draft_tokens > 20 and r.stats.acceptance_rate == 1.0
+
+
+@pytest.mark.parametrize("draft", ["model", "ngram"])
+def test_stop_strings_cut_ids_and_logprobs_as_target_only(make, draft):
+    """A speculative round commits several tokens at once; the tokens after a stop string's end
+    must not be counted or reported (ids, logprobs, hence usage), as target-only decoding would
+    not have produced them."""
+    pipe = make(draft="self", noise=0.0)
+    full = pipe.generate("w5 w9 w11", max_new_tokens=12, draft="none", chat=False)
+    stop = " " + full.text.split()[4]
+    ref = pipe.generate("w5 w9 w11", max_new_tokens=12, draft="none", chat=False, stop=[stop], logprobs=1)
+    got = pipe.generate("w5 w9 w11", max_new_tokens=12, draft=draft, k=4, chat=False, stop=[stop], logprobs=1)
+    assert got.text == ref.text and got.token_ids == ref.token_ids and len(ref.token_ids) < 12
+    assert [e.token for e in got.logprobs] == ref.token_ids
+    assert got.stats.stop_reason == ref.stats.stop_reason == "stop"

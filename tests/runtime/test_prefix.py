@@ -9,6 +9,8 @@ compared with target-only greedy straight from the fake's table."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from fakes import StaleRow, reference_greedy, rows, run_request
@@ -287,3 +289,64 @@ def test_a_burst_sharing_a_system_prompt_computes_it_once(make):
         assert o == _want(pipe, p, 6)
     assert sorted(s.cached_tokens for s in stats) == [0] + [40] * 5
     assert pipe.counters()["prefill_tokens"] == 40 + 6 * 4
+
+
+# --- failures and deferred requests (found in review) ----------------------------------------------
+
+def test_a_copy_that_fails_ends_its_request_alone_and_frees_the_slot(make):
+    pipe = make(draft=None, slots=4)
+    sched, pool = pipe.scheduler, pipe.parts.target.pool
+    base = [5 + (i % 20) for i in range(30)]
+    run_request(pipe, base, max_new_tokens=3)  # parks slot 0
+    other = pipe.request([30, 31, 3, 4], max_new_tokens=20, ignore_eos=True)
+    r = pipe.request(base[:20] + [9, 9], max_new_tokens=3)  # a partial match: its rows are copied
+    events = {other.id: [], r.id: []}
+    for q in (other, r):
+        q.sink = lambda kind, v, q=q: events[q.id].append(kind)
+    waiting = [other]
+    sched.step(lambda: waiting.pop(0) if waiting else None)
+
+    def broken(*a):
+        raise RuntimeError("cudaMemcpy2D failed")
+
+    pool.copy_rows = broken
+    waiting = [r]
+    sched.step(lambda: waiting.pop(0) if waiting else None)  # does not raise
+    assert events[r.id] == ["error"] and r.stats.stop_reason == "error" and r.slot == -1
+    assert pool.in_use() == [other.slot] and other in sched.running
+    while sched.running:
+        sched.step()
+    assert events[other.id][-1] == "done" and other.produced == 20
+
+
+def test_a_deferred_request_keeps_its_place_and_its_deadline(make):
+    """r waits for q's prefill (they share 60 tokens); a newer unrelated request s does not take
+    the slot kept for r, and r's timeout is applied while it waits."""
+    pipe = make(draft=None, slots=2)
+    sched = pipe.scheduler
+    base = [5 + (i % 20) for i in range(60)]
+    q = pipe.request(base + [7], max_new_tokens=40, ignore_eos=True)
+    r = pipe.request(base + [9], max_new_tokens=5, ignore_eos=True, timeout_s=0.05)
+    s = pipe.request([30, 31, 3], max_new_tokens=40, ignore_eos=True)
+    waiting = [q, r, s]
+    take = lambda: waiting.pop(0) if waiting else None  # noqa: E731
+    sched.step(take)
+    assert sched.running == [q] and sched.deferred == [r] and waiting == [s]  # s waits behind r
+    time.sleep(0.1)
+    sched.step(take)
+    assert r.state == "done" and r.stats.stop_reason == "timeout" and not sched.deferred
+
+
+def test_a_deferred_request_copies_the_prefill_it_waited_for(make):
+    pipe = make(draft=None, slots=2)
+    sched = pipe.scheduler
+    base = [5 + (i % 20) for i in range(60)]
+    q = pipe.request(base + [7], max_new_tokens=4, ignore_eos=True)
+    r = pipe.request(base + [9], max_new_tokens=4, ignore_eos=True)
+    out = {q.id: [], r.id: []}
+    for x in (q, r):
+        x.sink = lambda kind, v, x=x: out[x.id].extend(v) if kind == "tokens" else None
+    waiting = [q, r]
+    while waiting or sched.running or sched.deferred:
+        sched.step(lambda: waiting.pop(0) if waiting else None)
+    assert r.stats.cached_tokens == 60 and out[r.id] == _want(pipe, r.prompt, 4)

@@ -211,3 +211,63 @@ def test_messages_for_the_template():
     assert completion(prompt=["one prompt"]).prompt == "one prompt"
     assert chat(stream=True, stream_options={"include_usage": True}).include_usage
     assert not chat(stream=True).include_usage
+
+
+def test_a_failing_choice_stops_its_siblings_and_surfaces_its_own_error():
+    """n > 1, not streamed: when one choice's events fail, the reply raises that error (not an
+    'aclose(): generator already running' of a sibling), the sibling's request is cancelled, and
+    nothing is left running."""
+    import asyncio
+
+    from specrt.runtime.serve.app import _CompletionOutput, _Job, _Reply
+
+    cancelled, finalised = [], []
+
+    class Text:
+        def __init__(self):
+            self.ids, self.stopped = [], False
+
+        def push(self, chunk):
+            self.ids += chunk
+            return "x"
+
+        def flush(self):
+            pass
+
+        def tail(self):
+            return ""
+
+    class Req:
+        logprobs = None
+
+        class stats:  # noqa: N801 - what _Job reads of a request's stats
+            stop_reason, cached_tokens = "eos", 0
+
+    class Pipe:
+        class engine:  # noqa: N801
+            @staticmethod
+            def cancel(r):
+                cancelled.append(r)
+
+    async def failing():
+        yield [1]
+        await asyncio.sleep(0.01)
+        raise RuntimeError("choice 0 failed")
+
+    async def slow():
+        try:
+            for i in range(100):
+                await asyncio.sleep(0.05)
+                yield [i]
+        finally:
+            finalised.append(True)
+
+    async def main():
+        jobs = [_Job(Pipe(), Req(), failing(), Text(), 0), _Job(Pipe(), Req(), slow(), Text(), 1)]
+        with pytest.raises(RuntimeError, match="choice 0 failed"):
+            await _Reply(jobs, _CompletionOutput("m"), 3).collect()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        return others
+
+    assert asyncio.run(main()) == []
+    assert len(cancelled) == 2 and finalised == [True]
