@@ -201,3 +201,12 @@ def test_stop_strings_cut_ids_and_logprobs_as_target_only(make, draft):
     assert got.text == ref.text and got.token_ids == ref.token_ids and len(ref.token_ids) < 12
     assert [e.token for e in got.logprobs] == ref.token_ids
     assert got.stats.stop_reason == ref.stats.stop_reason == "stop"
+
+
+def test_any_integer_seed_reproduces(make):
+    """OpenAI's and vLLM's seeds may be negative; numpy's generators take non-negative ones."""
+    pipe = make(draft="self")
+    kw = dict(max_new_tokens=12, temperature=1.0, k=3, ignore_eos=True)
+    a = [t for c in pipe.stream_ids([1, 5, 9], seed=-5, **kw) for t in c]
+    assert a == [t for c in pipe.stream_ids([1, 5, 9], seed=-5, **kw) for t in c]
+    assert len(pipe.choices("w5 w9", 2, chat=False, seed=-7, **kw)) == 2
