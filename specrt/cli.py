@@ -603,14 +603,22 @@ def _bench_conversations(engines, wl, concurrency, max_new_tokens, repeats, out,
                              _levels(concurrency), max_new_tokens=max_new_tokens, repeats=max(1, repeats),
                              hugepages=hugepages)
     try:
-        results = run_conversations(cfg, lambda i, n, what: click.echo(f"\r[{i + 1}/{n}] {what:<50}", nl=False, err=True))
+        results = run_conversations(cfg, _progress)
     except (RuntimeError, *USER_ERRORS) as e:
         _fail(str(e))
+    _report(results, table(results), Path(out) / "conversations.json")
+
+
+def _progress(i, n, what):
+    click.echo(f"\r[{i + 1}/{n}] {what:<50}", nl=False, err=True)
+
+
+def _report(results: dict, text: str, path: Path) -> None:
+    """An in-process load run's table on the terminal and its JSON (with the command) at `path`."""
     click.echo("", err=True)
-    click.echo(table(results))
+    click.echo(text)
     results["command"] = " ".join(["specrt"] + sys.argv[1:]) if sys.argv and "specrt" in sys.argv[0] else ""
-    Path(out).mkdir(parents=True, exist_ok=True)
-    path = Path(out) / "conversations.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1))
     click.echo(f"wrote {path}")
 
@@ -620,20 +628,14 @@ def _bench_load(engines, wl, concurrency, ks, max_new_tokens, repeats, limit, ou
     from specrt.runtime.bench.load import LoadConfig, run_load, soak, table
     from specrt.runtime.bench.runner import load_workload
 
+    levels = _levels(concurrency)
     try:
-        levels = [int(x) for x in concurrency.split(",") if x]
         k = [int(x) for x in ks.split(",") if x]
     except ValueError:
-        _fail(f"--concurrency and --k take comma-separated integers, got {concurrency!r} and {ks!r}")
-    if not levels or min(levels) < 1:
-        _fail(f"--concurrency levels must be >= 1, got {concurrency!r}")
+        _fail(f"--k takes comma-separated integers, got {ks!r}")
     prompts = [it["prompt"] for w in wl for it in load_workload(w)[:limit]]
     cfg = LoadConfig(Path(engines or _engines_default()), prompts, levels=levels, max_new_tokens=max_new_tokens,
                      k=k[0] if len(k) == 1 else None, repeats=max(1, repeats), hugepages=hugepages)
-
-    def progress(i, n, what):
-        click.echo(f"\r[{i + 1}/{n}] {what:<50}", nl=False, err=True)
-
     if soak_minutes:
         if len(levels) != 1:
             _fail("--soak-minutes takes one --concurrency level")
@@ -645,16 +647,10 @@ def _bench_load(engines, wl, concurrency, ks, max_new_tokens, repeats, limit, ou
                    f"minute {lo:.0f}-{hi:.0f} MB ({100 * res['flatness']:.1f}%); KV {res['kv_bytes_per_slot'] / 2**20:.0f} MiB per slot")
         return
     try:
-        results = run_load(cfg, progress)
+        results = run_load(cfg, _progress)
     except (RuntimeError, *USER_ERRORS) as e:
         _fail(str(e))
-    click.echo("", err=True)
-    click.echo(table(results))
-    results["command"] = " ".join(["specrt"] + sys.argv[1:]) if sys.argv and "specrt" in sys.argv[0] else ""
-    Path(out).mkdir(parents=True, exist_ok=True)
-    path = Path(out) / "load.json"
-    path.write_text(json.dumps(results, indent=1))
-    click.echo(f"wrote {path}")
+    _report(results, table(results), Path(out) / "load.json")
 
 
 if __name__ == "__main__":

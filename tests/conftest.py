@@ -156,6 +156,18 @@ def assert_same_greedy(got: list[int], want: list[int], margins=None, tie: float
     return None
 
 
+def assert_follows(counts, exact, n: int) -> None:
+    """Sampled token counts [V] from n draws follow the distribution `exact` [V]: chi-square
+    (expected counts under 5 pooled into one cell), p > 1e-3."""
+    from scipy import stats as sps
+
+    e = exact * n
+    big = e >= 5
+    obs, exp = np.append(counts[big], counts[~big].sum()), np.append(e[big], e[~big].sum())
+    keep = exp > 0
+    assert sps.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue > 1e-3
+
+
 def run_request(pipe, prompt, on_tokens=None, *, wait_s: float = 120, **kw):
     """One request through the pipeline's engine; on_tokens(request) runs on the engine thread
     at each committed chunk, while the request's slot and KV tracks are live.

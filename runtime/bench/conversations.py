@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..engine import Stats
 from ..pipeline import Pipeline
-from .load import dist
+from .load import dist, run_clients
 
 ARMS = ("reuse", "cold")
 
@@ -84,13 +84,7 @@ def run_level(pipe: Pipeline, convs: list[dict], level: int, max_new_tokens: int
             except Exception as e:  # noqa: BLE001 - counted, reported
                 errors.append(repr(e)[:200])
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(level)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = run_clients(level, client)
     return {"level": level, "requests": len(recs), "errors": len(errors), "error_samples": errors[:3],
             "wall_s": wall, "output_tokens_per_s": sum(r["tokens"] for r in recs) / wall, **turns(recs)}
 

@@ -47,6 +47,17 @@ def dist(xs) -> dict:
     return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99), "n": int(a.size)}
 
 
+def run_clients(n: int, client) -> float:
+    """Run client() in n threads at once until every one returns -> wall seconds."""
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
+
 def _arm_kwargs(arm: str, pipe: Pipeline, k: int | None) -> dict:
     if arm == "off":
         return {"draft": "none", "k": 0, "adaptive": False}
@@ -85,13 +96,7 @@ def run_level(pipe: Pipeline, ids: list[list[int]], level: int, arm: str, cfg: L
                          "itl_ms": [1000 * (b - a) for a, b in zip(stamps, stamps[1:], strict=False)]})
 
     before = pipe.counters()
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(level)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = run_clients(level, client)
     after = pipe.counters()
     d = {k: after[k] - before[k] for k in ("steps", "rows", "tokens", "drafting_steps", "draft_tokens",
                                           "accepted_tokens", "drafts", "target_calls", "draft_calls")}

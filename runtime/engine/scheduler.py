@@ -176,9 +176,13 @@ class Scheduler:
                     default=0)
         if ahead < DEFER_MIN_TOKENS:
             return False
-        tt = self.target.track
-        now = place(r.prompt, self.pool, {q.slot: q.seq[: self.pool.length(tt, q.slot)] for q in self.running})
+        now = place(r.prompt, self.pool, self._held_by_running())
         return now is not None and ahead > now.reuse
+
+    def _held_by_running(self) -> dict[int, list[int]]:
+        """Running requests' slot -> the token ids of their committed target rows."""
+        tt = self.target.track
+        return {q.slot: q.seq[: self.pool.length(tt, q.slot)] for q in self.running}
 
     def _admit(self, r: Request) -> None:
         """Place `r` and make its drafter; a request that cannot start (a copy that failed, a
@@ -196,9 +200,7 @@ class Scheduler:
 
     def _place(self, r: Request) -> None:
         """Give `r` a slot holding the longest computed prefix of its prompt (runtime/engine/prefix.py)."""
-        tt = self.target.track
-        running = {q.slot: q.seq[: self.pool.length(tt, q.slot)] for q in self.running}
-        pl = place(r.prompt, self.pool, running, self.prefix_cache)
+        pl = place(r.prompt, self.pool, self._held_by_running(), self.prefix_cache)
         try:
             for pool in self.pools:
                 # an EAGLE head re-feeds the target's features of every committed token from its
@@ -213,7 +215,7 @@ class Scheduler:
                     pool.free(pl.slot)
             raise
         r.slot = pl.slot
-        r.prefilled = r.stats.cached_tokens = self.pool.length(tt, pl.slot)
+        r.prefilled = r.stats.cached_tokens = self.pool.length(self.target.track, pl.slot)
         if self.prefix_cache:
             self.counters.prefix_cache_queries += len(r.prompt)
             self.counters.prefix_cache_hits += r.prefilled

@@ -13,8 +13,8 @@ import jsonschema
 import numpy as np
 import pytest
 from fakes import EOS, JSON_CHARS, drive
-from scipy import stats as sps
 
+from conftest import assert_follows
 from specrt.runtime.grammar import Constraint, GrammarError, apply_mask
 from specrt.runtime.sampling import SamplingConfig, probs
 
@@ -143,11 +143,7 @@ def test_constrained_sampling_follows_the_constrained_target(make, draft):
     counts = np.bincount([out[1] for out in drive(pipe, reqs)], minlength=table.vocab)
     assert sum(r.stats.draft_tokens for r in reqs) > n // 4, "speculation barely ran"
     assert counts[exact == 0].sum() == 0  # nothing the grammar forbids
-    e = exact * n
-    big = e >= 5
-    obs, exp = np.append(counts[big], counts[~big].sum()), np.append(e[big], e[~big].sum())
-    keep = exp > 0
-    assert sps.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue > 1e-3
+    assert_follows(counts, exact, n)
 
 
 def test_a_grammar_that_fails_mid_run_ends_its_request_alone(make):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fakes import EOS, drive
-from scipy import stats as sps
 
+from conftest import assert_follows
 from specrt.runtime.logits import Penalties, apply_penalties, logprobs
 from specrt.runtime.sampling import SamplingConfig, probs
 
@@ -156,11 +156,7 @@ def test_penalized_sampling_follows_the_target_distribution(make, draft):
                          frequency_penalty=1.5, presence_penalty=1.0, logit_bias={5: 2.0}) for s in range(n)]
     counts = np.bincount([out[1] for out in drive(pipe, reqs)], minlength=table.vocab)
     assert sum(r.stats.draft_tokens for r in reqs) > n // 4, "speculation barely ran"
-    e = exact * n
-    big = e >= 5
-    obs, exp = np.append(counts[big], counts[~big].sum()), np.append(e[big], e[~big].sum())
-    keep = exp > 0
-    assert sps.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue > 1e-3
+    assert_follows(counts, exact, n)
     # and the penalties moved the distribution: unpenalized sampling would fail the same test
     plain = sum(probs(table.next_logits(prompt)[None], cfg)[0][x] * probs(table.next_logits(prompt + [int(x)]), cfg)
                 for x in range(table.vocab))

@@ -426,33 +426,40 @@ def _wait_healthy(url, proc, timeout=120):
     raise AssertionError("server did not become healthy")
 
 
+def _streams_through_sigterm(url, proc, bodies, timeout) -> dict:
+    """Start one streamed completion per body, send SIGTERM once every stream has begun, and
+    -> each stream's non-empty SSE lines; the server must have exited 0 within `timeout`."""
+    results, started = {}, [threading.Event() for _ in bodies]
+
+    def stream(i):
+        with httpx.stream("POST", url + "/v1/completions", json=bodies[i], timeout=timeout) as r:
+            lines = []
+            for ln in r.iter_lines():
+                started[i].set()
+                if ln:
+                    lines.append(ln)
+            results[i] = lines
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    assert all(e.wait(timeout / 2) for e in started)
+    proc.send_signal(signal.SIGTERM)  # every stream is in flight
+    for t in threads:
+        t.join(timeout)
+    assert proc.wait(timeout) == 0, proc.stderr.read()[-2000:]
+    return results
+
+
 def test_sigterm_lets_streams_finish_and_exits_zero(tiny_bundles):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     proc = _serve_proc(tiny_bundles["int8"], port, "--grace", "20")
     try:
         _wait_healthy(url, proc)
-        results, started = {}, [threading.Event() for _ in range(2)]
-
-        def stream(i):
-            body = {"model": "int8", "prompt": "w5 w6", "max_tokens": 240, "stream": True, "temperature": 0,
-                    "ignore_eos": True, "stream_options": {"include_usage": True}}
-            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
-                lines = []
-                for ln in r.iter_lines():
-                    started[i].set()
-                    if ln:
-                        lines.append(ln)
-                results[i] = lines
-
-        threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        assert all(e.wait(30) for e in started)
-        proc.send_signal(signal.SIGTERM)  # both streams are in flight
-        for t in threads:
-            t.join(60)
-        assert proc.wait(60) == 0
+        body = {"model": "int8", "prompt": "w5 w6", "max_tokens": 240, "stream": True, "temperature": 0,
+                "ignore_eos": True, "stream_options": {"include_usage": True}}
+        results = _streams_through_sigterm(url, proc, [body, body], timeout=60)
         assert len(results) == 2
         for lines in results.values():  # each ran to its end within the grace period
             assert lines[-1] == "data: [DONE]"

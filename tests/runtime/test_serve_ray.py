@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ import psutil
 import pytest
 import ray
 from ray import serve
-from test_serve import _free_port, _serve_proc, _solo, _wait_healthy
+from test_serve import _free_port, _serve_proc, _solo, _streams_through_sigterm, _wait_healthy
 
 import specrt
 from specrt.runtime.serve.ray_deploy import APP_NAME, REPLICA_HEADER, build
@@ -56,27 +55,9 @@ def test_sigterm_drains_the_replicas_exits_zero_and_leaves_no_ray(tiny_bundles):
         del os.environ["SPECRT_TEST_MARK"]
     try:
         _wait_healthy(url, proc, timeout=240)
-        results, started = {}, [threading.Event() for _ in range(2)]
-
-        def stream(i):
-            body = {"model": "none", "prompt": f"w{5 + i} w6", "max_tokens": 200, "stream": True, "ignore_eos": True,
-                    "stream_options": {"include_usage": True}}
-            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
-                lines = []
-                for ln in r.iter_lines():
-                    started[i].set()
-                    if ln:
-                        lines.append(ln)
-                results[i] = lines
-
-        threads = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        assert all(e.wait(60) for e in started)
-        proc.send_signal(signal.SIGTERM)  # both streams are in flight
-        for t in threads:
-            t.join(120)
-        assert proc.wait(120) == 0, proc.stderr.read()[-2000:]
+        bodies = [{"model": "none", "prompt": f"w{5 + i} w6", "max_tokens": 200, "stream": True, "ignore_eos": True,
+                   "stream_options": {"include_usage": True}} for i in range(2)]
+        results = _streams_through_sigterm(url, proc, bodies, timeout=120)
         for lines in results.values():  # drained: each ran to its end
             assert lines[-1] == "data: [DONE]"
             assert json.loads(lines[-2][6:])["usage"]["completion_tokens"] == 200
