@@ -37,10 +37,10 @@ def test_export_parity_recorded(default_bundle):
 def _margins(pipe, prompt_ids, tokens):
     """Target top-1 minus top-2 logit at each generated position (teacher-forced, on a session
     of its own: the pipeline's models belong to its engine)."""
+    from specrt.runtime.backends.harness import SequenceHarness
     from specrt.runtime.backends.ort import OrtBackend
-    from specrt.runtime.decoder import Decoder
 
-    dec = Decoder(OrtBackend(pipe.folder / pipe.manifest.target.graph, pipe.manifest.target))
+    dec = SequenceHarness(OrtBackend(pipe.folder / pipe.manifest.target.graph, pipe.manifest.target))
     rows = []
     row = dec.prefill(prompt_ids)
     rows.append(row.copy())

@@ -22,14 +22,14 @@ from .base import DraftCall, Proposal
 class ModelDrafter:
     name = "model"
 
-    def __init__(self, model, slot: int, target_track: str | None = None, shape=None):
+    def __init__(self, model, slot: int, target_track: str | None = None, process=None):
         """model: the draft model (runtime/backends/ort.py OrtModel or a one-slot adapter);
         target_track: the target's track when the draft shares its pool (self-draft);
-        shape(logits [V], proposed so far) -> logits: the request's penalties and grammar mask
-        (runtime/engine/shaping.py); proposals are chosen from the shaped distribution, which is
+        process(logits [V], proposed so far) -> logits: the request's penalties and grammar mask
+        (runtime/engine/processing.py); proposals are chosen from the processed distribution, which is
         then the q verification divides by."""
         self.model, self.slot, self.pool = model, slot, model.pool
-        self.shape = shape
+        self.process = process
         self.track = model.track
         self.target_track = target_track
         others = set(self.pool.tracks) - {self.track}
@@ -63,8 +63,8 @@ class ModelDrafter:
         if self._pending:
             return DraftCall(self._pending.pop(0), keep=1)
         cfg = self._cfg
-        if self.shape is not None:
-            logits = self.shape(logits, self._toks)
+        if self.process is not None:
+            logits = self.process(logits, self._toks)
         if cfg.greedy:
             t = int(logits.argmax())
             if self._want_conf:

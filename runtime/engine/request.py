@@ -12,11 +12,16 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..logits import Penalties
 from ..sampling import SamplingConfig
+
+if TYPE_CHECKING:
+    from ..drafters import Drafter
+    from ..grammar import Matcher
 
 WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
 _ids = itertools.count()
@@ -36,7 +41,7 @@ class Request:
     timeout_s: float | None = None  # from submission; then the request ends with stop_reason "timeout"
     penalties: Penalties | None = None  # runtime/logits.py: applied at every verified position
     logprobs: int | None = None  # report each new token's logprob and this many alternatives (None: off)
-    grammar: object = None  # runtime/grammar.py Matcher: the output must match it (None: free)
+    grammar: Matcher | None = None  # runtime/grammar.py: the output must match it (None: free)
     stats: Stats = None  # filled in place (the caller may pass its own)
     # engine-owned state
     id: int = field(default_factory=lambda: next(_ids))
@@ -46,7 +51,7 @@ class Request:
     prefilled: int = 0  # prompt tokens in the target's cache (reused ones included)
     produced: int = 0  # new tokens emitted
     rng: np.random.Generator | None = None  # this request's own random stream
-    drafter: object = None  # per-request drafter state (runtime/drafters)
+    drafter: Drafter | None = None  # per-request drafter state (runtime/drafters/protocol.py)
     policies: dict = field(default_factory=dict)  # route -> AdaptivePolicy (adaptive k)
     route: str | None = None  # this step's sub-drafter ("model" | "ngram"), chosen before k
     cancelled: bool = False

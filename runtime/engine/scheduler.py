@@ -28,8 +28,8 @@ from ..logits import logprobs
 from .calls import ModelCalls
 from .counters import Counters
 from .prefix import common_prefix, place
+from .processing import process
 from .request import DECODE, DONE, PREFILL, Request
-from .shaping import shape
 from .speculate import IdlePlan, Round, alone, check_finite, pick
 
 
@@ -221,7 +221,7 @@ class Scheduler:
             r.prefilled += len(chunk)
             if r.prefilled == len(r.prompt):
                 check_finite(row)
-                first = pick(r, shape(r, row[None])[0])
+                first = pick(r, process(r, row[None])[0])
         if first is None:  # more chunks to come, or the request failed
             return len(chunk)
         now = time.perf_counter()

@@ -9,7 +9,7 @@
                                       n' - 1 (a pointer move: the rows past it are stale and the
                                       next call overwrites them); the drafter follows
 
-Exactness: each target row is processed (penalties, grammar: runtime/engine/shaping.py) as a
+Exactness: each target row is processed (penalties, grammar: runtime/engine/processing.py) as a
 target-only step at that position would be, and verification (runtime/verify.py) keeps exactly
 what target-only decoding would produce (greedy: the same tokens; sampling: the same
 distribution). The draft only decides how many tokens one target call yields.
@@ -26,15 +26,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..decoder import NonFiniteLogits
+from ..backends.protocol import NonFiniteLogits
 from ..drafters import Proposal
 from ..sampling import probs, sample
 from ..verify import verify_greedy, verify_sampling
 from .calls import ModelCalls
 from .counters import Counters
 from .plan import Row, plan
+from .processing import cut_to_grammar, process
 from .request import DECODE, DONE, Request
-from .shaping import cut_to_grammar, shape
 
 REPLAN_STEPS = 8  # steps a "no drafting" plan is kept while the row count stays the same
 NO_DRAFT = Proposal(np.empty(0, np.int64))
@@ -191,7 +191,7 @@ class Round:
         for r, (logits, _) in zip(rows, results, strict=True):
             with alone(self.retire, r):
                 check_finite(logits)
-                nxt = pick(r, shape(r, logits[None])[0])
+                nxt = pick(r, process(r, logits[None])[0])
             if r.state == DONE:
                 continue
             pol = r.policies.get(r.route)
@@ -206,7 +206,7 @@ class Round:
         with alone(self.retire, r):
             raw = self.calls.one(self.target, r, np.concatenate(([r.seq[-1]], prop.tokens)))  # [k+1, V]
             check_finite(raw)
-            n_ok, nxt = verify(r, prop, shape(r, raw, prop.tokens))  # row i as if after d[:i]
+            n_ok, nxt = verify(r, prop, process(r, raw, prop.tokens))  # row i as if after d[:i]
         if r.state == DONE:
             return 0
         verify_ms = 1000 * (time.perf_counter() - t0)

@@ -39,11 +39,11 @@ def _solo(pipe, prompt, n, **kw):
 
 def _margins(pipe, prompt, tokens):
     """Top-2 logit gap of the target at every position of a greedy run (near-tie evidence)."""
+    from specrt.runtime.backends.harness import SequenceHarness
     from specrt.runtime.backends.ort import OrtBackend
-    from specrt.runtime.decoder import Decoder
 
     man = pipe.manifest
-    dec = Decoder(OrtBackend(pipe.folder / man.target.graph, man.target))
+    dec = SequenceHarness(OrtBackend(pipe.folder / man.target.graph, man.target))
     seq = list(prompt) + list(tokens)
     out = []
     logits = dec.prefill(seq[: len(prompt)])
@@ -253,8 +253,8 @@ def test_batched_sampling_follows_the_target_distribution(tiny_bundles):
     draft) matches the target's own, by chi-square."""
     from scipy.stats import chisquare
 
+    from specrt.runtime.backends.harness import SequenceHarness
     from specrt.runtime.backends.ort import OrtBackend
-    from specrt.runtime.decoder import Decoder
     from specrt.runtime.sampling import SamplingConfig, probs
 
     pipe = specrt.load(tiny_bundles["bad"], max_batch=4, max_queue=2000, adaptive=False)
@@ -262,7 +262,7 @@ def test_batched_sampling_follows_the_target_distribution(tiny_bundles):
         cfg = SamplingConfig(1.0, 0, 1.0)
         prompt = [5, 9, 17]
         man = pipe.manifest
-        dec = Decoder(OrtBackend(pipe.folder / man.target.graph, man.target))
+        dec = SequenceHarness(OrtBackend(pipe.folder / man.target.graph, man.target))
         p1 = probs(dec.prefill(prompt), cfg)
         n = 1200
         firsts, seconds = [], []

@@ -7,8 +7,8 @@ from scipy import stats as sps
 import specrt
 from conftest import run_request
 from specrt.runtime.adaptive import Costs
+from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.ort import OrtBackend, OrtModel
-from specrt.runtime.decoder import Decoder
 from specrt.runtime.engine import Stats
 from specrt.runtime.kvpool import KVPool
 from specrt.runtime.manifest import load_manifest
@@ -117,7 +117,7 @@ def _second_token_dist(pipe, prompt, cfg):
     """Exact target distribution of the 2nd new token: sum_x p(x) p(. | x), via the target graph
     (a session of its own: the pipeline's pool stays the engine's)."""
     man = pipe.manifest
-    dec = Decoder(OrtBackend(pipe.folder / man.target.graph, man.target))
+    dec = SequenceHarness(OrtBackend(pipe.folder / man.target.graph, man.target))
     p1 = probs(dec.prefill(prompt), cfg)
     base = dec.length
     total = np.zeros_like(p1)
@@ -189,7 +189,7 @@ def test_kv_rewind_random_accept_patterns(tiny_bundles):
     pool = KVPool(man.target.kv, 3)
     model = OrtModel(folder / man.target.graph, man.target, pool, track="target")
     assert model.batch_rows
-    fresh = Decoder(OrtBackend(folder / man.target.graph, man.target))
+    fresh = SequenceHarness(OrtBackend(folder / man.target.graph, man.target))
 
     def ref(tokens):
         fresh.reset()
@@ -235,7 +235,7 @@ def test_prompt_chunks_wider_than_a_verification_call(pipes, tiny_bundles, monke
     keep max_t."""
     folder = tiny_bundles["none"]
     man = load_manifest(folder)
-    wide = Decoder(OrtBackend(folder / man.target.graph, man.target))
+    wide = SequenceHarness(OrtBackend(folder / man.target.graph, man.target))
     assert wide.max_prefill_t > wide.max_t == 9
     ids = (np.arange(40) * 7) % 50 + 3
     calls = []
@@ -264,7 +264,7 @@ def test_prompt_chunks_wider_than_a_verification_call(pipes, tiny_bundles, monke
 
 
 def fresh_row(folder, man, ids):
-    dec = Decoder(OrtBackend(folder / man.target.graph, man.target))
+    dec = SequenceHarness(OrtBackend(folder / man.target.graph, man.target))
     row = None
     for t in ids:  # one token per call: no chunking at all
         row = dec.forward([t])[0].copy()
@@ -405,7 +405,7 @@ def test_separate_draft_keeps_its_own_pool_in_step(tiny_bundles, bundle, monkeyp
     own weights, so there its rows are the target's too.)"""
     folder = tiny_bundles[bundle]
     man = load_manifest(folder)
-    fresh = Decoder(OrtBackend(folder / man.draft.graph, man.draft))
+    fresh = SequenceHarness(OrtBackend(folder / man.draft.graph, man.draft))
     layers = range(man.draft.kv.layers)
     with specrt.load(folder, adaptive=False) as pipe:
         p = pipe.parts
