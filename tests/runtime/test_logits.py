@@ -206,3 +206,32 @@ def test_any_integer_seed_reproduces(make):
     a = [t for c in pipe.stream_ids([1, 5, 9], seed=-5, **kw) for t in c]
     assert a == [t for c in pipe.stream_ids([1, 5, 9], seed=-5, **kw) for t in c]
     assert len(pipe.choices("w5 w9", 2, chat=False, seed=-7, **kw)) == 2
+
+
+def _dense_penalties(rows, pen, prompt, output, drafts):
+    """The penalties over the whole vocabulary, row by row (the definition, no sparsity)."""
+    out = rows.astype(np.float32).copy()
+    ids = np.fromiter(pen.logit_bias.keys(), dtype=np.int64)
+    out[:, ids] += np.fromiter(pen.logit_bias.values(), dtype=np.float32)
+    V = rows.shape[1]
+    for i in range(len(rows)):
+        counts = np.bincount(np.concatenate((output, drafts[:i])).astype(np.int64), minlength=V).astype(np.float32)
+        seen = np.isin(np.arange(V), prompt) | (counts > 0)
+        row = out[i]
+        row[seen] = np.where(row[seen] > 0, row[seen] / pen.repetition, row[seen] * pen.repetition)
+        row -= pen.frequency * counts + pen.presence * (counts > 0)
+    return out
+
+
+def test_penalties_touch_only_seen_tokens_and_equal_the_dense_definition():
+    """The sparse arithmetic (only seen ids) is bit for bit the dense definition."""
+    g = np.random.default_rng(5)
+    for _ in range(100):
+        V, T = int(g.integers(5, 200)), int(g.integers(1, 8))
+        rows = (g.normal(size=(T, V)) * 3).astype(np.float32)
+        prompt, output = g.integers(0, V, size=int(g.integers(1, 20))), g.integers(0, V, size=int(g.integers(0, 20)))
+        drafts = g.integers(0, V, size=T - 1)
+        pen = Penalties(float(g.choice([0, 0.1, 0.7])), float(g.choice([0, 0.2, -1.1])), float(g.choice([1.0, 1.3, 0.8])),
+                        {int(g.integers(V)): 2.5})
+        assert np.array_equal(apply_penalties(rows, pen, prompt, output, drafts, ()),
+                              _dense_penalties(rows, pen, prompt, output, drafts))
