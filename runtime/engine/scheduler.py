@@ -119,35 +119,35 @@ class Scheduler:
         now = time.perf_counter()
         for r in [r for r in self.running if r.cancelled or r.expired(now)]:
             self._retire(r, "stop" if r.cancelled else "timeout")
-        earlier = []
-        for r in self.deferred:  # cancellation and timeouts are checked every step, slot or not
-            if r.cancelled or r.expired(now):
-                end_unstarted(r, "stop" if r.cancelled else "timeout")
-            else:
-                earlier.append(r)
+        earlier = [r for r in self.deferred if self._still_wanted(r, now)]  # checked every step, slot or not
         self.deferred = []
         try:
-            while True:
-                if earlier:
-                    if not self.pool.free_slots:
-                        break
-                    r = earlier.pop(0)
-                else:
-                    # a deferred request keeps its place: newer ones get only the slots beyond one each
-                    if self.pool.free_slots <= len(self.deferred):
-                        break
-                    r = take_waiting()
-                    if r is None:
-                        break
-                    if r.cancelled or r.expired(now):
-                        end_unstarted(r, "stop" if r.cancelled else "timeout")
-                        continue
+            while (r := self._next_to_admit(earlier, take_waiting, now)) is not None:
                 if self._await_prefill(r):
                     self.deferred.append(r)
                 else:
                     self._admit(r)
         finally:  # whatever happened, no deferred request is lost
             self.deferred = sorted(self.deferred + earlier, key=lambda r: r.t_submit)
+
+    @staticmethod
+    def _still_wanted(r: Request, now: float) -> bool:
+        """A request not yet in a slot: False (and ended) once cancelled or timed out."""
+        if r.cancelled or r.expired(now):
+            end_unstarted(r, "stop" if r.cancelled else "timeout")
+            return False
+        return True
+
+    def _next_to_admit(self, earlier: list[Request], take_waiting, now: float) -> Request | None:
+        """The next request to place while slots are free: earlier-deferred ones first; a
+        deferred request keeps its place, so newer ones get only the slots beyond one each."""
+        if earlier:
+            return earlier.pop(0) if self.pool.free_slots else None
+        while self.pool.free_slots > len(self.deferred):
+            r = take_waiting()
+            if r is None or self._still_wanted(r, now):
+                return r
+        return None
 
     def _await_prefill(self, r: Request) -> bool:
         """Whether `r` should wait for a request still reading a prompt that shares a longer prefix
