@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import specrt
-from conftest import DEFAULT_BUNDLE, assert_same_greedy
+from checks import assert_same_greedy
+from paths import DEFAULT_BUNDLE
 from specrt.runtime.manifest import load_manifest
 
 pytestmark = pytest.mark.slow

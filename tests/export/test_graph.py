@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from conftest import FAMILIES, tiny_model
 from specrt.export.arch import arch_from_model, numpy_weights
 from specrt.export.bundle import save_graph
 from specrt.export.graph import LOGITS_KEEP, GraphOptions, build_graph
@@ -11,6 +10,7 @@ from specrt.export.validate import reference_logits
 from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.ort import OrtBackend
 from specrt.runtime.manifest import IONames, KVLayout, ModelEntry
+from tiny import FAMILIES, tiny_model
 
 S_MAX = 64
 

@@ -12,9 +12,9 @@ import json
 import jsonschema
 import numpy as np
 import pytest
-from fakes import EOS, JSON_CHARS, drive
 
-from conftest import assert_follows
+from checks import assert_follows
+from fakes import EOS, JSON_CHARS, drive
 from specrt.runtime.grammar import Constraint, GrammarError, apply_mask
 from specrt.runtime.sampling import SamplingConfig, probs
 

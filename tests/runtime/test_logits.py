@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import EOS, drive
 
-from conftest import assert_follows
+from checks import assert_follows
+from fakes import EOS, drive
 from specrt.runtime.logits import Penalties, apply_penalties, logprobs
 from specrt.runtime.sampling import SamplingConfig, probs
 

@@ -8,8 +8,8 @@ import inspect
 
 import numpy as np
 import pytest
-from fakes import fake_parts
 
+from fakes import fake_parts
 from specrt.runtime.backends.ort import OrtBackend, OrtModel
 from specrt.runtime.backends.protocol import Backend, PoolModel
 from specrt.runtime.backends.single import SingleSequenceModel

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import specrt
-from conftest import assert_same_greedy
+from checks import assert_same_greedy
 from specrt.runtime import ContextOverflow, EngineBusy, InvalidSampling
 from specrt.runtime.adaptive import Costs
 from specrt.runtime.engine.plan import Row, plan

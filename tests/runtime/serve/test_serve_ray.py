@@ -23,10 +23,11 @@ from ray import serve
 from test_serve import _free_port, _serve_proc, _solo, _streams_through_sigterm, _wait_healthy
 
 import specrt
+from paths import ROOT
 from specrt.runtime.serve.ray_deploy import APP_NAME, REPLICA_HEADER, build
 
 pytestmark = pytest.mark.ray
-ROOT = Path(__file__).resolve().parents[2]
+
 CONFIG = ROOT / "configs" / "ray_serve.yaml"
 H = {"Content-Type": "application/json"}
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import specrt
-from conftest import assert_same_greedy
+from checks import assert_same_greedy
 
 
 def _margins(pipe, prompt, tokens):

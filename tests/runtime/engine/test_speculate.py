@@ -5,7 +5,7 @@ import pytest
 from scipy import stats as sps
 
 import specrt
-from conftest import run_request
+from checks import run_request
 from specrt.runtime.adaptive import Costs
 from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.ort import OrtBackend, OrtModel
@@ -128,7 +128,7 @@ def _second_token_dist(pipe, prompt, cfg):
 
 
 # Every drafter x fixed / adaptive k x sampling setting runs on the fake backend
-# (tests/runtime/test_scheduler.py); here each kind of real draft: a separate model (`bad`), the
+# (tests/runtime/engine/test_scheduler.py); here each kind of real draft: a separate model (`bad`), the
 # self-draft on the target's pool (`int8`) and an EAGLE head, under each drafter once.
 SAMPLING_CASES = [
     ("bad", "model", False, SamplingConfig(1.0)), ("bad", "auto", True, SamplingConfig(0.8, top_p=0.9)),
