@@ -47,6 +47,7 @@ class EagleDrafter(ModelDrafter):
         s = max(0, min(self.length, self._real, n - 2))
         self.pool.rewind(self.track, self.slot, s)
         self._k, self._cfg, self._rng, self._policy = k, cfg, rng, policy
+        self._n0 = n
         self._want_conf = policy is not None and policy.early_stop
         self._toks, self._q, self._confs = [], [], []
         self._pending = pair_calls(seq, self.features, s, n - 1, self.model.max_t)

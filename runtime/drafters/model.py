@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sampling import SamplingConfig, probs, sample
+from ..sampling import Draws, SamplingConfig, probs
 from .base import DraftCall, Proposal
 
 
@@ -45,13 +45,14 @@ class ModelDrafter:
     def route(self, seq) -> str:
         return self.name
 
-    def start(self, seq, k: int, cfg: SamplingConfig, rng: np.random.Generator, policy=None) -> DraftCall:
+    def start(self, seq, k: int, cfg: SamplingConfig, rng: Draws, policy=None) -> DraftCall:
         """Feed the committed tokens the cache lacks (one normally; two after a round where
         every proposal was accepted; many after n-gram rounds or at the first round of a
         separate draft); the last row's logits give the first proposal."""
         if self.target_track is not None:  # the committed rows are the target's
             self.pool.adopt(self.track, self.slot, len(seq) - 1, self.target_track)
         self._k, self._cfg, self._rng, self._policy = k, cfg, rng, policy
+        self._n0 = len(seq)  # proposal j is the token after len(seq) + j
         self._want_conf = policy is not None and policy.early_stop
         self._toks, self._q, self._confs = [], [], []
         lag = np.asarray(seq[self.length :], dtype=np.int64)
@@ -71,7 +72,7 @@ class ModelDrafter:
                 self._confs.append(_margin(logits, t))
         else:
             qj = probs(logits, cfg)
-            t = sample(qj, self._rng.random())
+            t = self._rng.pick(qj, self._n0 + len(self._toks))  # coupled: argmax q / E at that position
             self._q.append(qj)
             self._confs.append(float(qj[t]))
         self._toks.append(t)

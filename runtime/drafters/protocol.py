@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ..sampling import SamplingConfig
+from ..sampling import Draws, SamplingConfig
 from .base import DraftCall, Proposal
 
 
@@ -23,7 +23,7 @@ class Drafter(Protocol):
         request's adaptive policy for that route picks k."""
         ...
 
-    def start(self, seq: list[int], k: int, cfg: SamplingConfig, rng: np.random.Generator,
+    def start(self, seq: list[int], k: int, cfg: SamplingConfig, rng: Draws,
               policy=None) -> Proposal | DraftCall:
         """Begin a proposal of at most k tokens continuing `seq` (the committed tokens): the
         finished proposal (no model call needed), or the first draft-model call. A policy

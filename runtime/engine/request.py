@@ -14,10 +14,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from ..logits import Penalties
-from ..sampling import SamplingConfig
+from ..sampling import Draws, SamplingConfig
 
 if TYPE_CHECKING:
     from ..drafters import Drafter
@@ -36,7 +34,8 @@ class Request:
     k: int  # draft tokens per round (fixed k), the ceiling with adaptive k
     draft: str = "none"  # "model" | "none" | "ngram" | "auto"
     adaptive: bool = False
-    seed: int | list[int] | None = 0  # numpy Generator seed; [seed, i] for choice i of a prompt (n > 1)
+    seed: int | list[int] | None = 0  # the key of its draws; [seed, i] for choice i of a prompt (n > 1); None: fresh
+    coupled: bool = True  # sampled tokens keyed by output position (runtime/sampling.py `Draws`)
     sink: Callable[[str, object], None] = lambda kind, value: None
     timeout_s: float | None = None  # from submission; then the request ends with stop_reason "timeout"
     penalties: Penalties | None = None  # runtime/logits.py: applied at every verified position
@@ -50,7 +49,7 @@ class Request:
     seq: list[int] = field(default_factory=list)  # prompt + committed new tokens
     prefilled: int = 0  # prompt tokens in the target's cache (reused ones included)
     produced: int = 0  # new tokens emitted
-    rng: np.random.Generator | None = None  # this request's own random stream
+    rng: Draws | None = None  # this request's randomness (keyed by output position when coupled)
     drafter: Drafter | None = None  # per-request drafter state (runtime/drafters/protocol.py)
     policies: dict = field(default_factory=dict)  # route -> AdaptivePolicy (adaptive k)
     route: str | None = None  # this step's sub-drafter ("model" | "ngram"), chosen before k
@@ -62,7 +61,7 @@ class Request:
     def __post_init__(self):
         if self.stats is None:
             self.stats = Stats()
-        self.rng = np.random.default_rng(self.seed)
+        self.rng = Draws(self.seed, len(self.prompt), self.coupled)
         self.seq = list(self.prompt)
         self.stats.prompt_tokens = len(self.prompt)
         self.t_submit = time.perf_counter()

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..backends.protocol import NonFiniteLogits
 from ..drafters import Proposal
-from ..sampling import probs, sample
+from ..sampling import probs
 from ..verify import verify_greedy, verify_sampling
 from .calls import ModelCalls
 from .counters import Counters
@@ -56,17 +56,24 @@ def check_finite(logits: np.ndarray, what: str = "target") -> None:
 
 
 def pick(r: Request, row: np.ndarray) -> int:
-    """The target's own next token from one processed logits row [V]: greedy, or sampled with
-    the request's random stream."""
-    return int(row.argmax()) if r.cfg.greedy else sample(probs(row, r.cfg), r.rng.random())
+    """The target's own next token from one processed logits row [V] (the position after
+    r.seq): greedy, or sampled with the request's draws."""
+    return int(row.argmax()) if r.cfg.greedy else r.rng.pick(probs(row, r.cfg), len(r.seq))
 
 
 def verify(r: Request, prop: Proposal, rows: np.ndarray) -> tuple[int, int]:
-    """rows [k+1, V]: the target's processed rows for [last, d0 .. dk-1]. -> (n_ok, next)."""
+    """rows [k+1, V]: the target's processed rows for [last, d0 .. dk-1]. -> (n_ok, next).
+    Greedy: keep proposals while they are the row's argmax. Coupled sampling: the same over
+    p / E (runtime/sampling.py `Draws`): each row's token is the one target-only sampling with
+    this seed picks there, so the output is target-only's, token for token. Otherwise exact
+    rejection sampling against the draft's q."""
     if r.cfg.greedy:
         return verify_greedy(prop.tokens, rows)
+    p = probs(rows, r.cfg)
+    if r.rng.coupled:
+        return verify_greedy(prop.tokens, r.rng.scores(p, len(r.seq)))
     k = len(prop.tokens)
-    return verify_sampling(prop.tokens, prop.q, probs(rows, r.cfg), r.rng.random(k), r.rng.random())
+    return verify_sampling(prop.tokens, prop.q, p, r.rng.random(k), r.rng.random())
 
 
 @dataclass
@@ -227,6 +234,7 @@ class Round:
         self.pool.rewind(self.target.track, r.slot, n_after - 1)
         if r.drafter is not None:
             r.drafter.commit(n_after)
+        r.rng.forget(n_after)
         r.stats.draft_ms += draft_ms
         r.stats.verify_ms += verify_ms
         r.stats.record_round(len(prop.tokens), n_ok, prop.drafter if len(prop.tokens) else None)

@@ -155,7 +155,7 @@ def test_penalized_sampling_follows_the_target_distribution(make, draft):
     reqs = [pipe.request(prompt, max_new_tokens=3, k=4, draft=draft, seed=s, ignore_eos=True, temperature=1.0,
                          frequency_penalty=1.5, presence_penalty=1.0, logit_bias={5: 2.0}) for s in range(n)]
     counts = np.bincount([out[1] for out in drive(pipe, reqs)], minlength=table.vocab)
-    assert sum(r.stats.draft_tokens for r in reqs) > n // 4, "speculation barely ran"
+    assert sum(r.stats.draft_tokens for r in reqs) > n // 5, "speculation barely ran"  # n-gram rounds: ~1 in 4
     assert_follows(counts, exact, n)
     # and the penalties moved the distribution: unpenalized sampling would fail the same test
     plain = sum(probs(table.next_logits(prompt)[None], cfg)[0][x] * probs(table.next_logits(prompt + [int(x)]), cfg)

@@ -172,12 +172,20 @@ def test_sampling_distribution_matches_target(pipes, bundle, draft, adaptive, cf
     assert pval > 1e-3, pval
 
 
-def test_seed_reproduces_sampling(pipes):
-    pipe = pipes["bad"]
-    a = [t for c in pipe.stream_ids(PROMPTS[0], max_new_tokens=20, temperature=1.0, seed=5) for t in c]
-    b = [t for c in pipe.stream_ids(PROMPTS[0], max_new_tokens=20, temperature=1.0, seed=5) for t in c]
-    c = [t for c in pipe.stream_ids(PROMPTS[0], max_new_tokens=20, temperature=1.0, seed=6) for t in c]
-    assert a == b and a != c
+@pytest.mark.parametrize("bundle", ["good", "bad", "int8", "eagle"])
+@pytest.mark.parametrize("draft,adaptive", [("model", False), ("ngram", False), ("auto", True)])
+def test_seed_reproduces_sampling_and_equals_target_only(pipes, bundle, draft, adaptive):
+    """A seeded sampled request gives one output on every repeat, and it is target-only
+    sampling's with that seed (runtime/sampling.py `Draws`), whatever the drafter."""
+    pipe = pipes[bundle]
+    kw = dict(max_new_tokens=20, temperature=1.0, top_p=0.95, ignore_eos=True)
+    for prompt, seed in ((PROMPTS[0], 5), (REPETITIVE, 6)):
+        want = [t for c in pipe.stream_ids(prompt, draft="none", k=0, seed=seed, **kw) for t in c]
+        for _ in range(2):
+            got = [t for c in pipe.stream_ids(prompt, draft=draft, adaptive=adaptive, k=4, seed=seed, **kw) for t in c]
+            assert got == want
+    other = [t for c in pipe.stream_ids(PROMPTS[0], seed=7, **kw) for t in c]
+    assert other != [t for c in pipe.stream_ids(PROMPTS[0], seed=5, **kw) for t in c]
 
 
 def test_kv_rewind_random_accept_patterns(tiny_bundles):
