@@ -65,7 +65,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def srv(tiny_bundles):
-    # fixed k: a seed reproduces tokens exactly (adaptive k only in distribution, docs/design.md "Seeds")
+    # fixed k (the adaptive default is test_serve_seeds.py's)
     s = Server(tiny_bundles["int8"], api_key=KEY, max_batch=4, max_queue=16, adaptive=False)
     yield s
     s.stop()

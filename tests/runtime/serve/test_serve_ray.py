@@ -146,6 +146,15 @@ def test_both_replicas_serve_and_greedy_equals_one_process(rs, solo):
     assert out.choices[0].message.content == _solo(solo, "w7 w8", 12).text
 
 
+def test_seeded_sampling_through_replicas_equals_one_process(rs, solo):
+    """A seed gives one output wherever it runs: the same sampled text from whichever replica
+    (cached prompt or not) as from one process."""
+    prompt = "w21 w22 w23"
+    want = solo.generate(prompt, chat=False, max_new_tokens=14, temperature=1.0, seed=11, draft="none").text
+    got = {rs.complete(prompt, 14, temperature=1.0, seed=11).json()["choices"][0]["text"] for _ in range(4)}
+    assert got == {want}
+
+
 def test_streaming_through_the_proxy_ends_with_done(rs, solo):
     body = {"model": "none", "prompt": "w5 w6", "max_tokens": 10, "stream": True, "temperature": 0,
             "stream_options": {"include_usage": True}}
