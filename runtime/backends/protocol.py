@@ -21,6 +21,11 @@ class NonFiniteLogits(RuntimeError):
     """A model produced NaN or inf logits: the model or its export is broken."""
 
 
+def check_finite(logits: np.ndarray, what: str = "target") -> None:
+    if not np.isfinite(logits.max()):  # max propagates NaN, so one reduction covers NaN and inf
+        raise NonFiniteLogits(f"{what} produced non-finite logits (NaN/inf): the model or its export is broken")
+
+
 @runtime_checkable
 class PoolModel(Protocol):
     """One graph over the slots of a KV pool: what the scheduler drives (runtime/backends/ort.py

@@ -24,13 +24,14 @@ import time
 
 import numpy as np
 
+from ..backends.protocol import check_finite
 from ..logits import logprobs
 from .calls import ModelCalls
 from .counters import Counters
 from .prefix import common_prefix, place
 from .processing import process
 from .request import DECODE, DONE, PREFILL, Request
-from .speculate import IdlePlan, Round, alone, check_finite, pick
+from .speculate import Round, alone, pick
 
 
 def send(r: Request, kind: str, value) -> None:
@@ -86,7 +87,7 @@ class Scheduler:
 
     def forget_plan(self) -> None:
         """Drop the remembered "no drafting" plan (the next step plans afresh)."""
-        self.round.idle = IdlePlan()
+        self.round.planner.forget()
 
     # --- 1-2: retire, admit ------------------------------------------------------------------
 

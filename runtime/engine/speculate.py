@@ -1,6 +1,7 @@
 """One speculation round over a step's decoding rows: choose k -> propose -> verify -> commit.
 
     ks        = choose_ks(rows)       per row 0 (no draft) .. its k, capped by the batch plan
+                                      (runtime/engine/plan.py `Planner`)
     proposals = propose(rows, ks)     drafters run; their one-token calls batched across rows
     rows that do not draft:           one batched target call; next = the target's own pick
     rows that draft d[0..k):          one target call of [last, d0 .. dk-1] each -> k+1 rows;
@@ -10,9 +11,9 @@
                                       next call overwrites them); the drafter follows
 
 Exactness: each target row is processed (penalties, grammar: runtime/engine/processing.py) as a
-target-only step at that position would be, and verification (runtime/verify.py) keeps exactly
-what target-only decoding would produce (greedy: the same tokens; sampling: the same
-distribution). The draft only decides how many tokens one target call yields.
+target-only step at that position would be, and verification keeps exactly what target-only
+decoding produces (greedy and seeded sampling: the same tokens). The draft only decides how
+many tokens one target call yields.
 
 A request's own failure (a call of its own, its grammar, its drafter, non-finite logits) ends that
 request alone (`alone`); a failed batched call ends the requests it served.
@@ -22,21 +23,19 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 
-from ..backends.protocol import NonFiniteLogits
+from ..backends.protocol import check_finite
 from ..drafters import Proposal
 from ..sampling import probs
 from ..verify import verify_greedy, verify_sampling
 from .calls import ModelCalls
 from .counters import Counters
-from .plan import Row, plan
+from .plan import Planner
 from .processing import cut_to_grammar, process
 from .request import DECODE, DONE, Request
 
-REPLAN_STEPS = 8  # steps a "no drafting" plan is kept while the row count stays the same
 NO_DRAFT = Proposal(np.empty(0, np.int64))
 
 
@@ -48,11 +47,6 @@ def alone(retire, r: Request):
         yield
     except Exception as e:  # noqa: BLE001 - the request's own failure
         retire(r, "error", e)
-
-
-def check_finite(logits: np.ndarray, what: str = "target") -> None:
-    if not np.isfinite(logits.max()):  # max propagates NaN, so one reduction covers NaN and inf
-        raise NonFiniteLogits(f"{what} produced non-finite logits (NaN/inf): the model or its export is broken")
 
 
 def pick(r: Request, row: np.ndarray) -> int:
@@ -76,12 +70,6 @@ def verify(r: Request, prop: Proposal, rows: np.ndarray) -> tuple[int, int]:
     return verify_sampling(prop.tokens, prop.q, p, r.rng.random(k), r.rng.random())
 
 
-@dataclass
-class IdlePlan:
-    rows: int = 0  # the row count the last plan drafted nothing for
-    steps_left: int = 0
-
-
 class Round:
     def __init__(self, calls: ModelCalls, pool, target, counters: Counters, retire, emit,
                  plan_batches: bool = True):
@@ -89,14 +77,13 @@ class Round:
         plan_batches: cap adaptive rows' k with the batch plan (off: each drafts as alone)."""
         self.calls, self.pool, self.target, self.counters = calls, pool, target, counters
         self.retire, self.emit = retire, emit
-        self.plan_batches = plan_batches
-        self.idle = IdlePlan()
+        self.planner = Planner(plan_batches)
 
     def run(self, rows: list[Request], costs, running: int) -> None:
         """One round for every decoding row. costs: adaptive.Costs (None: no batch plan);
         running: requests in the engine (costs are learned only from a request running alone:
         batched times are the plan's)."""
-        ks = self.choose_ks(rows, costs)
+        ks = self.planner.choose_ks(rows, costs)
         t0 = time.perf_counter()
         proposals = self.propose([r for r, k in zip(rows, ks, strict=True) if k > 0],
                                  {r.id: k for r, k in zip(rows, ks, strict=True)})
@@ -112,45 +99,6 @@ class Round:
         for r in drafting:
             tokens += self.verify_drafted(r, proposals[r.id], draft_ms, alone_in_step=len(rows) == 1)
         c.tokens += tokens
-
-    # --- choose k ----------------------------------------------------------------------------
-    def choose_ks(self, rows: list[Request], costs) -> list[int]:
-        n = len(rows)
-        if self.idle.rows == n and self.idle.steps_left > 0 and all(r.policies for r in rows):
-            # the plan said "no drafting" for this many rows a few steps ago: a step under load
-            # pays nothing for speculation until the row count changes or REPLAN_STEPS pass
-            # (no route either: auto's n-gram lookup would scan the sequence for nothing)
-            self.idle.steps_left -= 1
-            for r in rows:
-                r.route = None
-            return [0] * n
-        ks, planned = [], []
-        for r in rows:
-            k, row = self._own_k(r)
-            if row is not None:
-                planned.append((len(ks), row))
-            ks.append(k)
-        if self.plan_batches and planned and costs is not None and n > 1:
-            # rows with a fixed k keep it; adaptive rows share the step's cost model
-            capped = plan([row for _, row in planned], costs)
-            for (i, _), k in zip(planned, capped, strict=True):
-                ks[i] = min(ks[i], k)
-            self.idle = IdlePlan(n, REPLAN_STEPS) if not any(ks) else IdlePlan()
-        return ks
-
-    @staticmethod
-    def _own_k(r: Request) -> tuple[int, Row | None]:
-        """The row's k as it would draft alone (fixed, or its route's adaptive policy), and its
-        entry in the batch plan (adaptive rows only)."""
-        if r.drafter is None:
-            return 0, None
-        r.route = r.drafter.route(r.seq)
-        pol = r.policies.get(r.route)
-        k = pol.choose_k() if pol is not None else r.k
-        row = None
-        if pol is not None:
-            row = Row(min(k, r.remaining - 1), pol.acc.expected()[: k + 1], r.route == "ngram")
-        return max(0, min(k, r.remaining - 1)), row
 
     # --- propose -----------------------------------------------------------------------------
     def propose(self, rows: list[Request], ks: dict[int, int]) -> dict[int, Proposal]:
