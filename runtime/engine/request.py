@@ -35,7 +35,7 @@ class Request:
     draft: str = "none"  # "model" | "none" | "ngram" | "auto"
     adaptive: bool = False
     seed: int | list[int] | None = 0  # the key of its draws; [seed, i] for choice i of a prompt (n > 1); None: fresh
-    coupled: bool = True  # sampled tokens keyed by output position (runtime/sampling.py `Draws`)
+    coupled: bool = True  # seeded: sampled tokens keyed by output position (runtime/sampling.py `Draws`)
     sink: Callable[[str, object], None] = lambda kind, value: None
     timeout_s: float | None = None  # from submission; then the request ends with stop_reason "timeout"
     penalties: Penalties | None = None  # runtime/logits.py: applied at every verified position
@@ -61,7 +61,9 @@ class Request:
     def __post_init__(self):
         if self.stats is None:
             self.stats = Stats()
-        self.rng = Draws(self.seed, len(self.prompt), self.coupled)
+        # unseeded requests have no output to reproduce: they keep rejection sampling, which
+        # accepts a little more (docs/benchmarks.md §12)
+        self.rng = Draws(self.seed, len(self.prompt), self.coupled and self.seed is not None)
         self.seq = list(self.prompt)
         self.stats.prompt_tokens = len(self.prompt)
         self.t_submit = time.perf_counter()
