@@ -86,6 +86,13 @@ class RequestOptions:
         return Penalties(self.frequency_penalty, self.presence_penalty, self.repetition_penalty,
                          dict(self.logit_bias), self.min_tokens)
 
+    def check_vocab(self, vocab: int) -> None:
+        """logit_bias's token ids against a vocabulary of `vocab` tokens (the pipeline's check)."""
+        try:
+            self.penalties().check_vocab(vocab)
+        except ValueError as e:
+            raise InvalidRequest(str(e), "logit_bias") from None
+
     def stream_seed(self, sibling: int = 0) -> int | list[int] | None:
         """The random stream of choice `sibling` of one prompt (OpenAI's `n`): [seed, i], choice
         0 the seed's own, so the same seed gives the same choices."""

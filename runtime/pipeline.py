@@ -132,10 +132,8 @@ class Pipeline:
         return self.store.costs()
 
     def check_request(self, n_prompt: int, max_new_tokens: int, k: int):
-        if n_prompt == 0:
+        if n_prompt == 0:  # max_new_tokens >= 1: RequestOptions checked it
             raise InvalidRequest("empty prompt")
-        if max_new_tokens < 1:
-            raise InvalidRequest(f"max_new_tokens must be >= 1, got {max_new_tokens}", "max_new_tokens")
         if not 0 <= k <= self.max_k:
             raise InvalidRequest(f"k must be between 0 and {self.max_k} (the bundle's max_tokens_per_call - 1), "
                                  f"got {k}", "k")
@@ -166,10 +164,7 @@ class Pipeline:
         sibling: this is choice i of several of one prompt (`RequestOptions.stream_seed`)."""
         o = request_options(options, **kw)
         pen = o.penalties()
-        try:
-            pen.check_vocab(self.manifest.target.vocab_size)
-        except ValueError as e:
-            raise InvalidRequest(str(e), "logit_bias") from None
+        o.check_vocab(self.manifest.target.vocab_size)
         matcher = None if o.grammar is None else self.grammars.matcher(self.grammars.compile(o.grammar))
         k = self.default_k if o.k is None else o.k
         self.check_request(len(prompt_ids), o.max_new_tokens, k)
@@ -197,22 +192,13 @@ class Pipeline:
         return self._drain(r, events)
 
     def _drain(self, r: Request, events) -> Iterator[list[int]]:
-        finished = False
+        ev = _Events(r)
         try:
-            while True:
-                kind, value = events.get()
-                if kind == "tokens":
-                    yield value
-                elif kind == "logprobs":
-                    r.token_logprobs.extend(value)
-                elif kind == "done":
-                    finished = True
-                    return
-                else:
-                    finished = True
-                    raise value
+            while (chunk := ev.take(*events.get())) is not _DONE:
+                if chunk is not None:
+                    yield chunk
         finally:
-            if not finished:  # cancel, and wait the step it takes: the slot is free and the stats final
+            if not ev.finished:  # cancel, and wait the step it takes: the slot is free and the stats final
                 self.engine.cancel(r)
                 while events.get()[0] not in ("done", "error"):  # tokens, logprobs
                     pass
@@ -305,22 +291,13 @@ class Pipeline:
         return self._adrain(r, events)
 
     async def _adrain(self, r: Request, events: asyncio.Queue) -> AsyncIterator[list[int]]:
-        finished = False
+        ev = _Events(r)
         try:
-            while True:
-                kind, value = await events.get()
-                if kind == "tokens":
-                    yield value
-                elif kind == "logprobs":
-                    r.token_logprobs.extend(value)
-                elif kind == "done":
-                    finished = True
-                    return
-                else:
-                    finished = True
-                    raise value
+            while (chunk := ev.take(*await events.get())) is not _DONE:
+                if chunk is not None:
+                    yield chunk
         finally:
-            if not finished:
+            if not ev.finished:
                 self.engine.cancel(r)
                 while (await events.get())[0] not in ("done", "error"):
                     pass
@@ -387,6 +364,28 @@ class Pipeline:
 
     def __exit__(self, *exc):
         self.close()
+
+
+_DONE = object()
+
+
+class _Events:
+    """A request's engine events (`sink`'s kinds, request.py) as its client reads them."""
+
+    def __init__(self, r: Request):
+        self.r, self.finished = r, False  # finished: "done" or "error" was read
+
+    def take(self, kind: str, value):
+        """-> a chunk; None ("logprobs": kept in r.token_logprobs); _DONE; or raises the error."""
+        if kind == "tokens":
+            return value
+        if kind == "logprobs":
+            self.r.token_logprobs.extend(value)
+            return None
+        self.finished = True
+        if kind == "done":
+            return _DONE
+        raise value
 
 
 def _result(r: Request, text: TextStream) -> Result:

@@ -16,6 +16,7 @@ from ..cost_cache import cpu_model
 from ..engine import Stats
 from ..pipeline import Pipeline
 from . import peer
+from .report import command_line
 from .stats import alpha_from_expected, interleave, median_spread, paired_ratio, predicted_speedup
 
 # Idle gap before each timed run. A thread pool keeps spinning for tens of ms after its last
@@ -136,7 +137,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
             runs.append(rec)
     results = {
         "machine": _machine(),
-        "command": " ".join(["specrt"] + sys.argv[1:]) if sys.argv and "specrt" in sys.argv[0] else "",
+        "command": command_line(),
         "config": {"bundle": str(cfg.bundle), "workloads": [str(w) for w in cfg.workloads], "ks": cfg.ks,
                    "drafts": cfg.drafts, "temperatures": cfg.temperatures, "top_p": cfg.top_p,
                    "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "peer": cfg.peer,
