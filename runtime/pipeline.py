@@ -1,11 +1,10 @@
 """`specrt.load(bundle)` -> Pipeline: the bundle's models loaded once over a KV pool of
 `max_batch` slots, an engine thread that serves every request, and the client calls
 (`generate`, `stream`, `agenerate`, `astream`) that any number of threads or an asyncio loop
-may use at once. Each request gets the output it would get alone.
-
-Who does what: `runtime/loader.py` builds the models and pools; `runtime/engine/` runs the
-requests; `runtime/policies.py` keeps what adaptive k learns across requests; this file
-checks requests and turns token streams into text (`runtime/textstream.py`).
+may use at once. Each request gets the output it would get alone. `runtime/loader.py` builds
+the models and pools; `runtime/engine/` runs the requests; `runtime/policies.py` keeps what
+adaptive k learns across requests; this file checks requests (what they ask for:
+`runtime/options.py`) and turns token streams into text (`runtime/textstream.py`).
 """
 
 from __future__ import annotations
@@ -177,8 +176,7 @@ class Pipeline:
                        timeout_s=o.timeout_s, penalties=pen if pen.active else None, logprobs=o.logprobs,
                        grammar=matcher)
 
-    def stream_ids(self, prompt_ids: list[int], options: RequestOptions | None = None, /,
-                   **kw) -> Iterator[list[int]]:
+    def stream_ids(self, prompt_ids: list[int], options: RequestOptions | None = None, /, **kw) -> Iterator[list[int]]:
         """Token-level generation: yields committed chunks of new token ids. Closing the
         iterator early cancels the request (its slot is free at the next step). kw: `request`'s."""
         return self.submit(self.request(prompt_ids, options, **kw))
@@ -218,11 +216,8 @@ class Pipeline:
         gen = self.submit(r)
         try:
             for chunk in gen:
-                piece = text.push(chunk)
-                if piece:
-                    yield piece
+                yield from _pieces(r, text, chunk)
                 if text.stopped:
-                    r.stats.stop_reason = "stop"
                     break
             else:
                 text.flush()
@@ -275,8 +270,7 @@ class Pipeline:
         return getattr(self._local, "last", None)
 
     # --- asyncio -----------------------------------------------------------------------------
-    async def astream_ids(self, prompt_ids: list[int], options: RequestOptions | None = None, /,
-                          **kw) -> AsyncIterator[list[int]]:
+    async def astream_ids(self, prompt_ids: list[int], options: RequestOptions | None = None, /, **kw) -> AsyncIterator[list[int]]:
         r = self.request(prompt_ids, options, **kw)
         async for chunk in self.asubmit(r):
             yield chunk
@@ -309,11 +303,9 @@ class Pipeline:
         gen = self.asubmit(r)
         try:
             async for chunk in gen:
-                piece = text.push(chunk)
-                if piece:
+                for piece in _pieces(r, text, chunk):
                     yield piece
                 if text.stopped:
-                    r.stats.stop_reason = "stop"
                     break
             else:
                 text.flush()
@@ -386,6 +378,15 @@ class _Events:
         if kind == "done":
             return _DONE
         raise value
+
+
+def _pieces(r: Request, text: TextStream, chunk: list[int]) -> Iterator[str]:
+    """The text a token chunk releases (none while held back); a stop string ends it ("stop")."""
+    piece = text.push(chunk)
+    if text.stopped:
+        r.stats.stop_reason = "stop"
+    if piece:
+        yield piece
 
 
 def _result(r: Request, text: TextStream) -> Result:
