@@ -152,7 +152,7 @@ class Pipeline:
             raise BundleError(f"bundle {self.parts.folder} has no draft model (or it was not loaded); "
                               "use draft='none' or 'ngram'")
 
-    def request(self, prompt_ids: list[int], options: RequestOptions | None = None, /, *,
+    def request(self, prompt_ids: list[int], options: RequestOptions | None = None, *,
                 stats: Stats | None = None, sibling: int = 0, **kw) -> Request:
         """A checked request (not yet submitted). options: what it asks for (runtime/options.py);
         keyword arguments (RequestOptions' field names) build them, or replace fields of
@@ -176,7 +176,7 @@ class Pipeline:
                        timeout_s=o.timeout_s, penalties=pen if pen.active else None, logprobs=o.logprobs,
                        grammar=matcher)
 
-    def stream_ids(self, prompt_ids: list[int], options: RequestOptions | None = None, /, **kw) -> Iterator[list[int]]:
+    def stream_ids(self, prompt_ids: list[int], options: RequestOptions | None = None, **kw) -> Iterator[list[int]]:
         """Token-level generation: yields committed chunks of new token ids. Closing the
         iterator early cancels the request (its slot is free at the next step). kw: `request`'s."""
         return self.submit(self.request(prompt_ids, options, **kw))
@@ -207,7 +207,7 @@ class Pipeline:
         ids = self.tokenizer.encode(prompt, chat=chat)
         return self.request(ids, o, stats=stats or Stats()), TextStream(self.tokenizer, list(o.stop))
 
-    def stream(self, prompt: str, options: RequestOptions | None = None, /, *, chat: bool = True,
+    def stream(self, prompt: str, options: RequestOptions | None = None, *, chat: bool = True,
                stats: Stats | None = None, **kw) -> Iterator[str]:
         """Yields text pieces as tokens are committed; the full Result is in `self.last` after
         (per thread). options / kw: as `request`'s. With stop strings, text that could be the
@@ -228,12 +228,12 @@ class Pipeline:
         if tail:  # not in `finally`: a closed generator must not yield
             yield tail
 
-    def generate(self, prompt: str, options: RequestOptions | None = None, /, **kw) -> Result:
+    def generate(self, prompt: str, options: RequestOptions | None = None, **kw) -> Result:
         for _ in self.stream(prompt, options, **kw):
             pass
         return self.last
 
-    def choices(self, prompt: str, n: int, options: RequestOptions | None = None, /, *, chat: bool = True,
+    def choices(self, prompt: str, n: int, options: RequestOptions | None = None, *, chat: bool = True,
                 **kw) -> list[Result]:
         """n choices of one prompt (OpenAI's `n`), decoded together: each samples from its own
         stream derived from `seed` (`RequestOptions.stream_seed`), and the later ones copy the
@@ -270,7 +270,7 @@ class Pipeline:
         return getattr(self._local, "last", None)
 
     # --- asyncio -----------------------------------------------------------------------------
-    async def astream_ids(self, prompt_ids: list[int], options: RequestOptions | None = None, /, **kw) -> AsyncIterator[list[int]]:
+    async def astream_ids(self, prompt_ids: list[int], options: RequestOptions | None = None, **kw) -> AsyncIterator[list[int]]:
         r = self.request(prompt_ids, options, **kw)
         async for chunk in self.asubmit(r):
             yield chunk
@@ -296,7 +296,7 @@ class Pipeline:
                 while (await events.get())[0] not in ("done", "error"):
                     pass
 
-    async def astream(self, prompt: str, options: RequestOptions | None = None, /, *, chat: bool = True,
+    async def astream(self, prompt: str, options: RequestOptions | None = None, *, chat: bool = True,
                       stats: Stats | None = None, result: list | None = None, **kw) -> AsyncIterator[str]:
         """As `stream`, for asyncio; `result` (a list) receives the Result at the end."""
         r, text = self._text_request(prompt, options, chat, stats, kw)
@@ -317,7 +317,7 @@ class Pipeline:
         if tail:
             yield tail
 
-    async def agenerate(self, prompt: str, options: RequestOptions | None = None, /, **kw) -> Result:
+    async def agenerate(self, prompt: str, options: RequestOptions | None = None, **kw) -> Result:
         out: list = []
         async for _ in self.astream(prompt, options, result=out, **kw):
             pass

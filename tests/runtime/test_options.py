@@ -93,6 +93,8 @@ def test_the_pipeline_takes_options_or_keywords_alike(pipe):
     assert a.token_ids == b.token_ids and len(a.token_ids) > 0
     d = pipe.generate("w3 w4 w5", dataclasses.replace(opts, seed=12), chat=False)
     assert c.token_ids == d.token_ids
+    r = pipe.request(prompt_ids=[4, 5], options=opts, seed=3)  # every argument by name, as before
+    assert (r.max_new_tokens, r.cfg.temperature, r.seed, r.draft) == (12, 0.8, 3, "model")
     assert [r.token_ids for r in pipe.choices("w3 w4", 2, opts, chat=False)] == [
         r.token_ids for r in pipe.choices("w3 w4", 2, chat=False, **dataclasses.asdict(opts))]
 
