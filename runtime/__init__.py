@@ -10,18 +10,20 @@ Any number of threads may call `generate` / `stream` on one pipeline (asyncio: `
 
 from .backends.protocol import NonFiniteLogits
 from .engine import EngineBusy, EngineClosed, Stats
+from .errors import InvalidRequest
 from .kvpool import ContextOverflow
 from .manifest import BundleError, Manifest, load_manifest
 from .memory import InsufficientMemory
+from .options import RequestOptions
 from .pipeline import Pipeline, Result, load
 from .sampling import InvalidSampling, SamplingConfig
 
 # Errors that are the user's to fix: the CLI prints them without a traceback
-# (InsufficientMemory and ContextOverflow are ValueErrors).
+# (InsufficientMemory, InvalidRequest and ContextOverflow are ValueErrors).
 USER_ERRORS = (BundleError, ContextOverflow, InvalidSampling, NonFiniteLogits, ValueError)
 
 __all__ = [
     "load", "Pipeline", "Result", "Stats", "SamplingConfig", "Manifest", "load_manifest",
     "BundleError", "ContextOverflow", "InvalidSampling", "NonFiniteLogits", "USER_ERRORS", "EngineBusy",
-    "EngineClosed", "InsufficientMemory",
+    "EngineClosed", "InsufficientMemory", "RequestOptions", "InvalidRequest",
 ]

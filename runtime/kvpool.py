@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import InvalidRequest
 from .manifest import KVLayout
 
 
-class ContextOverflow(ValueError):
+class ContextOverflow(InvalidRequest):
     """A call would write past the KV buffers' capacity (S_max, or the load's max_seq_len)."""
 
 

@@ -1,11 +1,10 @@
 """`specrt.load(bundle)` -> Pipeline: the bundle's models loaded once over a KV pool of
 `max_batch` slots, an engine thread that serves every request, and the client calls
 (`generate`, `stream`, `agenerate`, `astream`) that any number of threads or an asyncio loop
-may use at once. Each request gets the output it would get alone.
-
-Who does what: `runtime/loader.py` builds the models and pools; `runtime/engine/` runs the
-requests; `runtime/policies.py` keeps what adaptive k learns across requests; this file
-checks requests and turns token streams into text (`runtime/textstream.py`).
+may use at once. Each request gets the output it would get alone. `runtime/loader.py` builds
+the models and pools; `runtime/engine/` runs the requests; `runtime/policies.py` keeps what
+adaptive k learns across requests; this file checks requests (what they ask for:
+`runtime/options.py`) and turns token streams into text (`runtime/textstream.py`).
 """
 
 from __future__ import annotations
@@ -20,14 +19,15 @@ from pathlib import Path
 from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
 from .engine import Engine, Request, Scheduler, Stats
 from .engine.processing import draft_processor
-from .grammar import Constraint, Grammars
+from .errors import InvalidRequest
+from .grammar import Grammars
 from .kvpool import ContextOverflow
 from .loader import DRAFTS, Parts, load_parts
-from .logits import Penalties, TokenLogprob
+from .logits import TokenLogprob
 from .manifest import BundleError
 from .memory import DEFAULT_MEMORY_FRACTION
+from .options import RequestOptions, default_draft, request_options
 from .policies import PolicyStore
-from .sampling import SamplingConfig
 from .textstream import TextStream
 
 DEFAULT_MAX_BATCH = 4  # KV slots allocated at load (`kv_bytes_per_slot` each; docs/benchmarks.md §5)
@@ -86,7 +86,7 @@ class Pipeline:
         self.parts = p = parts if parts is not None else load_parts(
             folder, draft=draft or "model", device=device, threads=threads, global_pool=global_pool,
             hugepages=hugepages, max_batch=max_batch, max_seq_len=max_seq_len, memory_fraction=memory_fraction)
-        draft = draft or ("model" if p.draft is not None else "none")
+        draft = default_draft(draft, p.draft is not None)
         self._check_draft(draft)
         self.folder, self.manifest, self.tokenizer = p.folder, p.manifest, p.tokenizer
         self.hugepages = hugepages
@@ -131,12 +131,11 @@ class Pipeline:
         return self.store.costs()
 
     def check_request(self, n_prompt: int, max_new_tokens: int, k: int):
-        if n_prompt == 0:
-            raise ValueError("empty prompt")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if n_prompt == 0:  # max_new_tokens >= 1: RequestOptions checked it
+            raise InvalidRequest("empty prompt")
         if not 0 <= k <= self.max_k:
-            raise ValueError(f"k must be between 0 and {self.max_k} (the bundle's max_tokens_per_call - 1), got {k}")
+            raise InvalidRequest(f"k must be between 0 and {self.max_k} (the bundle's max_tokens_per_call - 1), "
+                                 f"got {k}", "k")
         if n_prompt + max_new_tokens > self.max_seq_len:
             s_max = self.manifest.target.kv.max_seq_len
             where, bigger = (("the bundle's context", "re-export with a larger --max-seq-len") if self.max_seq_len == s_max
@@ -144,64 +143,43 @@ class Pipeline:
             raise ContextOverflow(
                 f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) exceeds {where} of "
                 f"{self.max_seq_len} tokens; shorten the prompt, lower max_new_tokens to at most "
-                f"{max(0, self.max_seq_len - n_prompt)}, or {bigger}"
-            )
+                f"{max(0, self.max_seq_len - n_prompt)}, or {bigger}", "max_new_tokens")
 
     def _check_draft(self, draft: str) -> None:
         if draft not in DRAFTS:
-            raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
+            raise InvalidRequest(f"draft must be one of {DRAFTS}, got {draft!r}", "draft")
         if draft in ("model", "auto") and self.parts.draft is None:
             raise BundleError(f"bundle {self.parts.folder} has no draft model (or it was not loaded); "
                               "use draft='none' or 'ngram'")
 
-    def request(self, prompt_ids: list[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
-                top_k: int = 0, top_p: float = 1.0, seed: int | None = 0, k: int | None = None,
-                draft: str | None = None, stats: Stats | None = None, ignore_eos: bool = False,
-                adaptive: bool | None = None, timeout_s: float | None = None, frequency_penalty: float = 0.0,
-                presence_penalty: float = 0.0, repetition_penalty: float = 1.0,
-                logit_bias: dict[int, float] | None = None, min_tokens: int = 0,
-                logprobs: int | None = None, grammar: Constraint | None = None, sibling: int = 0) -> Request:
-        """A checked request (not yet submitted). ignore_eos: run to max_new_tokens (benchmarks).
-        timeout_s: from submission; a request still running then ends (stop_reason "timeout").
-        frequency_penalty / presence_penalty (OpenAI's, [-2, 2], on new tokens),
-        repetition_penalty (> 0, 1 = off; prompt and new tokens), logit_bias ({token id: bias in
-        [-100, 100]}), min_tokens (EOS masked until then): applied at every position, drafted or
-        not (runtime/logits.py). logprobs: report each new token's log-probability and this many
-        alternatives (0-20; None = off): the raw log-softmax of the target's logits. grammar: the
-        output must match it (runtime/grammar.py `Constraint`: JSON schema, regex, Lark, GBNF,
-        choice); one that cannot compile raises GrammarError (a ValueError) here. sibling: this is
-        choice i of several of one prompt (OpenAI's `n`): its random stream is derived from the
-        seed as [seed, i] (choice 0 is the seed's own), so the same seed gives the same choices."""
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        if logprobs is not None and not 0 <= logprobs <= 20:
-            raise ValueError(f"logprobs must be between 0 and 20 alternatives, got {logprobs}")
-        pen = Penalties(frequency_penalty, presence_penalty, repetition_penalty, dict(logit_bias or {}), min_tokens)
-        pen.check_vocab(self.manifest.target.vocab_size)
-        if min_tokens > max_new_tokens:
-            raise ValueError(f"min_tokens ({min_tokens}) exceeds max_new_tokens ({max_new_tokens})")
-        cfg = SamplingConfig(temperature, top_k, top_p)
-        matcher = None
-        if grammar is not None:
-            if ignore_eos or min_tokens:  # a complete grammar allows only EOS
-                raise ValueError(f"{'ignore_eos' if ignore_eos else 'min_tokens'} cannot be combined with a grammar "
-                                 "(the grammar decides where the output ends)")
-            matcher = self.grammars.matcher(self.grammars.compile(grammar))
-        k = self.default_k if k is None else k
-        self.check_request(len(prompt_ids), max_new_tokens, k)
-        draft = draft or self.default_draft
+    def request(self, prompt_ids: list[int], options: RequestOptions | None = None, *,
+                stats: Stats | None = None, sibling: int = 0, **kw) -> Request:
+        """A checked request (not yet submitted). options: what it asks for (runtime/options.py);
+        keyword arguments (RequestOptions' field names) build them, or replace fields of
+        `options`. This checks what needs the bundle: logit_bias against the vocabulary, k
+        against the bundle's widest call, the prompt and max_new_tokens against the context, that
+        a draft model is loaded; a grammar that cannot compile raises GrammarError (a ValueError).
+        Each is an InvalidRequest naming the option (ContextOverflow: max_new_tokens).
+        sibling: this is choice i of several of one prompt (`RequestOptions.stream_seed`)."""
+        o = request_options(options, **kw)
+        pen = o.penalties()
+        o.check_vocab(self.manifest.target.vocab_size)
+        matcher = None if o.grammar is None else self.grammars.matcher(self.grammars.compile(o.grammar))
+        k = self.default_k if o.k is None else o.k
+        self.check_request(len(prompt_ids), o.max_new_tokens, k)
+        draft = o.draft or self.default_draft
         self._check_draft(draft)
-        adaptive = self.default_adaptive if adaptive is None else adaptive
-        return Request(list(prompt_ids), cfg, max_new_tokens, frozenset() if ignore_eos else frozenset(self.tokenizer.eos_ids),
-                       k=k if draft != "none" else 0, draft=draft, adaptive=adaptive and draft != "none",
-                       seed=None if seed is None else (seed % 2**64 if sibling == 0 else [seed % 2**64, sibling]),
-                       stats=stats, timeout_s=timeout_s, penalties=pen if pen.active else None, logprobs=logprobs,
+        adaptive = self.default_adaptive if o.adaptive is None else o.adaptive
+        eos = frozenset() if o.ignore_eos else frozenset(self.tokenizer.eos_ids)
+        return Request(list(prompt_ids), o.sampling(), o.max_new_tokens, eos, k=k if draft != "none" else 0,
+                       draft=draft, adaptive=adaptive and draft != "none", seed=o.stream_seed(sibling), stats=stats,
+                       timeout_s=o.timeout_s, penalties=pen if pen.active else None, logprobs=o.logprobs,
                        grammar=matcher)
 
-    def stream_ids(self, prompt_ids: list[int], **kw) -> Iterator[list[int]]:
+    def stream_ids(self, prompt_ids: list[int], options: RequestOptions | None = None, **kw) -> Iterator[list[int]]:
         """Token-level generation: yields committed chunks of new token ids. Closing the
-        iterator early cancels the request (its slot is free at the next step)."""
-        return self.submit(self.request(prompt_ids, **kw))
+        iterator early cancels the request (its slot is free at the next step). kw: `request`'s."""
+        return self.submit(self.request(prompt_ids, options, **kw))
 
     def submit(self, r: Request) -> Iterator[list[int]]:
         """Submit a checked request now (EngineBusy is raised here) and return an iterator of its
@@ -212,73 +190,66 @@ class Pipeline:
         return self._drain(r, events)
 
     def _drain(self, r: Request, events) -> Iterator[list[int]]:
-        finished = False
+        ev = _Events(r)
         try:
-            while True:
-                kind, value = events.get()
-                if kind == "tokens":
-                    yield value
-                elif kind == "logprobs":
-                    r.token_logprobs.extend(value)
-                elif kind == "done":
-                    finished = True
-                    return
-                else:
-                    finished = True
-                    raise value
+            while (chunk := ev.take(*events.get())) is not _DONE:
+                if chunk is not None:
+                    yield chunk
         finally:
-            if not finished:  # cancel, and wait the step it takes: the slot is free and the stats final
+            if not ev.finished:  # cancel, and wait the step it takes: the slot is free and the stats final
                 self.engine.cancel(r)
                 while events.get()[0] not in ("done", "error"):  # tokens, logprobs
                     pass
 
-    def stream(self, prompt: str, *, chat: bool = True, stop: list[str] | None = None, **kw) -> Iterator[str]:
-        """Yields text pieces as tokens are committed; the full Result is in `self.last` after
-        (per thread). With stop strings, text that could be the start of one is held back until
-        resolved."""
-        stats = kw.pop("stats", None) or Stats()
+    def _text_request(self, prompt: str, options, chat: bool, stats: Stats | None, kw: dict):
+        """(the checked Request, the TextStream that turns its tokens into text)."""
+        o = request_options(options, **kw)
         ids = self.tokenizer.encode(prompt, chat=chat)
-        text = TextStream(self.tokenizer, stop)
-        r = self.request(ids, stats=stats, **kw)
+        return self.request(ids, o, stats=stats or Stats()), TextStream(self.tokenizer, list(o.stop))
+
+    def stream(self, prompt: str, options: RequestOptions | None = None, *, chat: bool = True,
+               stats: Stats | None = None, **kw) -> Iterator[str]:
+        """Yields text pieces as tokens are committed; the full Result is in `self.last` after
+        (per thread). options / kw: as `request`'s. With stop strings, text that could be the
+        start of one is held back until resolved."""
+        r, text = self._text_request(prompt, options, chat, stats, kw)
         gen = self.submit(r)
         try:
             for chunk in gen:
-                piece = text.push(chunk)
-                if piece:
-                    yield piece
+                yield from _pieces(r, text, chunk)
                 if text.stopped:
-                    stats.stop_reason = "stop"
                     break
             else:
                 text.flush()
         finally:
             gen.close()
-            self._local.last = Result(text.full, text.ids, stats, _aligned(r, text.ids))
+            self._local.last = _result(r, text)
         tail = text.tail()
         if tail:  # not in `finally`: a closed generator must not yield
             yield tail
 
-    def generate(self, prompt: str, **kw) -> Result:
-        for _ in self.stream(prompt, **kw):
+    def generate(self, prompt: str, options: RequestOptions | None = None, **kw) -> Result:
+        for _ in self.stream(prompt, options, **kw):
             pass
         return self.last
 
-    def choices(self, prompt: str, n: int, *, chat: bool = True, stop: list[str] | None = None,
+    def choices(self, prompt: str, n: int, options: RequestOptions | None = None, *, chat: bool = True,
                 **kw) -> list[Result]:
         """n choices of one prompt (OpenAI's `n`), decoded together: each samples from its own
-        stream derived from `seed` (see `request`'s sibling), and the later ones copy the
+        stream derived from `seed` (`RequestOptions.stream_seed`), and the later ones copy the
         first one's prompt rows instead of computing them (runtime/engine/scheduler.py)."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        o = request_options(options, **kw)
         ids = self.tokenizer.encode(prompt, chat=chat)
-        reqs = [self.request(ids, stats=Stats(), sibling=i, **kw) for i in range(n)]
+        reqs = [self.request(ids, o, stats=Stats(), sibling=i) for i in range(n)]
         gens: list = []
         try:
             for r in reqs:
                 gens.append(self.submit(r))
             results = []
             for r, gen in zip(reqs, gens, strict=True):
-                text = TextStream(self.tokenizer, stop)
+                text = TextStream(self.tokenizer, list(o.stop))
                 for chunk in gen:
                     text.push(chunk)
                     if text.stopped:
@@ -287,7 +258,7 @@ class Pipeline:
                 else:
                     text.flush()
                 gen.close()
-                results.append(Result(text.full, text.ids, r.stats, _aligned(r, text.ids)))
+                results.append(_result(r, text))
             return results
         finally:
             for gen in gens:
@@ -299,8 +270,8 @@ class Pipeline:
         return getattr(self._local, "last", None)
 
     # --- asyncio -----------------------------------------------------------------------------
-    async def astream_ids(self, prompt_ids: list[int], **kw) -> AsyncIterator[list[int]]:
-        r = self.request(prompt_ids, **kw)
+    async def astream_ids(self, prompt_ids: list[int], options: RequestOptions | None = None, **kw) -> AsyncIterator[list[int]]:
+        r = self.request(prompt_ids, options, **kw)
         async for chunk in self.asubmit(r):
             yield chunk
 
@@ -314,55 +285,41 @@ class Pipeline:
         return self._adrain(r, events)
 
     async def _adrain(self, r: Request, events: asyncio.Queue) -> AsyncIterator[list[int]]:
-        finished = False
+        ev = _Events(r)
         try:
-            while True:
-                kind, value = await events.get()
-                if kind == "tokens":
-                    yield value
-                elif kind == "logprobs":
-                    r.token_logprobs.extend(value)
-                elif kind == "done":
-                    finished = True
-                    return
-                else:
-                    finished = True
-                    raise value
+            while (chunk := ev.take(*await events.get())) is not _DONE:
+                if chunk is not None:
+                    yield chunk
         finally:
-            if not finished:
+            if not ev.finished:
                 self.engine.cancel(r)
                 while (await events.get())[0] not in ("done", "error"):
                     pass
 
-    async def astream(self, prompt: str, *, chat: bool = True, stop: list[str] | None = None,
-                      result: list | None = None, **kw) -> AsyncIterator[str]:
+    async def astream(self, prompt: str, options: RequestOptions | None = None, *, chat: bool = True,
+                      stats: Stats | None = None, result: list | None = None, **kw) -> AsyncIterator[str]:
         """As `stream`, for asyncio; `result` (a list) receives the Result at the end."""
-        stats = kw.pop("stats", None) or Stats()
-        ids = self.tokenizer.encode(prompt, chat=chat)
-        text = TextStream(self.tokenizer, stop)
-        r = self.request(ids, stats=stats, **kw)
+        r, text = self._text_request(prompt, options, chat, stats, kw)
         gen = self.asubmit(r)
         try:
             async for chunk in gen:
-                piece = text.push(chunk)
-                if piece:
+                for piece in _pieces(r, text, chunk):
                     yield piece
                 if text.stopped:
-                    stats.stop_reason = "stop"
                     break
             else:
                 text.flush()
         finally:
             await gen.aclose()
             if result is not None:
-                result.append(Result(text.full, text.ids, stats, _aligned(r, text.ids)))
+                result.append(_result(r, text))
         tail = text.tail()
         if tail:
             yield tail
 
-    async def agenerate(self, prompt: str, **kw) -> Result:
+    async def agenerate(self, prompt: str, options: RequestOptions | None = None, **kw) -> Result:
         out: list = []
-        async for _ in self.astream(prompt, result=out, **kw):
+        async for _ in self.astream(prompt, options, result=out, **kw):
             pass
         return out[0]
 
@@ -401,8 +358,41 @@ class Pipeline:
         self.close()
 
 
-def _aligned(r: Request, ids: list[int]) -> list[TokenLogprob] | None:
-    return None if r.logprobs is None else r.token_logprobs[: len(ids)]
+_DONE = object()
+
+
+class _Events:
+    """A request's engine events (`sink`'s kinds, request.py) as its client reads them."""
+
+    def __init__(self, r: Request):
+        self.r, self.finished = r, False  # finished: "done" or "error" was read
+
+    def take(self, kind: str, value):
+        """-> a chunk; None ("logprobs": kept in r.token_logprobs); _DONE; or raises the error."""
+        if kind == "tokens":
+            return value
+        if kind == "logprobs":
+            self.r.token_logprobs.extend(value)
+            return None
+        self.finished = True
+        if kind == "done":
+            return _DONE
+        raise value
+
+
+def _pieces(r: Request, text: TextStream, chunk: list[int]) -> Iterator[str]:
+    """The text a token chunk releases (none while held back); a stop string ends it ("stop")."""
+    piece = text.push(chunk)
+    if text.stopped:
+        r.stats.stop_reason = "stop"
+    if piece:
+        yield piece
+
+
+def _result(r: Request, text: TextStream) -> Result:
+    """The Result of a request whose tokens went through `text` (logprobs cut where its ids end)."""
+    lp = None if r.logprobs is None else r.token_logprobs[: len(text.ids)]
+    return Result(text.full, text.ids, r.stats, lp)
 
 
 def load(folder: str | Path = "engines/default", **kw) -> Pipeline:

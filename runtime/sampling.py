@@ -11,11 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import InvalidRequest
+
 NOISE_DOMAIN = 1  # keys [seed, choice, NOISE_DOMAIN, t] of the coupled noise: apart from the uncoupled stream
 
 
-class InvalidSampling(ValueError):
-    pass
+class InvalidSampling(InvalidRequest):
+    """A sampling setting out of range; `param` names it."""
 
 
 @dataclass(frozen=True)
@@ -26,11 +28,11 @@ class SamplingConfig:
 
     def __post_init__(self):
         if not np.isfinite(self.temperature) or self.temperature < 0:
-            raise InvalidSampling(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+            raise InvalidSampling(f"temperature must be >= 0 (0 = greedy), got {self.temperature}", "temperature")
         if self.top_k < 0 or int(self.top_k) != self.top_k:
-            raise InvalidSampling(f"top_k must be a non-negative integer (0 = off), got {self.top_k}")
+            raise InvalidSampling(f"top_k must be a non-negative integer (0 = off), got {self.top_k}", "top_k")
         if not 0 < self.top_p <= 1:
-            raise InvalidSampling(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidSampling(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
 
     @property
     def greedy(self) -> bool:

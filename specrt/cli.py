@@ -12,6 +12,7 @@ import re
 import signal
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -230,7 +231,7 @@ def _inspect_memory(path: Path, man) -> None:
 def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k, draft, adaptive, chat, stop,
              as_json, show_stats, device, threads, hugepages, max_seq_len):
     """Generate from PROMPT (or '-' / nothing: read stdin) with speculative decoding."""
-    from specrt.runtime import USER_ERRORS, load
+    from specrt.runtime import USER_ERRORS, RequestOptions, load
 
     if prompt is None or prompt == "-":
         prompt = sys.stdin.read()
@@ -239,14 +240,14 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, k
         pipe = load(engines, draft=draft, device=device, threads=threads, k=k, global_pool=True, hugepages=hugepages,
                     max_batch=1, max_seq_len=max_seq_len)  # one request: one KV slot
         draft = pipe.default_draft  # None followed the bundle
-        kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                  seed=seed, k=k if draft != "none" else 0, chat=chat, stop=list(stop), adaptive=adaptive)
+        opts = RequestOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                              seed=seed, k=k if draft != "none" else 0, stop=stop, adaptive=adaptive)
         if as_json:
-            res = pipe.generate(prompt, **kw)
+            res = pipe.generate(prompt, opts, chat=chat)
             click.echo(json.dumps(res.as_dict()))
             return
         try:
-            for piece in pipe.stream(prompt, **kw):
+            for piece in pipe.stream(prompt, opts, chat=chat):
                 click.echo(piece, nl=False)
                 sys.stdout.flush()
         except KeyboardInterrupt:
@@ -382,52 +383,30 @@ def bench(ctx, engines, workloads, ks, drafts, adaptive, temps, top_p, max_new_t
 @click.option("--router", type=click.Choice(["prefix", "pow2"]), default="prefix", show_default=True,
               help="Ray: prefix affinity, or Ray's default power-of-two choices")
 @click.option("--replica-cpus", type=float, default=None, help="Ray: CPUs each replica reserves (default: --threads, else 1)")
-def serve(engines, host, port, max_batch, max_seq_len, memory_fraction, max_queue, draft, adaptive, k, api_key,
-          request_timeout, max_body_mb, grace, threads, hugepages, prefix_cache, replicas, min_replicas, max_replicas,
-          ray_address, router, replica_cpus):
+def serve(host, port, memory_fraction, ray_address, replicas, min_replicas, max_replicas, router, replica_cpus,
+          **opts):
     """OpenAI-compatible HTTP server over the engine (extra `serve`; with --replicas, Ray Serve)."""
+    # opts: the flags named as runtime/serve/config.py `ServeOptions`' fields, shared with Ray
     if replicas is not None or min_replicas is not None or max_replicas is not None:
-        if max_batch == "auto" or memory_fraction is not None:
+        if opts["max_batch"] == "auto" or memory_fraction is not None:
             # each replica would size itself to the whole machine's memory
             _fail("--max-batch auto / --memory-fraction size one process: give replicas a slot count")
-        return _serve_ray(host, port, ray_address, dict(
-            engines=engines, replicas=replicas, min_replicas=min_replicas, max_replicas=max_replicas, threads=threads,
-            replica_cpus=replica_cpus, router=router, max_batch=max_batch, max_seq_len=max_seq_len,
-            max_queue=max_queue, draft=draft, adaptive=adaptive, k=k, api_key=api_key, request_timeout=request_timeout,
-            max_body_mb=max_body_mb, grace=grace, hugepages=hugepages, prefix_cache=prefix_cache))
+        return _serve_ray(host, port, ray_address, dict(opts, replicas=replicas, min_replicas=min_replicas,
+                                                        max_replicas=max_replicas, router=router,
+                                                        replica_cpus=replica_cpus))
     try:
         import uvicorn
 
-        from specrt.runtime.serve.app import ServerConfig, build_app
+        from specrt.runtime.serve.app import build_app
     except ImportError as e:
         _fail(f"serve needs the serve extra (pip install 'specrt[serve]'): {e}")
-    from specrt.runtime import USER_ERRORS, load
-    from specrt.runtime.loader import size_load
-    from specrt.runtime.manifest import load_manifest
-    from specrt.runtime.memory import DEFAULT_MEMORY_FRACTION
+    from specrt.runtime.serve.config import ServeOptions
 
-    folder = Path(engines or _engines_default())
-    if max_queue < 0:
+    folder = Path(opts["engines"] or _engines_default())
+    o = ServeOptions(**dict(opts, engines=str(folder)))
+    if o.max_queue < 0:
         _fail("--max-queue must be >= 0")
-    fraction = DEFAULT_MEMORY_FRACTION if memory_fraction is None else memory_fraction
-    try:
-        man = load_manifest(folder)
-        draft = draft or ("model" if man.draft is not None else "none")
-        # sized before the port opens: a load that cannot fit fails now, and `auto` is resolved
-        # once (the load checks that count again against what is available then)
-        sizing = size_load(folder, man, want_draft=man.draft is not None and draft in ("model", "auto"),
-                           device="cpu", max_batch=max_batch, max_seq_len=max_seq_len, memory_fraction=fraction)
-    except USER_ERRORS as e:
-        _fail(str(e))
-    model_id = folder.resolve().name
-    cfg = ServerConfig(model_id=model_id, api_key=api_key, max_body_bytes=int(max_body_mb * 2**20),
-                       request_timeout_s=request_timeout, draft=draft, adaptive=adaptive and draft != "none")
-
-    def _load():
-        return load(folder, draft=draft, threads=threads, k=k, global_pool=True, hugepages=hugepages,
-                    adaptive=adaptive, max_batch=sizing.slots, max_seq_len=sizing.seq, max_queue=max_queue,
-                    prefix_cache=prefix_cache)
-
+    cfg, sizing = _size_serve(o, folder, memory_fraction)
     failed: list = []
     server = None
 
@@ -435,11 +414,11 @@ def serve(engines, host, port, max_batch, max_seq_len, memory_fraction, max_queu
         failed.append(e)
         server.should_exit = True
 
-    app = build_app(cfg, _load, on_load_error=_stop)
-    click.echo(f"specrt: serving {model_id} from {folder} on http://{host}:{port}/v1 "
-               f"({sizing.summary()}; draft={draft}{', adaptive' if cfg.adaptive else ''})", err=True)
+    app = build_app(cfg, replace(o, max_batch=sizing.slots, max_seq_len=sizing.seq).load, on_load_error=_stop)
+    click.echo(f"specrt: serving {cfg.model_id} from {folder} on http://{host}:{port}/v1 "
+               f"({sizing.summary()}; draft={cfg.draft}{', adaptive' if cfg.adaptive else ''})", err=True)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           timeout_graceful_shutdown=grace))
+                                           timeout_graceful_shutdown=o.grace))
     # uvicorn re-raises the signal that stopped it once it has shut down gracefully; SIGTERM is
     # the orchestrator's "stop": a graceful stop exits 0 (SIGINT stays Ctrl-C: 130)
     signal.signal(signal.SIGTERM, lambda sig, frame: None)
@@ -451,6 +430,26 @@ def serve(engines, host, port, max_batch, max_seq_len, memory_fraction, max_queu
         _fail(f"cannot load {folder}: {failed[0]}")
     if not server.started:
         _fail(f"could not start the server on {host}:{port} (port in use?)")
+
+
+def _size_serve(o, folder: Path, memory_fraction):
+    """(the server's config, the load's sizing), before the port opens: a load that cannot fit
+    fails now, and `auto` is resolved once (the load checks that count again against what is
+    available then)."""
+    from specrt.runtime import USER_ERRORS
+    from specrt.runtime.loader import size_load
+    from specrt.runtime.manifest import load_manifest
+    from specrt.runtime.memory import DEFAULT_MEMORY_FRACTION
+
+    fraction = DEFAULT_MEMORY_FRACTION if memory_fraction is None else memory_fraction
+    try:
+        man = load_manifest(folder)
+        cfg = o.server_config(man)
+        sizing = size_load(folder, man, want_draft=man.draft is not None and cfg.draft in ("model", "auto"),
+                           device="cpu", max_batch=o.max_batch, max_seq_len=o.max_seq_len, memory_fraction=fraction)
+    except USER_ERRORS as e:
+        _fail(str(e))
+    return cfg, sizing
 
 
 def _serve_ray(host: str, port: int, ray_address: str | None, args: dict) -> None:
@@ -617,7 +616,9 @@ def _report(results: dict, text: str, path: Path) -> None:
     """An in-process load run's table on the terminal and its JSON (with the command) at `path`."""
     click.echo("", err=True)
     click.echo(text)
-    results["command"] = " ".join(["specrt"] + sys.argv[1:]) if sys.argv and "specrt" in sys.argv[0] else ""
+    from specrt.runtime.bench.report import command_line
+
+    results["command"] = command_line()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1))
     click.echo(f"wrote {path}")

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 BEGIN, END = "<!-- specrt-bench:begin -->", "<!-- specrt-bench:end -->"
+
+
+def command_line() -> str:
+    """The `specrt ...` command this process runs, as results files record it ("" when the
+    process is not the specrt CLI: a test, a script)."""
+    return " ".join(["specrt"] + sys.argv[1:]) if sys.argv and "specrt" in sys.argv[0] else ""
 
 
 def table(results: dict) -> str:

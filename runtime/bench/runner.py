@@ -16,6 +16,7 @@ from ..cost_cache import cpu_model
 from ..engine import Stats
 from ..pipeline import Pipeline
 from . import peer
+from .report import command_line
 from .stats import alpha_from_expected, interleave, median_spread, paired_ratio, predicted_speedup
 
 # Idle gap before each timed run. A thread pool keeps spinning for tens of ms after its last
@@ -90,7 +91,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
     items = [it for w in cfg.workloads for it in load_workload(w)[: cfg.limit]]
     if any("turns" in it for it in items):
         raise ValueError("multi-turn workloads (conversations) run with `specrt bench --concurrency L` or `specrt bench serve`")
-    pipe = Pipeline(cfg.bundle, draft="model" if _has_draft(cfg.bundle) else "none", global_pool=cfg.global_pool,
+    pipe = Pipeline(cfg.bundle, global_pool=cfg.global_pool,  # draft: the bundle's model if it has one
                     hugepages=cfg.hugepages, cost_cache=False,  # the run's own probe: c and v of this run
                     max_batch=1,  # one request at a time, as `specrt generate` (--concurrency: bench/load.py)
                     prefix_cache=False)  # every arm computes its prompt: TTFT is prefill, arm against arm
@@ -100,25 +101,8 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
     if cfg.adaptive:
         arms += [f"{d}-adaptive" for d in cfg.drafts]
     costs = probe_costs(pipe, cfg.ks)  # measured once, before the timed runs
-
-    genai = {}
-    if cfg.peer == "ort-genai":
-        if not peer.available():
-            raise RuntimeError("--peer ort-genai needs onnxruntime-genai (pip install 'specrt[bench]')")
-        man = pipe.manifest
-        peers = [("genai-target", None, 0)]
-        has_plain = cfg.peer_draft is not None or (man.draft is not None and not man.draft.io.hidden_in)
-        peers += [(f"genai-k{k}", k, 0) for k in cfg.ks if "model" in cfg.drafts and has_plain]
-        peers += [(f"genai-ngram-k{k}", k, 3) for k in cfg.ks if "ngram" in cfg.drafts]
-        own = (cfg.bundle / "genai_config.json").is_file()  # bundles exported since session 6
-        for name, kk, ngram in peers:
-            if own and (cfg.peer_draft is None or not kk or ngram):  # the bundle as services load it
-                genai[name] = peer.GenaiRunner(cfg.bundle, peer.bundle_overlay(man, kk, ngram))
-                continue
-            folder = peer.write_config(cfg.bundle, man, cfg.out / "genai" / name, max_draft_tokens=kk,
-                                       ngram_size=ngram, draft_bundle=cfg.peer_draft if kk and not ngram else None)
-            genai[name] = peer.GenaiRunner(folder)
-        arms += list(genai)
+    genai = _genai_runners(cfg, pipe.manifest) if cfg.peer == "ort-genai" else {}
+    arms += list(genai)
 
     # warm-up: one short run per arm
     for arm in arms:
@@ -136,7 +120,7 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
             runs.append(rec)
     results = {
         "machine": _machine(),
-        "command": " ".join(["specrt"] + sys.argv[1:]) if sys.argv and "specrt" in sys.argv[0] else "",
+        "command": command_line(),
         "config": {"bundle": str(cfg.bundle), "workloads": [str(w) for w in cfg.workloads], "ks": cfg.ks,
                    "drafts": cfg.drafts, "temperatures": cfg.temperatures, "top_p": cfg.top_p,
                    "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats, "peer": cfg.peer,
@@ -154,10 +138,24 @@ def run_bench(cfg: BenchConfig, progress=None) -> dict:
     return results
 
 
-def _has_draft(bundle: Path) -> bool:
-    from ..manifest import load_manifest
-
-    return load_manifest(bundle).draft is not None
+def _genai_runners(cfg: BenchConfig, man) -> dict:
+    """onnxruntime-genai's arms on the same graphs: arm name -> peer.GenaiRunner."""
+    if not peer.available():
+        raise RuntimeError("--peer ort-genai needs onnxruntime-genai (pip install 'specrt[bench]')")
+    peers = [("genai-target", None, 0)]
+    has_plain = cfg.peer_draft is not None or (man.draft is not None and not man.draft.io.hidden_in)
+    peers += [(f"genai-k{k}", k, 0) for k in cfg.ks if "model" in cfg.drafts and has_plain]
+    peers += [(f"genai-ngram-k{k}", k, 3) for k in cfg.ks if "ngram" in cfg.drafts]
+    own = (cfg.bundle / "genai_config.json").is_file()  # bundles exported since session 6
+    genai = {}
+    for name, kk, ngram in peers:
+        if own and (cfg.peer_draft is None or not kk or ngram):  # the bundle as services load it
+            genai[name] = peer.GenaiRunner(cfg.bundle, peer.bundle_overlay(man, kk, ngram))
+            continue
+        folder = peer.write_config(cfg.bundle, man, cfg.out / "genai" / name, max_draft_tokens=kk,
+                                   ngram_size=ngram, draft_bundle=cfg.peer_draft if kk and not ngram else None)
+        genai[name] = peer.GenaiRunner(folder)
+    return genai
 
 
 def _run_arm(pipe, genai, arm, it, temp, cfg, seed=0, max_new=None) -> dict:

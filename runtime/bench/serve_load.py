@@ -22,13 +22,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .conversations import turns
 from .load import dist
+from .report import command_line
 
 
 @dataclass
@@ -189,7 +189,7 @@ def run_serve_bench(cfg: ServeBenchConfig, progress=None) -> dict:
     return {"config": {"levels": cfg.levels, "max_tokens": cfg.max_tokens, "requests_per_client": cfg.requests_per_client,
                        "arms": {a.name: " ".join(a.cmd) for a in cfg.arms},
                        "conversations": len(cfg.conversations) if cfg.conversations else None},
-            "runs": runs, "command": " ".join(["specrt"] + sys.argv[1:]) if sys.argv else ""}
+            "runs": runs, "command": command_line()}
 
 
 def table(results: dict) -> str:

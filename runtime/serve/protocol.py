@@ -1,28 +1,28 @@
-"""OpenAI request and response bodies as pydantic models (the `serve` extra only).
+"""OpenAI's request and response bodies as pydantic models (the `serve` extra only): the types
+both endpoints share. Each endpoint's own models are in `protocol_chat.py` and
+`protocol_completion.py`, the fields parsed but refused in `refusals.py` (vLLM's layout:
+engine/protocol.py shared, one protocol module per endpoint).
 
 Models hold data, validation and conversion, nothing else: FastAPI validates a body against
-`ChatCompletionRequest` / `CompletionRequest` before a route runs, `to_gen_params` turns a
-checked request into engine settings, and `openai_error` turns pydantic's errors into OpenAI's
-`{"error": {...}}` with `param` naming the field as the client wrote it (`messages[0].content`).
-The serving layer (app.py) calls the engine and picks HTTP statuses.
+`ChatCompletionRequest` / `CompletionRequest` before a route runs, and `to_options` turns a
+checked request into the runtime's `RequestOptions` (runtime/options.py). The serving layer
+(serving.py) calls the engine; errors.py turns pydantic's errors into OpenAI's, with `param`
+naming the field as the client wrote it.
 
-Unknown fields are ignored (logged at debug level), as OpenAI-compatible servers do. Fields the
-server understands but cannot honour yet are refused with a 400, never ignored: `UNSUPPORTED`
-is the one table to edit as the engine gains each feature (issue 20).
+Unknown fields are ignored (logged at debug level), as OpenAI-compatible servers do.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
 from ..grammar import Constraint
+from ..options import RequestOptions
+from .refusals import refuse_unsupported
 
 log = logging.getLogger("specrt.serve")
 
@@ -52,13 +52,6 @@ def _as_list(v):
     return [v] if isinstance(v, str) else v
 
 
-def _one_prompt(v):
-    if isinstance(v, list) and len(v) == 1 and isinstance(v[0], str):
-        return v[0]
-    if not isinstance(v, str):
-        raise PydanticCustomError("prompt_type", "must be a string (one prompt per request)")
-    return v
-
 
 class OpenAIBaseModel(BaseModel):
     """Request models: unknown fields are allowed (OpenAI's API grows; clients send fields of
@@ -72,50 +65,6 @@ class OpenAIBaseModel(BaseModel):
             log.debug("specrt: %s ignores fields %s", type(self).__name__, sorted(self.model_extra))
         return self
 
-
-# ---- messages -------------------------------------------------------------------------------
-
-class ImageURL(OpenAIBaseModel):
-    url: str
-    detail: Literal["auto", "low", "high"] | None = None
-
-
-class InputAudio(OpenAIBaseModel):
-    data: str
-    format: Literal["wav", "mp3"]
-
-
-class ContentPart(OpenAIBaseModel):
-    """One part of a message's content. The model reads text only; the other kinds are parsed
-    so that `UNSUPPORTED` can name them in its refusal."""
-
-    type: Literal["text", "image_url", "input_audio", "file"]
-    text: str | None = None
-    image_url: ImageURL | None = None
-    input_audio: InputAudio | None = None
-    file: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _payload(self):
-        if getattr(self, self.type) is None:
-            raise PydanticCustomError("missing", "a {kind} part needs its '{kind}' field", {"kind": self.type})
-        return self
-
-
-class ChatMessage(OpenAIBaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart] | None = None
-
-    @model_validator(mode="after")
-    def _needs_content(self):
-        if self.content is None and self.role != "assistant":  # an assistant turn may be empty
-            raise PydanticCustomError("missing", "'content' is required (a string or a list of text parts)")
-        return self
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)  # text parts only: others are refused
-        return self.content or ""
 
 
 # ---- request options ------------------------------------------------------------------------
@@ -142,109 +91,16 @@ class ResponseFormat(OpenAIBaseModel):
         return self
 
 
-class FunctionDefinition(OpenAIBaseModel):
-    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: StrictBool | None = None
-
-
-class Tool(OpenAIBaseModel):
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class FunctionName(OpenAIBaseModel):
-    name: str
-
-
-class NamedToolChoice(OpenAIBaseModel):
-    type: Literal["function"]
-    function: FunctionName
-
-
-# ---- what is parsed but refused -------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Unsupported:
-    """A field the server parses and checks but cannot honour: `used(value)` says whether the
-    request asks for it (True, or the exact param path inside the field); `why` ends the 400."""
-
-    field: str
-    used: Callable[[Any], bool | str | None]
-    why: str
-
-
-def _non_text_part(messages: list[ChatMessage]) -> str | None:
-    for i, m in enumerate(messages):
-        for j, part in enumerate(m.content if isinstance(m.content, list) else []):
-            if part.type != "text":
-                return f"messages[{i}].content[{j}]"
-    return None
-
-
-_SPEC = "not exact under speculative decoding yet (issue 20)"
-_NO_TOOLS = "the bundle's chat template has no tool calling"
-
-# Each entry is lifted (removed) when the engine honours the field; types and ranges stay in
-# the models above, so a lifted field is already validated.
-UNSUPPORTED: tuple[Unsupported, ...] = (
-    Unsupported("best_of", lambda v: v > 1, "server-side ranking of choices is not built (use 'n')"),
-    Unsupported("min_p", lambda v: v > 0, "min_p sampling is " + _SPEC),
-    Unsupported("stop_token_ids", bool, "stop token ids are not implemented yet; use 'stop' strings"),
-    Unsupported("tools", bool, _NO_TOOLS),
-    # "auto" without tools is plain text, as "none" is
-    Unsupported("tool_choice", lambda v: v not in ("none", "auto"), _NO_TOOLS),
-    Unsupported("messages", _non_text_part, "the model reads text only: send {'type': 'text', 'text': ...} parts"),
-    Unsupported("audio", lambda v: True, "the model writes text only"),
-    Unsupported("modalities", lambda v: "audio" in v, "the model writes text only"),
-    Unsupported("echo", bool, "echoing the prompt is not implemented"),
-    Unsupported("suffix", bool, "the model has no fill-in-the-middle format"),
-)
-
-
-def _unsupported(name: str, why: str) -> PydanticCustomError:
-    return PydanticCustomError("unsupported_parameter", "'{param}' is not supported by this server: {why}",
-                               {"param": name, "why": why})
-
 
 # ---- requests -------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class GenParams:
-    """What the engine needs from a request; the keyword names are `Pipeline.request`'s."""
-
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int | None
-    ignore_eos: bool
-    stop: tuple[str, ...]  # for TextStream: stop strings end the text, not the engine
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    min_tokens: int = 0
-    logprobs: int | None = None  # alternatives per token (None: no logprobs)
-    grammar: Constraint | None = None  # the output must match it (runtime/grammar.py)
-    grammar_param: str | None = None  # the field that asked for it (a 400 that cannot compile names it)
-
-    def engine_kwargs(self) -> dict:
-        return dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                    top_k=self.top_k, seed=self.seed, ignore_eos=self.ignore_eos,
-                    frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
-                    repetition_penalty=self.repetition_penalty, logit_bias=dict(self.logit_bias),
-                    min_tokens=self.min_tokens, logprobs=self.logprobs, grammar=self.grammar)
-
 
 # structured-output fields, in the order a conflict names them
 GRAMMAR_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_grammar", "guided_choice", "grammar",
                   "json_schema")
 
 
-class _GenerationRequest(OpenAIBaseModel):
-    """Fields both endpoints share."""
+class GenerationRequest(OpenAIBaseModel):
+    """Fields both endpoints share, and their conversion to the runtime's `RequestOptions`."""
 
     model: str = Field(min_length=1, description="the served model's id: see GET /v1/models")
     max_tokens: integer(ge=1, le=10**12) | None = None
@@ -285,12 +141,7 @@ class _GenerationRequest(OpenAIBaseModel):
 
     @model_validator(mode="after")
     def _refuse_unsupported(self):
-        declared = type(self).model_fields
-        for u in UNSUPPORTED:
-            value = getattr(self, u.field) if u.field in declared else None
-            hit = value is not None and u.used(value)
-            if hit:
-                raise _unsupported(hit if isinstance(hit, str) else u.field, u.why)
+        refuse_unsupported(self)
         return self
 
     def _requested_max_tokens(self) -> int | None:
@@ -300,35 +151,45 @@ class _GenerationRequest(OpenAIBaseModel):
         """The server's default when the request names none; room: tokens left in the context."""
         raise NotImplementedError
 
-    def to_gen_params(self, room: int) -> GenParams:
-        """Request value, else the server's default, else the built-in default; the request
-        itself is left as it is."""
-        asked = self._requested_max_tokens()
-        return GenParams(
+    def to_options(self, room: int, **server) -> RequestOptions:
+        """The runtime's options for this request: the request's value, else the server's
+        default, else the built-in default. room: tokens left in the context after the prompt;
+        server: options the server sets, not the client (draft, adaptive, timeout_s). The
+        request itself is left as it is. Raises InvalidRequest (runtime/errors.py) for a
+        combination the runtime refuses; `field_of` names the field to blame."""
+        asked, grammar = self._requested_max_tokens(), self.grammar_field()
+        return RequestOptions(
             max_new_tokens=asked if asked is not None else self.default_max_tokens(room),
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k or 0,
             seed=self.seed,
             ignore_eos=bool(self.ignore_eos),
-            stop=tuple(s for s in self.stop or () if s),
+            stop=tuple(self.stop or ()),
             frequency_penalty=self.frequency_penalty or 0.0,
             presence_penalty=self.presence_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-            logit_bias=tuple((int(t), b) for t, b in (self.logit_bias or {}).items()),
+            logit_bias={int(t): b for t, b in (self.logit_bias or {}).items()},
             min_tokens=self.min_tokens or 0,
             logprobs=self._logprobs(),
-            **self._grammar(),
+            grammar=None if grammar is None else self._constraint(grammar),
+            **server,
         )
 
-    def _grammar(self) -> dict:
-        """The structured-output field the request uses, as a Constraint (OpenAI's
-        response_format; vLLM's guided_*; llama.cpp's grammar / json_schema)."""
-        for name in GRAMMAR_FIELDS:
-            c = self._constraint(name)
-            if c is not None:
-                return {"grammar": c, "grammar_param": name}
-        return {}
+    def field_of(self, option: str | None) -> str | None:
+        """The field of this request a runtime option came from (an InvalidRequest's `param`);
+        None for what the server sets (timeout_s, k, draft) or no option."""
+        if option == "max_new_tokens":
+            return self._max_tokens_field()
+        return option if option in type(self).model_fields else None
+
+    def _max_tokens_field(self) -> str:
+        return "max_tokens"
+
+    def grammar_field(self) -> str | None:
+        """The structured-output field the request uses (OpenAI's response_format; vLLM's
+        guided_*; llama.cpp's grammar / json_schema), or None."""
+        return next((name for name in GRAMMAR_FIELDS if self._constraint(name) is not None), None)
 
     def _constraint(self, name: str) -> Constraint | None:
         v = getattr(self, name)
@@ -364,58 +225,10 @@ class _GenerationRequest(OpenAIBaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatCompletionRequest(_GenerationRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: integer(ge=1, le=10**12) | None = None
-    logprobs: StrictBool | None = False
-    top_logprobs: integer(ge=0, le=20) | None = None
-    tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: StrictBool | None = None  # nothing to parallelise while tools are refused
-    audio: dict[str, Any] | None = None
-    modalities: list[Literal["text", "audio"]] | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _top_logprobs_need_logprobs(cls, data):
-        asked = data.get("top_logprobs") if isinstance(data, dict) else None
-        if isinstance(asked, int) and asked > 0 and data.get("logprobs") is not True:
-            raise PydanticCustomError("invalid_combination", "'{param}' needs 'logprobs': true",
-                                      {"param": "top_logprobs"})
-        return data
-
-    def _requested_max_tokens(self) -> int | None:
-        # max_tokens is deprecated in OpenAI's chat API in favour of max_completion_tokens
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-    def default_max_tokens(self, room: int) -> int:
-        return room  # to the end of the context (vLLM's default)
-
-    def _logprobs(self) -> int | None:
-        return (self.top_logprobs or 0) if self.logprobs else None
-
-    def chat_messages(self) -> list[dict]:
-        """{role, content} for the chat template; `developer` is OpenAI's new name for system."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
-
-
-class CompletionRequest(_GenerationRequest):
-    prompt: Annotated[str, Field(min_length=1), BeforeValidator(_one_prompt, json_schema_input_type=str | list[str])]
-    logprobs: integer(ge=0, le=5) | None = None
-    echo: StrictBool | None = False
-    best_of: integer(ge=1, le=20) | None = None
-    suffix: str | None = None
-
-    def default_max_tokens(self, room: int) -> int:
-        return 16  # OpenAI's and vLLM's default for completions
-
-    def _logprobs(self) -> int | None:
-        return self.logprobs
-
-
 # ---- responses ------------------------------------------------------------------------------
 
-def _none(v) -> bool:
+def none(v) -> bool:
+    """`exclude_if` of the response fields that are left out of the JSON when None."""
     return v is None
 
 
@@ -428,97 +241,12 @@ class UsageInfo(BaseModel):
     completion_tokens: int
     total_tokens: int
     # prompt tokens whose KV rows were reused (prefix cache); always sent by specrt serve
-    prompt_tokens_details: PromptTokensDetails | None = Field(default=None, exclude_if=_none)
+    prompt_tokens_details: PromptTokensDetails | None = Field(default=None, exclude_if=none)
 
 
 FinishReason = Literal["stop", "length", "timeout"]  # timeout: --request-timeout (not OpenAI's)
 
 
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class ChatCompletionTokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob]
-
-
-class ChoiceLogprobs(BaseModel):
-    """Chat: one entry per generated token (the target's raw log-softmax, runtime/logits.py)."""
-
-    content: list[ChatCompletionTokenLogprob] | None = None
-
-
-class CompletionLogprobs(BaseModel):
-    """Completions' legacy shape: parallel lists per generated token."""
-
-    tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
-    text_offset: list[int] = Field(default_factory=list)
-
-
-class ChatCompletionChoice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    logprobs: ChoiceLogprobs | None = None  # null unless asked; clients expect the key
-    finish_reason: FinishReason
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatCompletionChoice]
-    usage: UsageInfo
-
-
-class DeltaMessage(BaseModel):
-    """What a chunk adds: the role once, then content pieces; the last chunk's delta is {}."""
-
-    role: Literal["assistant"] | None = Field(default=None, exclude_if=_none)
-    content: str | None = Field(default=None, exclude_if=_none)
-
-
-class ChatCompletionStreamChoice(BaseModel):
-    index: int = 0
-    delta: DeltaMessage
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: FinishReason | None = None
-
-
-class ChatCompletionStreamResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatCompletionStreamChoice]  # [] in the usage chunk
-    usage: UsageInfo | None = Field(default=None, exclude_if=_none)  # only in the usage chunk
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: FinishReason | None = None  # None in a stream's content chunks
-
-
-class CompletionResponse(BaseModel):
-    """A whole completion, or (usage None) one streamed chunk: OpenAI uses one shape for both."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = Field(default=None, exclude_if=_none)
 
 
 class ModelCard(BaseModel):
@@ -544,64 +272,3 @@ class ErrorInfo(BaseModel):
 class ErrorResponse(BaseModel):
     error: ErrorInfo
 
-
-# ---- pydantic's errors as OpenAI's ----------------------------------------------------------
-
-# pydantic names each member of a union in an error's location ("str", "list[...]",
-# "literal['none','auto']", a model's class name) and a dict key's own error "[key]"; clients
-# wrote only field names, keys and indexes
-_KINDS = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean"}
-_OWN_CODES = {"unsupported_parameter"}  # our codes, passed on as the error's `code`
-
-
-def _is_member(part) -> bool:
-    return isinstance(part, str) and (part in _KINDS or "[" in part or part[:1].isupper())
-
-
-def _kind(member: str) -> str:
-    if member.startswith("literal["):
-        return member[len("literal["):-1]
-    return _KINDS.get(member) or ("a list" if member.startswith("list[") else "an object")
-
-
-def _param(loc) -> str | None:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not _is_member(part):
-            out += f".{part}" if out else part
-    return out or None
-
-
-def _got(value) -> str:
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return f" (got {json.dumps(value)[:40]})"
-    return ""  # objects and lists: the param says where
-
-
-def openai_error(errors: list[dict]) -> ErrorInfo:
-    """pydantic's (or FastAPI's) validation errors -> one OpenAI error. The deepest error is the
-    one a client can act on: a union reports one error per member, the member that matched
-    furthest has the longest location."""
-    e = max(errors, key=lambda e: len(e.get("loc", ())))
-    loc = tuple(e.get("loc", ()))
-    if loc[:1] == ("body",):  # FastAPI's prefix for the request body
-        loc = loc[1:]
-    ctx = e.get("ctx") or {}
-    param = ctx.get("param") or _param(loc)
-    if e["type"] in _OWN_CODES or e["type"] == "invalid_combination":
-        return ErrorInfo(message=e["msg"], type="invalid_request_error", param=param,
-                         code=e["type"] if e["type"] in _OWN_CODES else None)
-    if param is None:
-        return ErrorInfo(message="the request body must be a JSON object (Content-Type: application/json) "
-                                 "with the endpoint's fields", type="invalid_request_error")
-    msg = e["msg"]
-    members = [p for p in loc if _is_member(p)]
-    if members and loc[-1] == members[-1] and len(errors) > 1:  # no member of a union matched at all
-        kinds = dict.fromkeys(_kind(p) for x in errors for p in x["loc"][-1:] if _is_member(p))
-        msg = "must be " + " or ".join(kinds)
-    if e["type"] == "missing" and not ctx:
-        msg = "is required" if msg == "Field required" else msg
-    return ErrorInfo(message=f"'{param}': {msg}{_got(e.get('input')) if e['type'] != 'missing' else ''}",
-                     type="invalid_request_error", param=param)

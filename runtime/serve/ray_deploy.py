@@ -1,13 +1,15 @@
 """`specrt serve --replicas N`: the same HTTP API on Ray Serve, in Ray Serve LLM's layers.
 
-- `SpecrtIngress` (one replica, no CPU reserved): the FastAPI app of app.py over `RayServing`,
-  which parses, authorizes, tokenizes (the router needs the prompt's token ids) and maps
-  errors exactly as the single-process server, then calls the engine deployment through a
-  `DeploymentHandle` (`stream=True`). It records the latency histograms; engine counters are
-  the replicas' own, summed from their routing stats.
+- `SpecrtIngress` (one replica, no CPU reserved): the FastAPI app of app.py over the same
+  `OpenAIServing` as the single-process server — it parses, authorizes, tokenizes (the router
+  needs the prompt's token ids) and maps errors (errors.py) — with `RayBackend` as its backend,
+  which calls the engine deployment through a `DeploymentHandle` (`stream=True`); a replica
+  that fails is a `ReplicaFailed`, mapped as every other error. It records the latency
+  histograms; engine counters are the replicas' own, summed from their routing stats.
 - `SpecrtEngine` (N replicas, each loads the bundle once): a thin shell over `EngineServer`,
-  whose `generate` yields values — a `Head` (the replica, or the error the request got), then
-  SSE lines or the JSON body, then `Finished` (what /metrics records). `check_health` fails
+  the single-process `LocalBackend`, whose `generate` yields values — a `Head` (the replica, or
+  the error the request got), then SSE lines or the JSON body, then `Finished` (what /metrics
+  records). `check_health` fails
   when the engine cannot serve; `record_routing_stats` reports slots in use, queue depth, the
   block hashes its idle slots hold and its counters.
 - The handle's router (router.py): prefix affinity (`--router prefix`) or Ray's default
@@ -20,9 +22,7 @@ file's `args` (configs/ray_serve.yaml); the CLI calls it too.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,24 +34,20 @@ from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
+from ..engine import EngineBusy
 from ..engine.counters import Counters
 from ..manifest import load_manifest
 from ..tokenizer import Tokenizer
 from .affinity import BLOCK, block_hashes, replica_stats
-from .app import (
-    SSE_HEADERS,
-    APIError,
-    OpenAIServing,
-    ServerConfig,
-    _dump,
-    _Stream,
-    as_api_error,
-    make_app,
-    watch_disconnect,
-)
+from .app import make_app
+from .config import ServeOptions, ServerConfig
+from .errors import APIError, ReplicaFailed, as_api_error
 from .metrics import Metrics
-from .protocol import ErrorInfo, ErrorResponse
+from .protocol import ErrorInfo
+from .responses import dump
 from .router import PowerOfTwoRouter, PrefixAffinityRouter
+from .serving import LocalBackend, OpenAIServing
+from .streaming import SSE_HEADERS, Stream, sse_error, watch_disconnect
 
 log = logging.getLogger("specrt.serve")
 REPLICA_HEADER = "x-specrt-replica"  # names the engine replica that served a request
@@ -60,13 +56,15 @@ ENGINE = "SpecrtEngine"
 RETRIES = 2  # a request whose replica died before answering is sent again this many times
 INGRESS_MAX = 4096  # requests one ingress replica holds at once (HTTP relays, no CPU work)
 ROUTERS = {"prefix": PrefixAffinityRouter, "pow2": PowerOfTwoRouter}
+_REPLICA_GONE = (RayActorError, ActorUnavailableError)  # a replica died under a request
 
 
 @dataclass
-class RayOptions:
-    """What `specrt serve --replicas` and a config file's `args` set (same names as the CLI's)."""
+class RayOptions(ServeOptions):
+    """What `specrt serve --replicas` and a config file's `args` set (same names as the CLI's):
+    the single-process server's options (config.py; max_batch a count: KV slots per replica)
+    and the deployment's."""
 
-    engines: str | None = None  # bundle folder (None: $SPECRT_ENGINES, else engines/default)
     replicas: int | None = None  # fixed count (with min/max: the initial count)
     min_replicas: int | None = None  # autoscaling between min and max (both needed)
     max_replicas: int | None = None
@@ -74,18 +72,6 @@ class RayOptions:
     replica_cpus: float | None = None  # CPUs each engine replica reserves (None: threads, else 1)
     router: str = "prefix"  # "prefix" (affinity) or "pow2" (Ray's default)
     imbalance: int = 2  # prefix router: requests more than the least loaded replica past which affinity yields
-    max_batch: int = 8  # KV slots per replica
-    max_seq_len: int | None = None  # context per slot (None: the bundle's S_max)
-    max_queue: int = 64  # requests the ingress's router may hold beyond every replica's slots (then 503)
-    draft: str | None = None
-    adaptive: bool = True
-    k: int | None = None
-    api_key: str | None = None  # None: $SPECRT_API_KEY if set
-    request_timeout: float | None = None
-    max_body_mb: float = 1.0
-    grace: float = 30.0  # seconds a stopping replica lets its requests finish
-    hugepages: bool = True
-    prefix_cache: bool = True
 
     def __post_init__(self):
         if self.router not in ROUTERS:
@@ -98,27 +84,8 @@ class RayOptions:
             raise ValueError("max_batch must be >= 1 and max_queue >= 0")
 
     @property
-    def folder(self) -> Path:
-        return Path(self.engines or os.environ.get("SPECRT_ENGINES") or "engines/default").resolve()
-
-    @property
     def cpus(self) -> float:
         return self.replica_cpus if self.replica_cpus is not None else float(self.threads or 1)
-
-    def server_config(self) -> ServerConfig:
-        """The single-process server's config for this bundle (draft: the bundle's by default)."""
-        draft = self.draft or ("model" if load_manifest(self.folder).draft is not None else "none")
-        return ServerConfig(model_id=self.folder.name, api_key=self.api_key or os.environ.get("SPECRT_API_KEY"),
-                            max_body_bytes=int(self.max_body_mb * 2**20), request_timeout_s=self.request_timeout,
-                            draft=draft, adaptive=self.adaptive and draft != "none")
-
-    def load(self):
-        from .. import load
-
-        cfg = self.server_config()
-        return load(self.folder, draft=cfg.draft, threads=self.threads, k=self.k, global_pool=True,
-                    hugepages=self.hugepages, adaptive=self.adaptive, max_batch=self.max_batch,
-                    max_seq_len=self.max_seq_len, max_queue=self.max_queue, prefix_cache=self.prefix_cache)
 
 
 # ---- what travels between the ingress and an engine replica ---------------------------------
@@ -126,8 +93,8 @@ class RayOptions:
 @dataclass
 class EngineRequest:
     """One generation call: the validated body, its prompt's token ids (the router hashes
-    them), the field a too-long prompt is blamed on, and the response shape (`_ChatOutput` /
-    `_CompletionOutput`, whose id the ingress chose)."""
+    them), the field a too-long prompt is blamed on, and the response shape (`ChatOutput` /
+    `CompletionOutput` of responses.py, whose id the ingress chose)."""
 
     body: object
     ids: list[int]
@@ -169,21 +136,22 @@ def _idle_blocks(pool, block: int) -> list[int]:
 
 
 class EngineServer:
-    """One replica's pipeline behind value-yielding calls; no Ray here (tests drive it directly)."""
+    """One replica's pipeline (the single-process server's backend) behind value-yielding
+    calls; no Ray here (tests drive it directly)."""
 
     def __init__(self, cfg: ServerConfig, load, replica: str):
         """load() -> Pipeline, run now: the replica is ready when constructed (raises if not)."""
         self.replica = replica
-        self.serving = OpenAIServing(cfg, load)
-        self.serving.load()
-        if self.serving.pipe is None:
-            raise RuntimeError(f"cannot load {cfg.model_id}: {self.serving.error}")
+        self.backend = LocalBackend(cfg, load)
+        self.backend.load()
+        if self.backend.pipe is None:
+            raise RuntimeError(f"cannot load {cfg.model_id}: {self.backend.error}")
 
     async def generate(self, req: EngineRequest):
         """Head, then SSE lines (`stream: true`) or one JSON body (a dict), then Finished when
         the request ended normally. Closing the generator cancels the request."""
         try:
-            reply = self.serving.start(req.body, req.ids, req.prompt_param, req.out)
+            reply = self.backend.start(req.body, req.ids, req.prompt_param, req.out)
         except Exception as e:  # noqa: BLE001 - an error value, mapped as the single-process server does
             err = as_api_error(e, "POST", "engine")
             yield Head(self.replica, err.status_code, err.info, dict(err.headers or {}))
@@ -194,7 +162,7 @@ class EngineServer:
                 async for line in reply.sse(req.body.include_usage):
                     yield line
             else:
-                yield _dump(await reply.collect())
+                yield dump(await reply.collect())
             for record in reply.finished:  # one per choice that ended normally
                 yield Finished(record)
         finally:
@@ -202,16 +170,16 @@ class EngineServer:
 
     def unhealthy(self) -> str | None:
         """Why this replica cannot serve, or None."""
-        return None if self.serving.pipe.engine.alive() else "the engine thread is dead or the engine closed"
+        return None if self.backend.pipe.engine.alive() else "the engine thread is dead or the engine closed"
 
     def routing_stats(self) -> dict:
-        pipe = self.serving.pipe
+        pipe = self.backend.pipe
         c = pipe.counters()
         return {"running": c["running"], "waiting": c["waiting"], "slots": c["slots"], "block": BLOCK,
                 "held_blocks": _idle_blocks(pipe.scheduler.pool, BLOCK), "counters": c}
 
     def close(self) -> None:
-        self.serving.close()
+        self.backend.close()
 
 
 @serve.deployment(name=ENGINE)
@@ -266,14 +234,17 @@ def sum_counters(snapshots: list[dict]) -> dict:
     return out
 
 
-class RayServing(OpenAIServing):
-    """The single-process serving layer, with the engine replaced by calls to the engine
-    deployment: parsing, auth, tokenizing, model checks and error mapping are inherited."""
+def _replica_failed(e: Exception, headers: dict | None = None) -> ReplicaFailed:
+    return ReplicaFailed(f"the replica serving this request failed ({type(e).__name__}); retry", headers)
+
+
+class RayBackend:
+    """`OpenAIServing`'s backend (serving.py) over the engine deployment: the prompt goes to a
+    replica chosen by the handle's router, the reply comes back as values (`EngineServer`)."""
 
     def __init__(self, cfg: ServerConfig, folder: Path, engine: DeploymentHandle, engine_name: str = ENGINE,
                  max_seq_len: int | None = None):
         """max_seq_len: the replicas' context per slot (None: the bundle's S_max)."""
-        super().__init__(cfg, load=None)
         man = load_manifest(folder)
         self.front = _Frontend(Tokenizer(folder, man.tokenizer), max_seq_len or man.target.kv.max_seq_len)
         self.engine = engine.options(stream=True)
@@ -283,6 +254,9 @@ class RayServing(OpenAIServing):
 
     def ready(self):
         return self.front  # requests wait in the router's queue while no replica runs (bounded: 503)
+
+    def close(self) -> None:
+        pass  # the replicas stop with their deployment
 
     def engine_counters(self) -> dict:
         """The replicas' engine counters summed (from their latest routing stats, ~1 s old)."""
@@ -308,15 +282,15 @@ class RayServing(OpenAIServing):
             return 200, {"status": "ok", "replicas": running}
         return 503, {"status": "loading", "replicas": 0, "replica_states": {str(k): v for k, v in states.items()}}
 
-    async def _generate(self, req, ids: list[int], prompt_param: str, out, request):
+    async def respond(self, req, ids: list[int], prompt_param: str, out, request):
         gen, head = await self._open(EngineRequest(req, ids, prompt_param, out))
         headers = {REPLICA_HEADER: head.replica}
         if head.error is not None:
             raise APIError(head.status, head.error.message, head.error.type, head.error.param, head.error.code,
                            {**head.headers, **headers})
         if req.stream:
-            return _Stream(self._relay(gen, out), gen.cancel, media_type="text/event-stream",
-                           headers={**SSE_HEADERS, **headers})
+            return Stream(self._relay(gen, out), gen.cancel, media_type="text/event-stream",
+                          headers={**SSE_HEADERS, **headers})
         return await self._collect(gen, request, headers)
 
     async def _open(self, call: EngineRequest):
@@ -327,12 +301,10 @@ class RayServing(OpenAIServing):
             try:
                 return gen, await gen.__anext__()
             except BackPressureError as e:
-                raise APIError(503, f"every replica and the queue are full ({e}); retry later", "server_error",
-                               code="queue_full", headers={"Retry-After": "1"}) from None
-            except (RayActorError, ActorUnavailableError, DeploymentUnavailableError) as e:
+                raise EngineBusy(f"every replica and the queue are full ({e}); retry later") from None
+            except (*_REPLICA_GONE, DeploymentUnavailableError) as e:
                 log.warning("specrt: replica failed before answering (try %d): %s", attempt + 1, e)
-        raise APIError(503, "the engine replicas failed; retry later", "server_error", code="replica_failed",
-                       headers={"Retry-After": "2"})
+        raise ReplicaFailed("the engine replicas failed; retry later")
 
     async def _collect(self, gen, request, headers: dict):
         watcher = asyncio.ensure_future(watch_disconnect(request, gen.cancel))
@@ -343,9 +315,8 @@ class RayServing(OpenAIServing):
                     self.metrics.finished(*item.record)
                 else:
                     body = item
-        except (RayActorError, ActorUnavailableError) as e:
-            raise APIError(503, f"the replica serving this request failed ({type(e).__name__}); retry",
-                           "server_error", code="replica_failed", headers={"Retry-After": "1", **headers}) from None
+        except _REPLICA_GONE as e:
+            raise _replica_failed(e, headers) from None
         finally:
             watcher.cancel()
         return JSONResponse(body, headers=headers)
@@ -359,23 +330,20 @@ class RayServing(OpenAIServing):
                     self.metrics.finished(*item.record)
                 else:
                     yield item
-        except (RayActorError, ActorUnavailableError) as e:
+        except _REPLICA_GONE as e:
             log.error("specrt: replica failed mid-stream of %s: %s", out.id, e)
-            err = ErrorResponse(error=ErrorInfo(message=f"the replica serving this request failed: "
-                                                        f"{type(e).__name__}; retry", type="server_error",
-                                                code="replica_failed"))
-            yield f"data: {json.dumps(_dump(err))}\n\n"
-            yield "data: [DONE]\n\n"
+            yield sse_error(_replica_failed(e))
 
 
 @serve.deployment(name="SpecrtIngress")
 @serve.ingress()
 class SpecrtIngress:
-    """The HTTP API (app.py's routes) over `RayServing`."""
+    """The HTTP API (app.py's routes) over `OpenAIServing` with the engine replicas as its backend."""
 
     def __init__(self, engine: DeploymentHandle, opts: dict):
         o = RayOptions(**opts)
-        self.serving = RayServing(o.server_config(), o.folder, engine, max_seq_len=o.max_seq_len)
+        cfg = o.server_config()
+        self.serving = OpenAIServing(cfg, RayBackend(cfg, o.folder, engine, max_seq_len=o.max_seq_len))
 
     def __serve_build_asgi_app__(self):
         return make_app(self.serving)

@@ -8,12 +8,11 @@ import logging
 import pytest
 from pydantic import ValidationError
 
-from specrt.runtime.serve.protocol import (
-    UNSUPPORTED,
-    ChatCompletionRequest,
-    CompletionRequest,
-    openai_error,
-)
+from specrt.runtime.options import RequestOptions
+from specrt.runtime.serve.errors import openai_error
+from specrt.runtime.serve.protocol_chat import ChatCompletionRequest
+from specrt.runtime.serve.protocol_completion import CompletionRequest
+from specrt.runtime.serve.refusals import UNSUPPORTED
 
 
 def chat(**kw):
@@ -139,43 +138,43 @@ def test_every_refusal_is_tested():
     (completion, {"logprobs": None, "echo": False, "best_of": 1, "suffix": ""}),
 ])
 def test_neutral_values_of_refused_fields_are_accepted(make, kw):
-    make(**kw)
+    """A refused field at its neutral value passes validation and asks for nothing: the engine
+    gets what it gets without the field, one choice."""
+    r = make(**kw)
+    assert r.to_options(9) == make().to_options(9) and (r.n or 1) == 1
 
 
 def test_unknown_fields_are_ignored_and_logged(caplog):
     with caplog.at_level(logging.DEBUG, logger="specrt.serve"):
         r = chat(user="u1", metadata={"a": "b"}, store=False)
-    assert r.to_gen_params(100) == chat().to_gen_params(100)
+    assert r.to_options(100) == chat().to_options(100)
     assert "['metadata', 'store', 'user']" in caplog.text
     # an endpoint's own field sent to the other endpoint is unknown there, not refused
     completion(tools=[{"type": "function"}])
 
 
-def test_to_gen_params_defaults_and_does_not_mutate():
+def test_to_options_defaults_and_does_not_mutate():
     r = chat(temperature=0.3, top_k=5, seed=7, stop="END", ignore_eos=True)
     before = r.model_dump()
-    p = r.to_gen_params(room=100)
+    p = r.to_options(room=100)
     assert r.model_dump() == before
     assert (p.max_new_tokens, p.temperature, p.top_p, p.top_k, p.seed, p.ignore_eos, p.stop) == (
         100, 0.3, 1.0, 5, 7, True, ("END",))
-    assert chat().to_gen_params(room=50).max_new_tokens == 50  # chat: to the end of the context
-    assert completion().to_gen_params(room=50).max_new_tokens == 16  # completions: 16, as OpenAI
-    assert chat(max_tokens=5, max_completion_tokens=7).to_gen_params(50).max_new_tokens == 7
-    assert chat(max_tokens=5).to_gen_params(50).max_new_tokens == 5
-    p = completion(temperature=None, top_p=None, top_k=None, stop=["", "x"], max_tokens=3.0).to_gen_params(9)
+    assert chat().to_options(room=50).max_new_tokens == 50  # chat: to the end of the context
+    assert completion().to_options(room=50).max_new_tokens == 16  # completions: 16, as OpenAI
+    assert chat(max_tokens=5, max_completion_tokens=7).to_options(50).max_new_tokens == 7
+    assert chat(max_tokens=5).to_options(50).max_new_tokens == 5
+    p = completion(temperature=None, top_p=None, top_k=None, stop=["", "x"], max_tokens=3.0).to_options(9)
     assert (p.temperature, p.top_p, p.top_k, p.stop, p.max_new_tokens) == (1.0, 1.0, 0, ("x",), 3)
-    assert p.engine_kwargs() == dict(max_new_tokens=3, temperature=1.0, top_p=1.0, top_k=0, seed=None,
-                                     ignore_eos=False, frequency_penalty=0.0, presence_penalty=0.0,
-                                     repetition_penalty=1.0, logit_bias={}, min_tokens=0, logprobs=None,
-                                     grammar=None)
+    assert p == RequestOptions(max_new_tokens=3, temperature=1.0, top_p=1.0, top_k=0, seed=None, stop=("x",),
+                               ignore_eos=False, frequency_penalty=0.0, presence_penalty=0.0,
+                               repetition_penalty=1.0, logit_bias={}, min_tokens=0, logprobs=None, grammar=None)
     p = chat(frequency_penalty=0.5, presence_penalty=-1, repetition_penalty=1.2, logit_bias={"7": -100, "9": 2.5},
-             min_tokens=3, logprobs=True, top_logprobs=4).to_gen_params(9)
-    kw = p.engine_kwargs()
-    assert (kw["frequency_penalty"], kw["presence_penalty"], kw["repetition_penalty"], kw["min_tokens"]) == (
-        0.5, -1.0, 1.2, 3)
-    assert kw["logit_bias"] == {7: -100.0, 9: 2.5} and kw["logprobs"] == 4
-    assert chat(logprobs=True).to_gen_params(9).logprobs == 0 and chat().to_gen_params(9).logprobs is None
-    assert completion(logprobs=2).to_gen_params(9).logprobs == 2 and completion().to_gen_params(9).logprobs is None
+             min_tokens=3, logprobs=True, top_logprobs=4).to_options(9)
+    assert (p.frequency_penalty, p.presence_penalty, p.repetition_penalty, p.min_tokens) == (0.5, -1.0, 1.2, 3)
+    assert p.logit_bias == {7: -100.0, 9: 2.5} and p.logprobs == 4
+    assert chat(logprobs=True).to_options(9).logprobs == 0 and chat().to_options(9).logprobs is None
+    assert completion(logprobs=2).to_options(9).logprobs == 2 and completion().to_options(9).logprobs is None
 
 
 def test_structured_output_fields_become_one_constraint():
@@ -194,10 +193,8 @@ def test_structured_output_fields_become_one_constraint():
         (chat(json_schema=schema), Constraint.json_schema(schema), "json_schema"),
     ]
     for req, want, param in cases:
-        p = req.to_gen_params(9)
-        assert (p.grammar, p.grammar_param) == (want, param)
-        assert p.engine_kwargs()["grammar"] == want
-    assert chat(response_format={"type": "text"}).to_gen_params(9).grammar is None
+        assert (req.to_options(9).grammar, req.grammar_field()) == (want, param)
+    assert chat(response_format={"type": "text"}).to_options(9).grammar is None
     err = error(chat, response_format={"type": "json_object"}, guided_regex="a+")
     assert err.param == "guided_regex" and "one grammar" in err.message
 
@@ -219,7 +216,8 @@ def test_a_failing_choice_stops_its_siblings_and_surfaces_its_own_error():
     nothing is left running."""
     import asyncio
 
-    from specrt.runtime.serve.app import _CompletionOutput, _Job, _Reply
+    from specrt.runtime.serve.responses import CompletionOutput
+    from specrt.runtime.serve.streaming import Job, Reply
 
     cancelled, finalised = [], []
 
@@ -240,7 +238,7 @@ def test_a_failing_choice_stops_its_siblings_and_surfaces_its_own_error():
     class Req:
         logprobs = None
 
-        class stats:  # noqa: N801 - what _Job reads of a request's stats
+        class stats:  # noqa: N801 - what Job reads of a request's stats
             stop_reason, cached_tokens = "eos", 0
 
     class Pipe:
@@ -263,9 +261,9 @@ def test_a_failing_choice_stops_its_siblings_and_surfaces_its_own_error():
             finalised.append(True)
 
     async def main():
-        jobs = [_Job(Pipe(), Req(), failing(), Text(), 0), _Job(Pipe(), Req(), slow(), Text(), 1)]
+        jobs = [Job(Pipe(), Req(), failing(), Text(), 0), Job(Pipe(), Req(), slow(), Text(), 1)]
         with pytest.raises(RuntimeError, match="choice 0 failed"):
-            await _Reply(jobs, _CompletionOutput("m"), 3).collect()
+            await Reply(jobs, CompletionOutput("m"), 3).collect()
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         return others
 

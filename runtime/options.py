@@ -1,0 +1,115 @@
+"""What one request asks for, as one frozen value: sampling, penalties, logprobs, a grammar,
+stop strings, the seed, the length, a timeout, and how to speculate.
+
+Every entry point builds one: `Pipeline.request` / `generate` / `stream` / `choices` take it
+(their keyword arguments build it), the HTTP protocol converts a request body into it
+(runtime/serve/protocol.py `to_options`), the CLI builds it from its flags. It checks what it
+can check alone, in `__post_init__` (an `InvalidRequest` naming the field); what needs the
+bundle (the vocabulary, the context, the largest k, a loaded draft model) the pipeline checks.
+Plain Python: the runtime installs without the serve extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from .errors import InvalidRequest
+from .grammar import Constraint
+from .logits import Penalties
+from .sampling import SamplingConfig
+
+# Penalties' field for each option (logits.py checks each; the option's name is what a caller wrote)
+_PENALTY_FIELDS = (("frequency_penalty", "frequency"), ("presence_penalty", "presence"),
+                   ("repetition_penalty", "repetition"), ("min_tokens", "min_tokens"), ("logit_bias", "logit_bias"))
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    seed: int | None = 0  # numpy Generator seed (any int, reduced mod 2**64); None: fresh entropy
+    stop: tuple[str, ...] = ()  # the text ends where one of these begins (runtime/textstream.py); "" ignored
+    ignore_eos: bool = False  # run to max_new_tokens (benchmarks)
+    frequency_penalty: float = 0.0  # OpenAI's, [-2, 2], on new tokens (runtime/logits.py)
+    presence_penalty: float = 0.0  # OpenAI's, [-2, 2], on new tokens
+    repetition_penalty: float = 1.0  # > 0, 1 = off; prompt and new tokens
+    logit_bias: Mapping[int, float] = field(default_factory=dict)  # token id -> bias in [-100, 100]
+    min_tokens: int = 0  # EOS masked until this many new tokens
+    logprobs: int | None = None  # report each new token's logprob and this many alternatives (0-20); None: off
+    grammar: Constraint | None = None  # the output must match it (runtime/grammar.py); None: free
+    timeout_s: float | None = None  # from submission; a request still running then ends (stop_reason "timeout")
+    k: int | None = None  # draft tokens per round (the ceiling with adaptive k); None: the pipeline's default
+    draft: str | None = None  # "model" | "none" | "ngram" | "auto"; None: the pipeline's default
+    adaptive: bool | None = None  # choose k per round (runtime/adaptive.py); None: the pipeline's default
+
+    def __post_init__(self):
+        stop = (self.stop,) if isinstance(self.stop, str) else (self.stop or ())
+        object.__setattr__(self, "stop", tuple(s for s in stop if s))
+        object.__setattr__(self, "logit_bias", dict(self.logit_bias or {}))
+        self._check_limits()
+        self.penalties()
+        if self.min_tokens > self.max_new_tokens:
+            raise InvalidRequest(f"min_tokens ({self.min_tokens}) exceeds max_new_tokens ({self.max_new_tokens})",
+                                 "min_tokens")
+        self.sampling()  # InvalidSampling names its field
+        self._check_grammar()
+        if self.max_new_tokens < 1:
+            raise InvalidRequest(f"max_new_tokens must be >= 1, got {self.max_new_tokens}", "max_new_tokens")
+
+    def _check_limits(self) -> None:
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise InvalidRequest(f"timeout_s must be > 0, got {self.timeout_s}", "timeout_s")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise InvalidRequest(f"logprobs must be between 0 and 20 alternatives, got {self.logprobs}", "logprobs")
+
+    def _check_grammar(self) -> None:
+        if self.grammar is None:
+            return
+        for name in ("ignore_eos", "min_tokens"):  # a complete grammar allows only EOS
+            if getattr(self, name):
+                raise InvalidRequest(f"{name} cannot be combined with a grammar (the grammar decides where the "
+                                     "output ends)", name)
+
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature, self.top_k, self.top_p)
+
+    def penalties(self) -> Penalties:
+        """The logits processing these options ask for (`active` False: none)."""
+        for param, name in _PENALTY_FIELDS:  # each alone, so the error names its option
+            try:
+                Penalties(**{name: getattr(self, param)})
+            except ValueError as e:
+                raise InvalidRequest(str(e), param) from None
+        return Penalties(self.frequency_penalty, self.presence_penalty, self.repetition_penalty,
+                         dict(self.logit_bias), self.min_tokens)
+
+    def check_vocab(self, vocab: int) -> None:
+        """logit_bias's token ids against a vocabulary of `vocab` tokens (the pipeline's check)."""
+        try:
+            self.penalties().check_vocab(vocab)
+        except ValueError as e:
+            raise InvalidRequest(str(e), "logit_bias") from None
+
+    def stream_seed(self, sibling: int = 0) -> int | list[int] | None:
+        """The random stream of choice `sibling` of one prompt (OpenAI's `n`): [seed, i], choice
+        0 the seed's own, so the same seed gives the same choices."""
+        if self.seed is None:
+            return None
+        return self.seed % 2**64 if sibling == 0 else [self.seed % 2**64, sibling]
+
+
+def request_options(options: RequestOptions | None = None, **overrides) -> RequestOptions:
+    """`options` with `overrides` (RequestOptions' field names) replaced; no options: the
+    defaults. The keyword form of `Pipeline.generate(prompt, max_new_tokens=...)` lands here."""
+    if options is None:
+        return RequestOptions(**overrides)
+    return replace(options, **overrides) if overrides else options
+
+
+def default_draft(asked: str | None, has_draft_model: bool) -> str:
+    """The drafter a load or request uses: the one asked for, else the bundle's draft model if it
+    has one, else none."""
+    return asked or ("model" if has_draft_model else "none")

@@ -1,0 +1,178 @@
+"""The serving layer: a validated request in, a JSON or SSE response out.
+
+`OpenAIServing` does what every deployment shares — the API key, the model check, the chat
+template and tokenizing, /v1/models — and hands the prompt's token ids to a backend, which
+runs the request and answers:
+- `LocalBackend`: one Pipeline in this process (`specrt serve`; each Ray engine replica);
+- ray_deploy.py `RayBackend`: engine replicas behind a Ray Serve handle (`--replicas`).
+Errors are raised as exceptions and turned into OpenAI's bodies by errors.py, in one place.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from typing import Protocol
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from ..grammar import GrammarError
+from ..textstream import TextStream
+from .config import ServerConfig
+from .errors import APIError, bad
+from .metrics import Metrics
+from .protocol import GenerationRequest, ModelCard, ModelList
+from .protocol_chat import ChatCompletionRequest
+from .protocol_completion import CompletionRequest
+from .responses import ChatOutput, CompletionOutput, dump
+from .streaming import SSE_HEADERS, Job, Reply, Stream
+
+log = logging.getLogger("specrt.serve")
+
+
+class Backend(Protocol):
+    """What `OpenAIServing` drives."""
+
+    metrics: Metrics | None  # None until the model is loaded
+
+    def ready(self):
+        """-> what the shared steps need of the model: `tokenizer`, `max_seq_len` (a Pipeline
+        does). Raises APIError (503) while no request can be taken."""
+
+    async def health(self) -> tuple[int, dict]:
+        """(status, body) of GET /health."""
+
+    async def respond(self, req: GenerationRequest, ids: list[int], prompt_param: str, out,
+                      request: Request | None) -> Response:
+        """Run the request (prompt token ids `ids`; `prompt_param`: the field a too-long prompt
+        is blamed on; `out`: the response shapes of responses.py) -> JSON or SSE."""
+
+    def close(self) -> None: ...
+
+
+class OpenAIServing:
+    """The steps every deployment shares, over a backend."""
+
+    def __init__(self, cfg: ServerConfig, backend: Backend):
+        self.cfg, self.backend = cfg, backend
+        self.created = int(time.time())
+
+    @property
+    def metrics(self) -> Metrics | None:
+        return self.backend.metrics
+
+    def ready(self):
+        return self.backend.ready()
+
+    async def health(self) -> tuple[int, dict]:
+        return await self.backend.health()
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def check_key(self, authorization: str) -> None:
+        if self.cfg.api_key is None:
+            return
+        token = authorization[7:] if authorization[:7].lower() == "bearer " else ""
+        if not hmac.compare_digest(token.encode(), self.cfg.api_key.encode()):
+            raise APIError(401, "invalid or missing API key (Authorization: Bearer <key>)", "authentication_error",
+                           code="invalid_api_key")
+
+    def models(self) -> ModelList:
+        return ModelList(data=[ModelCard(id=self.cfg.model_id, created=self.created,
+                                         max_model_len=self.ready().max_seq_len)])
+
+    async def chat(self, req: ChatCompletionRequest, request: Request) -> Response:
+        front = self._served(req.model)
+        try:
+            ids = front.tokenizer.encode_messages(req.chat_messages())
+        except Exception as e:  # noqa: BLE001 - the bundle's chat template refused these messages
+            raise bad(f"the chat template cannot render these messages: {str(e)[:300]}", "messages") from None
+        return await self.backend.respond(req, ids, "messages", ChatOutput(req.model), request)
+
+    async def complete(self, req: CompletionRequest, request: Request) -> Response:
+        front = self._served(req.model)
+        ids = front.tokenizer.encode(req.prompt, chat=False)
+        return await self.backend.respond(req, ids, "prompt", CompletionOutput(req.model), request)
+
+    def _served(self, model: str):
+        if model != self.cfg.model_id:
+            raise APIError(404, f"model {model!r} does not exist; this server serves {self.cfg.model_id!r}",
+                           "invalid_request_error", "model", "model_not_found")
+        return self.ready()
+
+
+class LocalBackend:
+    """One pipeline in this process (loaded in a thread: the port opens at once)."""
+
+    def __init__(self, cfg: ServerConfig, load, on_load_error=None):
+        """load() -> Pipeline; on_load_error(exception): called if it raises."""
+        self.cfg, self._load, self._on_load_error = cfg, load, on_load_error
+        self.pipe = None  # Pipeline once loaded
+        self.error: str | None = None  # why loading failed
+        self.metrics: Metrics | None = None
+
+    def load(self) -> None:
+        """Run in a thread at startup; /health says 503 until it returns."""
+        try:
+            pipe = self._load()
+            self.metrics = Metrics(self.cfg.model_id, pipe.counters, pipe.kv_bytes)
+            self.pipe = pipe
+            log.info("specrt: %s ready (%d slots, %d KV bytes)", self.cfg.model_id, pipe.counters()["slots"],
+                     pipe.kv_bytes)
+        except Exception as e:  # noqa: BLE001 - reported by /health and the log
+            self.error = str(e)
+            log.error("specrt: cannot load %s: %s", self.cfg.model_id, e)
+            if self._on_load_error is not None:
+                self._on_load_error(e)
+
+    def close(self) -> None:
+        if self.pipe is not None:
+            self.pipe.close()
+
+    def ready(self):
+        if self.pipe is None:
+            msg = f"the model failed to load: {self.error}" if self.error else "the model is loading"
+            raise APIError(503, msg, "server_error", code="model_loading", headers={"Retry-After": "2"})
+        return self.pipe
+
+    async def health(self) -> tuple[int, dict]:
+        if self.pipe is None:
+            return 503, {"status": "error" if self.error else "loading", "error": self.error}
+        return 200, {"status": "ok"}
+
+    async def respond(self, req, ids: list[int], prompt_param: str, out, request: Request | None) -> Response:
+        reply = self.start(req, ids, prompt_param, out)
+        if req.stream:
+            return Stream(reply.sse(req.include_usage), reply.cancel, media_type="text/event-stream",
+                          headers=SSE_HEADERS)
+        return JSONResponse(dump(await reply.collect(request)))
+
+    def start(self, req: GenerationRequest, ids: list[int], prompt_param: str, out) -> Reply:
+        """Submit the request's choices to the engine now. Raises APIError (400: the prompt or
+        max_tokens does not fit, an option the runtime refuses, a grammar that cannot compile),
+        EngineBusy or EngineClosed (503: errors.py)."""
+        pipe = self.pipe
+        room = pipe.max_seq_len - len(ids)
+        if room < 1:
+            raise bad(f"the prompt has {len(ids)} tokens and the context holds {pipe.max_seq_len}: shorten it",
+                      prompt_param, "context_length_exceeded")
+        try:  # choice i samples from its own stream derived from the seed (RequestOptions.stream_seed)
+            opts = req.to_options(room, **self.cfg.server_options())
+            rs = [pipe.request(ids, opts, sibling=i) for i in range(req.n or 1)]
+        except GrammarError as e:  # a schema / regex / grammar the engine cannot compile
+            raise bad(str(e), req.grammar_field(), "invalid_grammar") from None
+        except ValueError as e:  # InvalidRequest (ContextOverflow, InvalidSampling) names its option
+            raise bad(f"{e} (prompt: {len(ids)} tokens, context: {pipe.max_seq_len})",
+                      req.field_of(getattr(e, "param", None))) from None
+        jobs: list[Job] = []
+        try:  # all choices go in together: the later ones wait for the first one's prefill and copy it
+            for i, r in enumerate(rs):
+                jobs.append(Job(pipe, r, pipe.asubmit(r), TextStream(pipe.tokenizer, list(opts.stop)), i))
+        except Exception:  # EngineBusy / EngineClosed (503, errors.py): the choices already in stop
+            for job in jobs:
+                job.cancel()
+            raise
+        return Reply(jobs, out, len(ids), self.metrics.finished if self.metrics is not None else None)

@@ -1,0 +1,232 @@
+"""One response's requests as they run: each choice's token events turned into text (`Job`), the
+choices fanned in to one SSE stream or collected into one body (`Reply`), and the streamed
+response that cancels its requests however it ends (`Stream`).
+
+A choice's events come from `Pipeline.asubmit`; its text goes through a TextStream (stop strings
+end it); its chunks are built by an output object of responses.py. A client that disconnects
+cancels the requests: a stream by closing, a collected body through `watch_disconnect`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from ..textstream import TextStream
+from .errors import stream_error
+from .protocol import ErrorResponse, PromptTokensDetails, UsageInfo
+from .responses import dump
+
+log = logging.getLogger("specrt.serve")
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "timeout"}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse_event(model) -> str:
+    """One response model as an SSE `data:` line."""
+    return f"data: {json.dumps(dump(model), ensure_ascii=False)}\n\n"
+
+
+def sse_error(e: Exception) -> str:
+    """The end of a stream that failed after its status was sent: an error chunk, then [DONE]."""
+    return sse_event(ErrorResponse(error=stream_error(e))) + SSE_DONE
+
+
+class Stream(StreamingResponse):
+    """A streamed response that cancels its requests however the response ends: a client that
+    disconnects before the first chunk leaves the generator unstarted (no `finally` of its
+    own runs), and the requests would otherwise hold their slots to the end."""
+
+    def __init__(self, content, on_close, **kw):
+        super().__init__(content, **kw)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()  # requests that already finished ignore it
+
+
+class Job:
+    """One choice: its request, token events and text."""
+
+    def __init__(self, pipe, r, events, text: TextStream, index: int):
+        self.pipe, self.r, self.events, self.text, self.index = pipe, r, events, text, index
+        self.t0 = time.perf_counter()
+        self.t_first = None
+        self.lp_sent = 0  # tokens whose logprobs went out
+
+    def cancel(self) -> None:
+        """Stop the request (a request that already finished ignores it)."""
+        self.pipe.engine.cancel(self.r)
+
+    async def close(self) -> None:
+        await self.events.aclose()  # cancels a request still running
+
+    def new_logprobs(self) -> list | None:
+        """(token text, logprob, [(text, logprob)] alternatives) of the tokens pushed since the
+        last call (None when not asked)."""
+        if self.r.logprobs is None:
+            return None
+        n = len(self.text.ids)
+        lp, self.lp_sent = self.r.token_logprobs[self.lp_sent : n], n
+        text = self.pipe.tokenizer.token_text
+        return [(text(e.token), e.logprob, [(text(t), v) for t, v in e.top]) for e in lp]
+
+    def finish(self) -> str:
+        if self.text.stopped:
+            return "stop"
+        return FINISH.get(self.r.stats.stop_reason, "stop")
+
+    async def pieces(self):
+        """Text pieces as they are safe to show; ends at EOS / length / a stop string / timeout
+        (then the request is over: a stop string cancels it)."""
+        async for chunk in self.events:
+            if self.t_first is None:
+                self.t_first = time.perf_counter()
+            piece = self.text.push(chunk)
+            if piece:
+                yield piece
+            if self.text.stopped:
+                break
+        else:
+            self.text.flush()
+        await self.events.aclose()
+
+    def outcome(self, n_prompt: int) -> tuple:
+        """`Metrics.finished`'s arguments: (prompt tokens, new tokens, finish reason, TTFT s,
+        TPOT s, end-to-end s)."""
+        n = len(self.text.ids)
+        end = time.perf_counter()
+        ttft = self.t_first - self.t0 if self.t_first else None
+        tpot = (end - self.t_first) / (n - 1) if self.t_first and n > 1 else None
+        return n_prompt, n, self.finish(), ttft, tpot, end - self.t0
+
+
+class Reply:
+    """One response over n choices: streamed as SSE chunks (choices interleaved as their tokens
+    come, each chunk naming its `index`) or collected into one body. The prompt counts once in
+    usage; its cached tokens are the first choice's (the others copy its rows)."""
+
+    def __init__(self, jobs: list[Job], out, n_prompt: int, record=None):
+        """record(prompt_tokens, new_tokens, finish_reason, ttft_s, tpot_s, e2e_s): called once
+        per choice that ends normally (`Metrics.finished`); None records nothing."""
+        self.jobs, self.out, self.n_prompt, self.record = jobs, out, n_prompt, record
+        self.finished: list[tuple] = []  # what was recorded, per choice that ended normally
+        self._left = 0  # streamed choices not done yet
+
+    def _done(self, job: Job) -> None:
+        rec = job.outcome(self.n_prompt if job.index == 0 else 0)  # the prompt counts once
+        self.finished.append(rec)
+        if self.record is not None:
+            self.record(*rec)
+
+    def usage(self) -> UsageInfo:
+        n = sum(len(j.text.ids) for j in self.jobs)
+        return UsageInfo(prompt_tokens=self.n_prompt, completion_tokens=n, total_tokens=self.n_prompt + n,
+                         prompt_tokens_details=PromptTokensDetails(cached_tokens=self.jobs[0].r.stats.cached_tokens))
+
+    def cancel(self) -> None:
+        for j in self.jobs:
+            j.cancel()
+
+    async def _choice(self, job: Job):
+        """One choice's chunks: role, content pieces (with their logprobs), the finish chunk."""
+        out, i = self.out, job.index
+        for chunk in out.first(i):
+            yield chunk
+        async for piece in job.pieces():
+            yield out.piece(i, piece, job.new_logprobs())
+        tail, lp = job.text.tail(), job.new_logprobs()
+        if tail or lp:
+            yield out.piece(i, tail, lp)
+        yield out.last(i, job.finish())
+
+    def _pumps(self) -> tuple[list[asyncio.Future], asyncio.Queue]:
+        """One task per choice moving its chunks to one queue; a choice ends with itself (its
+        Job) or the exception it raised."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(job):
+            try:
+                async for chunk in self._choice(job):
+                    await queue.put(chunk)
+                await queue.put(job)  # this choice is done
+            except Exception as e:  # noqa: BLE001 - raised by `_next`, reported in the stream
+                await queue.put(e)
+
+        return [asyncio.ensure_future(pump(j)) for j in self.jobs], queue
+
+    async def _next(self, queue: asyncio.Queue):
+        """The next chunk of any choice; None once every choice is done (a choice's error is
+        raised here)."""
+        while self._left:
+            item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if not isinstance(item, Job):
+                return item
+            self._left -= 1
+            self._done(item)
+        return None
+
+    async def _close(self, tasks: list[asyncio.Future]) -> None:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for j in self.jobs:
+            await j.close()
+
+    async def sse(self, include_usage: bool):
+        """The response as SSE lines, ending with [DONE]; an error after the status is sent ends
+        the stream with an error chunk (`errors.stream_error`)."""
+        tasks, queue = self._pumps()
+        self._left = len(self.jobs)
+        try:
+            while (chunk := await self._next(queue)) is not None:
+                yield sse_event(chunk)
+            if include_usage:
+                yield sse_event(self.out.usage(self.usage()))
+            yield SSE_DONE
+        except Exception as e:  # noqa: BLE001 - mid-stream: the status is sent; say it in the stream
+            log.error("specrt: request %s failed mid-stream: %s", self.out.id, e)
+            yield sse_error(e)
+        finally:  # a client that went away cancels its requests; each pump ends with its request
+            await self._close(tasks)
+
+    async def collect(self, request: Request | None = None):
+        """The whole response. With an HTTP `request`, a client that disconnects cancels the
+        requests (polled every 0.5 s); without one, cancelling the calling task does."""
+
+        async def whole(job: Job):
+            text = "".join([piece async for piece in job.pieces()]) + job.text.tail()
+            self._done(job)
+            return text, job.finish(), job.new_logprobs()
+
+        watcher = asyncio.ensure_future(watch_disconnect(request, self.cancel)) if request is not None else None
+        tasks = [asyncio.ensure_future(whole(j)) for j in self.jobs]
+        try:
+            choices = await asyncio.gather(*tasks)
+        finally:  # one choice failed (or the caller was cancelled): the others stop, then close
+            if watcher is not None:
+                watcher.cancel()
+            self.cancel()
+            await self._close(tasks)
+        return self.out.whole(list(choices), self.usage())
+
+
+async def watch_disconnect(request: Request, on_disconnect) -> None:
+    """Call on_disconnect() once the HTTP client has gone (polled every 0.5 s); cancel the task
+    that runs this when the response is complete."""
+    while True:
+        await asyncio.sleep(0.5)
+        if await request.is_disconnected():
+            on_disconnect()
+            return
