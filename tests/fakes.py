@@ -210,7 +210,7 @@ def fake_parts(folder: Path, *, draft: str | None = "self", slots: int = 4, seed
     target = FakeModel(table, pool, "target", **kw)
     d = None
     if draft is not None:
-        dtable = Table(seed=seed + 1, noise=noise, like=table)
+        dtable = Table(vocab=vocab, seed=seed + 1, noise=noise, like=table)
         if draft == "self":
             d = FakeModel(dtable, pool, "draft", mark=DRAFT_MARK, reads=(TARGET_MARK, DRAFT_MARK), **kw)
         elif draft == "separate":

@@ -66,6 +66,20 @@ QWEN25_TEMPLATE = r"""{%- if tools %}
 {%- endif %}
 """
 
+# the same shape in few tokens (the fake's context is 256): tool names in the system turn, calls
+# in the assistant's, results as a user turn
+MINI_TEMPLATE = r"""{%- if tools %}<|im_start|>system
+{% for t in tools %}{{ t.function.name }} {% endfor %}<tool_call><|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == "tool" %}<|im_start|>user
+<tool_response>{{ m.content }}<|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content or "" }}{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.arguments | tojson }}</tool_call>{% endfor %}<|im_end|>
+{% endif %}
+{%- endfor %}<|im_start|>assistant
+"""
+
 SPECIAL = ["<unk>", "<|im_start|>", "<|im_end|>"]
 TAGS = ["<tool_call>", "</tool_call>"]
 CHARS = ["\u010a", "\u0120", *'{}[]":,', *"0123456789", *"abcdefghijklmnopqrstuvwxyz", *"_.-", *"ABCDEFGHIJK"]
