@@ -16,7 +16,7 @@ from .textstream import TextStream
 from .toolcalls import ToolError, ToolPlan, plan, tags_are_tokens, template_messages
 from .toolstream import CallParser, Delta, ToolCall
 
-NO_TOOLS = "the bundle's chat template has no tool calling"
+NO_TOOLS = "'tools' is not supported by this server: the bundle's chat template has no tool calling"
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "timeout"}
 
 
@@ -43,10 +43,11 @@ def prepare(tokenizer, messages: list[dict], tools: list[dict] | None = None, to
     p = plan(tools, tool_choice, parallel_tool_calls, tool_grammar, tags_are_tokens(tokenizer))
     has = tokenizer.has_tools
     if p.tools is not None and not has:
-        raise ToolError(NO_TOOLS, "tools")
+        raise ToolError(NO_TOOLS, "tools", "unsupported_parameter")
     for i, m in enumerate(messages):
         if not has and (m.get("role") == "tool" or m.get("tool_calls")):
-            raise ToolError(NO_TOOLS + ": it cannot render tool calls or results", f"messages[{i}]")
+            raise ToolError(NO_TOOLS + ": it cannot render tool calls or results", f"messages[{i}]",
+                            "unsupported_parameter")
     return tokenizer.encode_messages(template_messages(messages), p.tools), p
 
 

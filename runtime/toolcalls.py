@@ -39,11 +39,12 @@ _ARGS_FORMAT = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 
 
 class ToolError(ValueError):
-    """A tools / tool_choice / history the server cannot honour; `param` names the field."""
+    """A tools / tool_choice / history the server cannot honour; `param` names the field,
+    `code` is OpenAI's error code (None: a malformed value)."""
 
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
-        self.param = param
+        self.param, self.code = param, code
 
 
 @dataclass(frozen=True)

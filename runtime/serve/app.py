@@ -34,6 +34,7 @@ from ..engine import EngineBusy, EngineClosed
 from ..grammar import GrammarError
 from ..sampling import InvalidSampling
 from ..textstream import TextStream
+from ..toolcalls import ToolError
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import (
     AssistantMessage,
@@ -137,12 +138,16 @@ class OpenAIServing:
                                          max_model_len=self.ready().max_seq_len)])
 
     async def chat(self, req: ChatCompletionRequest, request: Request) -> Response:
+        from .tools import chat_prompt  # tool calls (serve/tools.py)
+
         pipe = self._served(req.model)
         try:
-            ids = pipe.tokenizer.encode_messages(req.chat_messages())
+            ids, out = chat_prompt(req, pipe.tokenizer)
+        except ToolError as e:  # tools this bundle's template cannot render, malformed tools
+            raise APIError(400, str(e), param=e.param, code=e.code) from None
         except Exception as e:  # noqa: BLE001 - the bundle's chat template refused these messages
             raise bad(f"the chat template cannot render these messages: {str(e)[:300]}", "messages") from None
-        return await self._generate(req, ids, "messages", _ChatOutput(req.model), request)
+        return await self._generate(req, ids, "messages", out, request)
 
     async def complete(self, req: CompletionRequest, request: Request) -> Response:
         pipe = self._served(req.model)
@@ -171,7 +176,9 @@ class OpenAIServing:
         if room < 1:
             raise bad(f"the prompt has {len(ids)} tokens and the context holds {pipe.max_seq_len}: shorten it",
                       prompt_param, "context_length_exceeded")
-        p = req.to_gen_params(room)
+        from .tools import with_tool_grammar  # tool calls (serve/tools.py)
+
+        p = with_tool_grammar(req.to_gen_params(room), out)
         n = req.n or 1
         try:  # choice i samples from its own stream derived from the seed (runtime/pipeline.py `sibling`)
             rs = [pipe.request(ids, **p.engine_kwargs(), draft=self.cfg.draft, adaptive=self.cfg.adaptive,
