@@ -192,3 +192,32 @@ def test_a_template_without_tools_refuses_them(plain):
     assert e.value.param == "messages[1]"
     r = c.chat.completions.create(model="fake", messages=MSGS, tools=TOOLS, tool_choice="none", max_tokens=4)
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_through_an_engine_replica_as_through_one_process(srv):
+    """The Ray path without Ray: the ingress renders the prompt and picks the response shape,
+    the request travels pickled (as Ray sends it) and an engine replica answers it."""
+    import asyncio
+    import pickle
+
+    from specrt.runtime.serve.protocol import ChatCompletionRequest
+    from specrt.runtime.serve.ray_deploy import EngineRequest, EngineServer, Head
+    from specrt.runtime.serve.tools import chat_prompt
+
+    kw = dict(model="fake", messages=MSGS, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+              max_tokens=60, temperature=0)
+    body = ChatCompletionRequest(**kw)
+    ids, out = chat_prompt(body, srv.pipe.tokenizer)
+    req = pickle.loads(pickle.dumps(EngineRequest(body, ids, "messages", out)))
+    replica = EngineServer(ServerConfig(model_id="fake"), lambda: srv.pipe, "r0")
+
+    async def run():
+        return [item async for item in replica.generate(req)]
+
+    items = asyncio.run(run())
+    assert isinstance(items[0], Head) and items[0].error is None
+    msg = items[1]["choices"][0]["message"]
+    want = srv.client.chat.completions.create(**kw).choices[0].message
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]] == [
+        (c.function.name, c.function.arguments) for c in want.tool_calls]
+    assert items[1]["choices"][0]["finish_reason"] == "tool_calls" and msg["content"] is None
