@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
@@ -41,7 +42,7 @@ class Tokenizer:
         """One user message through the chat template (what `specrt generate` sends)."""
         return self.render_messages([{"role": "user", "content": prompt}])
 
-    @property
+    @functools.cached_property
     def has_tools(self) -> bool:
         """The chat template renders tools and writes calls this runtime parses (Hermes /
         Qwen2.5 `<tool_call>`, runtime/toolcalls.py), and the tag survives decoding."""

@@ -139,7 +139,7 @@ class CallParser:
         while self._call(out, final) if self._in_call else self._text(out, final):
             pass
         if final and not self._after_call and self._held:
-            self._say(out, self._held, force=True)
+            self._say(out, "", force=True)  # the held whitespace: no call follows it
         self.content += out.content
         return out
 

@@ -122,3 +122,19 @@ def ids(text: str) -> list[int]:
         out.append(len(SPECIAL) + len(TAGS) + CHARS.index(c))
         i += 1
     return out
+
+
+def tool_bundle(bundle: Path, dest: Path) -> Path:
+    """A copy of a real bundle (its files linked) whose chat template is Qwen2.5's: a real model
+    and tokenizer with a tool section (the tags are text to this tokenizer)."""
+    import json
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in bundle.iterdir():
+        if f.name != "specrt.json":
+            (dest / f.name).symlink_to(f.resolve())
+    man = json.loads((bundle / "specrt.json").read_text())
+    man["name"] = dest.name
+    man["tokenizer"]["chat_template"] = QWEN25_TEMPLATE
+    (dest / "specrt.json").write_text(json.dumps(man, indent=1))
+    return dest

@@ -232,6 +232,26 @@ def test_streamed_pieces_reassemble_to_the_whole_parse(text, constrained):
         assert got == want and got_content == (content or "")
 
 
+PIECES = ["hi", " ", "\n", "  \n", "<tool_call>", "</tool_call>", "<tool_", "call>", '\n{"name": "add", "arguments": ',
+          '{"a": 1, "b": 2}', "}\n", '{"x": "}\\""}', '{"name": "mul", "arguments": {}}', "<", ">", '"', "\\", "{", "}"]
+
+
+@pytest.mark.parametrize("constrained", [False, True])
+def test_random_texts_parse_alike_under_any_split_and_keep_their_text(constrained):
+    """Texts made of tags, headers, JSON pieces, whitespace: any split parses as the whole
+    does, and a text with no call comes back as its content unchanged."""
+    rng = random.Random(1)
+    for _ in range(3000):
+        text = "".join(rng.choice(PIECES) for _ in range(rng.randint(0, 14)))
+        content, calls = parse(text, NAMES, constrained, _ids())
+        if not calls:
+            assert content == text
+        p = CallParser(NAMES, constrained, _ids())
+        got_content, got = _reassemble([p.push(piece) for piece in _split(text, rng)] + [p.flush()])
+        assert got == [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls], text
+        assert got_content == (content or ""), text
+
+
 def test_parse_results():
     assert parse(TEXTS[0], NAMES) == (TEXTS[0], [])
     content, calls = parse("Let me add.\n" + CALL, NAMES)

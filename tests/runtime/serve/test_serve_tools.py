@@ -221,3 +221,17 @@ def test_through_an_engine_replica_as_through_one_process(srv):
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]] == [
         (c.function.name, c.function.arguments) for c in want.tool_calls]
     assert items[1]["choices"][0]["finish_reason"] == "tool_calls" and msg["content"] is None
+
+
+def test_n_choices_with_logprobs_each_parse_their_own_calls(srv):
+    kw = dict(model="fake", messages=MSGS, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+              max_tokens=60, temperature=0, n=2, logprobs=True)
+    whole = srv.client.chat.completions.create(**kw)
+    state = ChatCompletionStreamState()
+    for ch in srv.client.chat.completions.create(stream=True, **kw):
+        state.handle_chunk(ch)
+    streamed = state.current_completion_snapshot
+    for w, s in zip(whole.choices, sorted(streamed.choices, key=lambda c: c.index), strict=True):
+        assert _calls(w.message) == _calls(s.message) and _calls(w.message)
+        assert len(w.logprobs.content) == len(s.logprobs.content) > 0  # held-back pieces still carry theirs
+    assert whole.usage.completion_tokens == sum(len(c.logprobs.content) for c in whole.choices)
