@@ -73,9 +73,12 @@ class ToolChatOutput(_ChatOutput):
         return DeltaMessage(content=d.content or None, tool_calls=_tool_deltas(d))
 
     def piece(self, index: int, text: str, lp: list | None = None):
-        """A text piece -> a chunk of its content and call pieces (an empty delta while a
-        partial tag is held back; its logprobs still go out)."""
-        return self.chunk(index, self._delta(self._parser(index).push(text)), logprobs=self.logprobs(index, lp))
+        """A text piece -> a chunk of its content and call pieces; None while the parser holds
+        it back (a partial tag, a call's header) and no logprobs need to go out."""
+        d = self._parser(index).push(text)
+        if not d and lp is None:
+            return None
+        return self.chunk(index, self._delta(d), logprobs=self.logprobs(index, lp))
 
     def last(self, index: int, finish: str):
         p = self._parser(index)

@@ -8,6 +8,8 @@ a pydantic tool works."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import jsonschema
 import openai
@@ -34,17 +36,22 @@ MSGS = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 
 @pytest.fixture(scope="module")
 def srv(default_bundle, tmp_path_factory):
+    """SPECRT_TOOLS_BUNDLE: a bundle whose own template has tools (the coder pair's, for `make
+    test-coder`); else the default bundle under the Qwen2.5 template."""
     from test_serve import Server
 
-    s = Server(tool_bundle(default_bundle, tmp_path_factory.mktemp("b") / "tools"), max_batch=2, adaptive=False,
-               hugepages=False)
+    own = os.environ.get("SPECRT_TOOLS_BUNDLE")
+    folder = Path(own) if own else tool_bundle(default_bundle, tmp_path_factory.mktemp("b") / "tools")
+    s = Server(folder, max_batch=2, adaptive=False, hugepages=False)
+    assert s.pipe.tokenizer.has_tools, f"{folder}: its chat template has no tool calling"
+    s.model = folder.name
     yield s
     s.stop()
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
 def test_forced_calls_validate_and_equal_target_only(srv, choice):
-    r = srv.client().chat.completions.create(model="tools", messages=MSGS, tools=TOOLS, tool_choice=choice,
+    r = srv.client().chat.completions.create(model=srv.model, messages=MSGS, tools=TOOLS, tool_choice=choice,
                                              parallel_tool_calls=False, max_tokens=80, temperature=0)
     calls = r.choices[0].message.tool_calls
     assert calls and r.choices[0].finish_reason == "tool_calls"
@@ -67,7 +74,7 @@ def test_forced_calls_validate_and_equal_target_only(srv, choice):
 
 def test_streamed_equals_whole_and_parse_with_a_pydantic_tool(srv):
     c = srv.client()
-    kw = dict(model="tools", messages=MSGS, tools=TOOLS, tool_choice="required", max_tokens=80, temperature=0)
+    kw = dict(model=srv.model, messages=MSGS, tools=TOOLS, tool_choice="required", max_tokens=80, temperature=0)
     whole = c.chat.completions.create(**kw)
     state = ChatCompletionStreamState()
     for ch in c.chat.completions.create(stream=True, **kw):
@@ -80,6 +87,21 @@ def test_streamed_equals_whole_and_parse_with_a_pydantic_tool(srv):
         city: str = pydantic.Field(max_length=24)
         unit: str = pydantic.Field(pattern="^(celsius|fahrenheit)$")
 
-    r = c.chat.completions.parse(model="tools", messages=MSGS, tools=[openai.pydantic_function_tool(Weather)],
+    r = c.chat.completions.parse(model=srv.model, messages=MSGS, tools=[openai.pydantic_function_tool(Weather)],
                                  tool_choice="required", parallel_tool_calls=False, max_tokens=80, temperature=0)
     assert isinstance(r.choices[0].message.tool_calls[0].function.parsed_arguments, Weather)
+
+
+def test_a_second_turn_carries_the_tools_result(srv):
+    c = srv.client()
+    first = c.chat.completions.create(model=srv.model, messages=MSGS, tools=TOOLS, tool_choice="required",
+                                      parallel_tool_calls=False, max_tokens=80, temperature=0)
+    call = first.choices[0].message.tool_calls[0]
+    history = MSGS + [first.choices[0].message.model_dump(exclude_none=True),
+                      {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 18, "sky": "clear"}'}]
+    r = c.chat.completions.create(model=srv.model, messages=history, tools=TOOLS, max_tokens=40, temperature=0)
+    ids, _ = prepare(srv.pipe.tokenizer, history, TOOLS)
+    assert r.usage.prompt_tokens == len(ids)
+    text = srv.pipe.tokenizer.decode(ids)
+    assert "<tool_response>\n{\"temperature\": 18" in text and call.function.name in text
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")

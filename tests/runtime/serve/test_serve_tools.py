@@ -123,6 +123,9 @@ def test_the_sdks_stream_accumulation_gives_the_whole_replys_calls(srv, parallel
             else:
                 assert d.id is None and d.function.name is None
     assert sorted(firsts) == list(range(len(firsts))) and firsts  # a dense index
+    for ch in chunks:  # a piece held back sends nothing, not an empty chunk
+        c = ch.choices[0]
+        assert c.delta.role or c.delta.content or c.delta.tool_calls or c.finish_reason, ch
     state = ChatCompletionStreamState()  # the SDK's own reassembly of deltas (its stream helper's)
     for ch in chunks:
         state.handle_chunk(ch)
