@@ -156,26 +156,46 @@ def _lark_string(s: str) -> str:
     return json.dumps(s)  # a JSON string literal is a Lark string literal
 
 
+# a reply may open with a bare call, optionally fenced (runtime/toolstream.py reads it as one)
+FENCES = ("```json\n", "```\n", "")
+FENCE_END = "\n```"
+
+
 def tool_grammar(fs: list[Function], choice: str, parallel: bool, tag_tokens: bool = True) -> str:
     """A Lark grammar (llguidance dialect) for calls of `fs` under `choice` ("auto": text, or
-    text then calls; "required" / "named": calls from the first token). tag_tokens: the
-    tokenizer has the tags as added tokens (Qwen2.5's), which llguidance treats as special
-    tokens: the grammar names them `<tool_call>`, and free text cannot hold them; else they are
-    text. Either way free text may not spell the open tag out, so every call is constrained."""
+    text then calls, or one bare call; "required" / "named": calls from the first token).
+    tag_tokens: the tokenizer has the tags as added tokens (Qwen2.5's), which llguidance treats
+    as special tokens: the grammar names them `<tool_call>`, and free text cannot hold them;
+    else they are text. Either way free text may not spell the open tag out, nor start as a
+    bare call would, so every call is a constrained one."""
     open_, close = (OPEN, CLOSE) if tag_tokens else (_lark_string(OPEN), _lark_string(CLOSE))
-    lines = [f"call: {' | '.join(f'call_{i}' for i in range(len(fs)))}"]
+    lines = [f'call: "\\n" fn "\\n" {close}', f"fn: {' | '.join(f'fn_{i}' for i in range(len(fs)))}"]
     for i, f in enumerate(fs):
-        lines.append(f"call_{i}: {_lark_string(f.header())} args_{i} {_lark_string('}' + chr(10))} {close}")
+        lines.append(f"fn_{i}: {_lark_string(f.header()[1:])} args_{i} \"}}\"")
         lines.append(f"args_{i}: %json {json.dumps(f.args_schema())}")
     more = f' ("\\n" {open_} call)*' if parallel and choice != "named" else ""
     if choice == "auto":
-        lines[:0] = [f"start: TEXT | TEXT {open_} call{more}" if tag_tokens else f"start: TEXT | head call{more}",
-                     "TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/"]
+        # a reply that opens as a bare call ({"name": ..., maybe in a ```json fence: Qwen2.5-Coder
+        # often answers so) must be one. Each opening is one lexeme with its fence: TEXT is alive
+        # until the name's quote, and the lexer does not split a live greedy lexeme
+        lines[:0] = [f"start: TEXT | TEXT {open_} call{more} | bare" if tag_tokens
+                     else f"start: TEXT | head call{more} | bare",
+                     "TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/ & ~/(```(json)?\\n)?\\{\"name\": \"(?s:.*)/",
+                     f"bare: {' | '.join(f'bare_{i}' for i in range(len(fs)))}",
+                     f'FENCE_END: {_lark_string(FENCE_END)}']
+        for i, f in enumerate(fs):
+            lines.append(f"bare_{i}: BARE_{i} args_{i} \"}}\" FENCE_END?")
+            lines.append(f"BARE_{i}: {' | '.join(_lark_string(fence + f.header()[1:]) for fence in FENCES)}")
         if not tag_tokens:  # the shortest text that ends in the tag (a lazy lexeme)
             lines.insert(2, "head[lazy]: /(?s:.*)<tool_call>/")
     else:
         lines[:0] = [f"start: {open_} call{more}"]
     return "\n".join(lines) + "\n"
+
+
+def bare_openers(names) -> list[str]:
+    """The starts of a reply that make it a bare call of one of `names`."""
+    return [f'{fence}{{"name": "{n}"' for fence in FENCES for n in sorted(names)]
 
 
 # ---- history: OpenAI's messages as the template reads them ---------------------------------

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .toolcalls import CLOSE, OPEN
+from .toolcalls import CLOSE, FENCE_END, OPEN, bare_openers
 
 
 @dataclass
@@ -126,6 +126,8 @@ class CallParser:
         self._held = ""  # whitespace not yet emitted (dropped if a call follows)
         self._gap = ""  # the whitespace before the open call (content again if the call is not one)
         self._after_call = False  # leading whitespace is dropped
+        self._openers = bare_openers(self.names)
+        self._start_read = False  # whether the reply's start was checked for a bare call
 
     def push(self, text: str) -> Delta:
         return self._run(text, final=False)
@@ -136,12 +138,40 @@ class CallParser:
     def _run(self, text: str, final: bool) -> Delta:
         out = Delta()
         self._buf += text
+        if not self._start_read and not self._bare_start(out, final):
+            return out
         while self._call(out, final) if self._in_call else self._text(out, final):
             pass
         if final and not self._after_call and self._held:
             self._say(out, "", force=True)  # the held whitespace: no call follows it
         self.content += out.content
         return out
+
+    # ---- a reply that is one bare call ----------------------------------------------------
+    def _bare_start(self, out: Delta, final: bool) -> bool:
+        """Whether the reply opens as a bare call ({"name": N, ...}, maybe in a ```json fence)
+        has been decided (a call taken, or the text left to the rest); False: wait."""
+        buf = self._buf.lstrip()
+        opener = next((o for o in self._openers if buf.startswith(o)), None)
+        if opener is None:
+            if not final and any(o.startswith(buf) for o in self._openers):
+                return False  # may still open one
+            self._start_read = True
+            return True
+        fence = buf[: buf.index("{")]
+        body = buf[len(fence) :]
+        end = _ObjectEnd()
+        n = end.feed(body)
+        rest = body[n:]
+        if not final and (not end.closed or (fence and len(rest) < len(FENCE_END) and FENCE_END.startswith(rest))):
+            return False  # the object, or its closing fence, is still coming
+        self._start_read = True
+        call = parse_call(body[:n], self.names) if end.closed else None
+        if call is not None:  # else the text is content, as any other
+            self._start(out, *call)
+            self._buf = rest[len(FENCE_END) :] if fence and rest.startswith(FENCE_END) else rest
+            self._after_call = True
+        return True
 
     # ---- outside calls ------------------------------------------------------------------
     def _text(self, out: Delta, final: bool) -> bool:

@@ -82,7 +82,7 @@ MINI_TEMPLATE = r"""{%- if tools %}<|im_start|>system
 
 SPECIAL = ["<unk>", "<|im_start|>", "<|im_end|>"]
 TAGS = ["<tool_call>", "</tool_call>"]
-CHARS = ["\u010a", "\u0120", *'{}[]":,', *"0123456789", *"abcdefghijklmnopqrstuvwxyz", *"_.-", *"ABCDEFGHIJK"]
+CHARS = ["\u010a", "\u0120", *'{}[]":,', *"0123456789", *"abcdefghijklmnopqrstuvwxyz", *"_.-`", *"ABCDEFGHIJ"]
 VOCAB = len(SPECIAL) + len(TAGS) + len(CHARS)
 EOS = 2  # <|im_end|>
 OPEN_ID, CLOSE_ID = 3, 4

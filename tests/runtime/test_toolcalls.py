@@ -40,6 +40,7 @@ NAMES = frozenset(SCHEMAS)
 MODES = [("none", False), ("model", False), ("ngram", False), ("auto", False), ("model", True), ("auto", True)]
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 22}}\n</tool_call>'
 CALL2 = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "paris"}}\n</tool_call>'
+BARE = '{"name": "add", "arguments": {"a": 1, "b": 2}}'  # a call without tags (Qwen2.5-Coder writes them)
 
 
 @pytest.fixture
@@ -139,9 +140,10 @@ def _accepts(pipe, c, text: str) -> bool:
 
 
 @pytest.mark.parametrize("choice,parallel,accepted,refused", [
-    ("auto", True, ["just text", CALL, "ok " + CALL, CALL + "\n" + CALL2],
+    ("auto", True, ["just text", CALL, "ok " + CALL, CALL + "\n" + CALL2, BARE, "```json\n" + BARE + "\n```"],
      ['<tool_call>\n{"name": "mul", "arguments": {}}', '<tool_call>\n{"name": "add", "arguments": {"a": 1}}',
-      CALL + " more", '<tool_call>\n{"name": "add", "arguments": {"a": 100, "b": 1}}']),
+      CALL + " more", '<tool_call>\n{"name": "add", "arguments": {"a": 100, "b": 1}}',
+      '{"name": "mul", "arguments": {}}', '```json\n{"name": "add", "arguments": {"a": 1}}', BARE + " and text"]),
     ("auto", False, ["text", CALL], [CALL + "\n" + CALL2]),
     ("required", True, [CALL, CALL2 + "\n" + CALL], ["text", "", "a" + CALL]),
     ("required", False, [CALL2], [CALL + "\n" + CALL2]),
@@ -197,6 +199,10 @@ TEXTS = [
     "text with <tool_ca",  # a partial tag at the end is content
     '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b"',  # cut off by the token budget
     "a < b and <tool> </tool_call>",
+    "```json\n" + BARE + "\n```",  # a bare call, fenced: one call
+    "  " + BARE + "\nthen text",  # bare at the start: a call, the rest content
+    '```json\n{"name": "mul", "arguments": {}}\n```',  # not offered: content
+    "Here: " + BARE,  # not at the start: content
 ]
 
 
@@ -233,7 +239,8 @@ def test_streamed_pieces_reassemble_to_the_whole_parse(text, constrained):
 
 
 PIECES = ["hi", " ", "\n", "  \n", "<tool_call>", "</tool_call>", "<tool_", "call>", '\n{"name": "add", "arguments": ',
-          '{"a": 1, "b": 2}', "}\n", '{"x": "}\\""}', '{"name": "mul", "arguments": {}}', "<", ">", '"', "\\", "{", "}"]
+          '{"a": 1, "b": 2}', "}\n", '{"x": "}\\""}', '{"name": "mul", "arguments": {}}', "<", ">", '"', "\\", "{", "}",
+          "```json\n", "\n```", '{"name": "add"', ', "arguments": ']
 
 
 @pytest.mark.parametrize("constrained", [False, True])
@@ -265,6 +272,10 @@ def test_parse_results():
     assert parse(TEXTS[10], NAMES) == (TEXTS[10], [])
     assert parse(TEXTS[11], NAMES, True)[1][0].arguments == '{"a": 1, "b"'  # streamed so far, as OpenAI's "length"
     assert parse(TEXTS[11], NAMES, False) == (TEXTS[11], [])
+    for text, content in [(TEXTS[13], None), (TEXTS[14], "then text")]:
+        got, calls = parse(text, NAMES)
+        assert got == content and [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 1, "b": 2})]
+    assert parse(TEXTS[15], NAMES) == (TEXTS[15], []) and parse(TEXTS[16], NAMES) == (TEXTS[16], [])
 
 
 def test_a_partial_tag_is_held_back_until_resolved():
