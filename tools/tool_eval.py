@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -82,6 +83,10 @@ def run_one(pipe, row: dict, arm: str, tokens: int, spent: list, **kw) -> dict |
             "acceptance": r.stats.acceptance_rate}
 
 
+def _share(flags: list[bool]) -> float | None:
+    return sum(flags) / len(flags) if flags else None
+
+
 def summarize(replies: list[dict], rows: list[dict]) -> dict:
     """Rates and costs per arm (see the module docstring)."""
     needs = {r["id"] for r in rows if r.get("expect")}
@@ -95,6 +100,8 @@ def summarize(replies: list[dict], rows: list[dict]) -> dict:
         out[arm] = {
             "replies": len(got),
             "schema_valid": sum(x["valid"] for x in call) / max(len(call), 1),
+            # the same among replies the token budget did not cut (a cut call cannot validate)
+            "schema_valid_when_complete": _share([x["valid"] for x in call if x["finish_reason"] != "length"]),
             "parsed_call": sum(bool(x["calls"]) for x in call) / max(len(call), 1),
             "expected_function": sum(x["expected"] for x in call) / max(len(call), 1),
             "text_where_no_call_needed": sum(not x["calls"] for x in free) / len(free) if free else None,
@@ -111,11 +118,12 @@ def evaluate(pipe, rows: list[dict], tokens: int, repeats: int = 1, arms=ARMS, *
     replies = []
     for rep in range(repeats):
         order = list(arms) if rep % 2 == 0 else list(reversed(arms))  # A B B A
-        for row in rows:
+        for j, row in enumerate(rows):
             for arm in order:
                 x = run_one(pipe, row, arm, tokens, spent, **kw)
                 if x is not None:
                     replies.append(x)
+            print(f"  repeat {rep + 1}/{repeats}, prompt {j + 1}/{len(rows)} ({row['id']})", file=sys.stderr, flush=True)
     return {"summary": summarize(replies, rows), "replies": replies}
 
 

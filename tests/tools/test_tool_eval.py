@@ -44,11 +44,12 @@ def test_evaluate_scores_each_arm(tmp_path, draft):
             {"id": "c", "prompt": "say hi", "expect": None, "tools": tools}]
     pipe = fake_pipeline(tmp_path, tokens=tool_tokens(MINI_TEMPLATE), draft="self")
     try:
-        res = evaluate(pipe, rows, tokens=40, repeats=2, temperature=0.0, draft=draft, k=3)
+        res = evaluate(pipe, rows, tokens=60, repeats=2, temperature=0.0, draft=draft, k=3)
     finally:
         pipe.close()
     s = res["summary"]
     assert s["required"]["schema_valid"] == 1.0 and s["named"]["schema_valid"] == 1.0
+    assert s["named"]["schema_valid_when_complete"] == 1.0
     assert s["named"]["expected_function"] == 1.0  # the named call is the expected one
     assert s["named"]["replies"] == 4 and s["required"]["replies"] == 6  # named: prompts that expect a call
     for arm in ("plain", "auto", "auto_nogrammar"):
