@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime import genai
+from ..runtime.backends.harness import SequenceHarness
 from ..runtime.backends.ort import OrtBackend
-from ..runtime.decoder import Decoder
 from ..runtime.manifest import (
     KV_DTYPE,
     SELF_DRAFT_PRECISION,
@@ -223,7 +223,7 @@ class Probe:
         return cls(prompt, reference_greedy(tgt.model, prompt, cfg.greedy_steps)[0])
 
 
-def target_entry(tmp: Path, tgt: Source, cfg: Settings, features: bool) -> tuple[ModelEntry, Decoder]:
+def target_entry(tmp: Path, tgt: Source, cfg: Settings, features: bool) -> tuple[ModelEntry, SequenceHarness]:
     """The target -> its graph, its entry with parity numbers against transformers, and a decoder
     over it (the EAGLE check reads its features). features: also output the final-norm hidden
     states (an EAGLE draft reads them)."""
@@ -259,7 +259,7 @@ def _draft_parity(tmp, entry, ref_model, cfg: Settings, probe: Probe, precision:
     return entry
 
 
-def eagle_entry(tmp: Path, tgt: Source, target_dec: Decoder, head: str, head_w: dict, cfg: Settings,
+def eagle_entry(tmp: Path, tgt: Source, target_dec: SequenceHarness, head: str, head_w: dict, cfg: Settings,
                 probe: Probe) -> ModelEntry:
     """An EAGLE head file -> the draft entry, checked against its torch module on the target
     graph's features. int4 on onnxruntime (the head is tiny; its LM head is the big matrix), the
@@ -322,8 +322,8 @@ def _write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, 
     )
 
 
-def _decoder(folder: Path, entry: ModelEntry, keep_hidden: bool = False) -> Decoder:
-    return Decoder(OrtBackend(folder / entry.graph, entry), entry.graph.split("/")[0], keep_hidden)
+def _decoder(folder: Path, entry: ModelEntry, keep_hidden: bool = False) -> SequenceHarness:
+    return SequenceHarness(OrtBackend(folder / entry.graph, entry), entry.graph.split("/")[0], keep_hidden)
 
 
 def check_same_vocabulary(t_tok, d_tok, t_cfg, d_cfg) -> None:

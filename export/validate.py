@@ -75,7 +75,7 @@ def reference_greedy(model, prompt: np.ndarray, steps: int) -> tuple[np.ndarray,
 
 
 def check_decoder(decoder, model, *, k: int, steps: int = 32, prefix: int = 12, precision: str = "fp32") -> Parity:
-    """Compare a fresh `decoder` (runtime Decoder over the exported graph) with `model`."""
+    """Compare a fresh `decoder` (runtime SequenceHarness over the exported graph) with `model`."""
     vocab = decoder.vocab
     ids = probe_tokens(vocab, prefix + k + 1)
     ref = reference_logits(model, ids)

@@ -8,7 +8,7 @@ Any number of threads may call `generate` / `stream` on one pipeline (asyncio: `
 `astream`); the engine batches their work and each gets the output it would get alone.
 """
 
-from .decoder import NonFiniteLogits
+from .backends.protocol import NonFiniteLogits
 from .engine import EngineBusy, EngineClosed, Stats
 from .kvpool import ContextOverflow
 from .manifest import BundleError, Manifest, load_manifest

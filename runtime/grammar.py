@@ -155,8 +155,19 @@ class Matcher:
         return self._allowed(bits)
 
     def mask_after(self, tokens) -> np.ndarray:
-        """bool [V]: tokens allowed after the committed ones + `tokens` (a draft in progress)."""
-        return self.masks(tokens)[-1]
+        """bool [V]: tokens allowed after the committed ones + `tokens` (a draft in progress, each
+        token allowed by the mask before it). One mask is filled, whatever len(tokens): the matcher
+        steps over the tokens, fills, and rolls back. The state is left where it was."""
+        tokens = [int(t) for t in tokens]
+        bits = self._bits[:1]
+        if tokens and not self.m.consume_tokens(tokens):
+            raise GrammarError(f"the grammar refused a drafted token: {self.m.get_error()}")
+        try:
+            self._llg.numpy.fill_next_token_bitmask(self.m, bits, 0)
+        finally:
+            if tokens:
+                self.m.rollback(len(tokens))
+        return self._allowed(bits)[0]
 
     def valid_prefix(self, tokens) -> int:
         """How many of `tokens` the grammar accepts in a row from the committed state."""

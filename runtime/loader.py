@@ -17,6 +17,7 @@ import numpy as np
 
 from . import memory
 from .backends.ort import OrtModel, pick_providers, prefill_width
+from .backends.protocol import PoolModel
 from .hugepages import anonymous_pages, collapse
 from .kvpool import KVPool
 from .manifest import SELF_DRAFT_PRECISION, BundleError, Manifest, ModelEntry, load_manifest
@@ -30,8 +31,8 @@ class Parts:
     folder: Path
     manifest: Manifest
     tokenizer: Tokenizer
-    target: object  # pool model (backends/ort.py OrtModel, backends/single.py for TensorRT)
-    draft: object | None  # pool model, or None (not in the bundle, or not asked for)
+    target: PoolModel  # backends/ort.py OrtModel, backends/single.py for TensorRT
+    draft: PoolModel | None  # None: not in the bundle, or not asked for
     eagle: bool  # the draft reads the target's features
     shared_kv: bool  # the draft is a track on the target's pool
     features: np.ndarray | None  # [slots, S, H] target hidden states (EAGLE)

@@ -70,18 +70,18 @@ def apply_penalties(rows: np.ndarray, pen: Penalties, prompt, output, drafts, eo
         out[:, ids] += np.fromiter(pen.logit_bias.values(), dtype=np.float32)
     if pen.repetition == 1.0 and not pen.frequency and not pen.presence:
         return out
-    counts = np.bincount(np.asarray(output, dtype=np.int64), minlength=V).astype(np.float32)[:V]
-    seen_prompt = np.zeros(V, dtype=bool)
-    seen_prompt[np.asarray(prompt, dtype=np.int64)] = True
+    # only the tokens seen so far change: work over their ids, never over the whole vocabulary
+    history = np.concatenate((np.asarray(output, dtype=np.int64), np.asarray(drafts[: T - 1], dtype=np.int64)))
+    prompt_ids = np.unique(np.asarray(prompt, dtype=np.int64))
     for i in range(T):
-        if i:
-            counts[int(drafts[i - 1])] += 1
+        ids, n = np.unique(history[: produced + i], return_counts=True)  # row i: output + drafts[:i]
         row = out[i]
         if pen.repetition != 1.0:
-            seen = seen_prompt | (counts > 0)
-            row[seen] = np.where(row[seen] > 0, row[seen] / pen.repetition, row[seen] * pen.repetition)
-        if pen.frequency or pen.presence:
-            row -= pen.frequency * counts + pen.presence * (counts > 0)
+            seen = np.union1d(prompt_ids, ids)
+            vals = row[seen]
+            row[seen] = np.where(vals > 0, vals / pen.repetition, vals * pen.repetition)
+        if (pen.frequency or pen.presence) and len(ids):
+            row[ids] -= pen.frequency * n.astype(np.float32) + pen.presence * np.ones(len(ids), dtype=bool)
     return out
 
 

@@ -172,12 +172,15 @@ def load_manifest(folder: str | Path) -> Manifest:
         man = manifest_from_dict(data)
     except TypeError as e:
         raise BundleError(f"{path} is corrupt: {e}") from None
-    for role, entry in (("target", man.target), ("draft", man.draft)):
-        if entry is None:
-            continue
-        for rel in filter(None, [entry.graph, entry.data]):
-            if not (folder / rel).is_file():
-                raise BundleError(f"bundle {folder} is incomplete: {role} file {rel} is missing")
-    if not (folder / man.tokenizer.file).is_file():
-        raise BundleError(f"bundle {folder} is incomplete: {man.tokenizer.file} is missing")
+    _check_files(folder, man)
     return man
+
+
+def _check_files(folder: Path, man: Manifest) -> None:
+    """Every file the manifest names exists (an interrupted copy is not a bundle)."""
+    named = [(role, rel) for role, entry in (("target", man.target), ("draft", man.draft)) if entry is not None
+             for rel in filter(None, [entry.graph, entry.data])]
+    for role, rel in named + [("tokenizer", man.tokenizer.file)]:
+        if not (folder / rel).is_file():
+            what = rel if role == "tokenizer" else f"{role} file {rel}"
+            raise BundleError(f"bundle {folder} is incomplete: {what} is missing")

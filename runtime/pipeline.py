@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
 from .engine import Engine, Request, Scheduler, Stats
-from .engine.shaping import draft_shaper
+from .engine.processing import draft_processor
 from .grammar import Constraint, Grammars
 from .kvpool import ContextOverflow
 from .loader import DRAFTS, Parts, load_parts
@@ -114,9 +114,9 @@ class Pipeline:
         if r.draft == "ngram":
             return NgramDrafter(max_proposal=self.max_k)
         if p.eagle:  # `request` checked that a draft model is loaded
-            model = EagleDrafter(p.draft, r.slot, p.features[r.slot], shape=draft_shaper(r))
+            model = EagleDrafter(p.draft, r.slot, p.features[r.slot], process=draft_processor(r))
         else:
-            model = ModelDrafter(p.draft, r.slot, "target" if p.shared_kv else None, shape=draft_shaper(r))
+            model = ModelDrafter(p.draft, r.slot, "target" if p.shared_kv else None, process=draft_processor(r))
         return model if r.draft == "model" else AutoDrafter(model, NgramDrafter(max_proposal=self.max_k))
 
     def _before_admit(self, r: Request) -> None:

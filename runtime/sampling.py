@@ -1,4 +1,5 @@
-"""logits -> probabilities with temperature, top-k, top-p (pure NumPy).
+"""logits -> probabilities with temperature, top-k, top-p (pure NumPy), and a request's
+randomness (`Draws`: keyed by output position).
 
 The same `SamplingConfig` is applied to target and draft rows, which exact speculative sampling
 requires: verification compares the two *processed* distributions.
@@ -9,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+NOISE_DOMAIN = 1  # keys [seed, choice, NOISE_DOMAIN, t] of the coupled noise: apart from the uncoupled stream
 
 
 class InvalidSampling(ValueError):
@@ -56,6 +59,67 @@ def sample(p: np.ndarray, u: float) -> int:
     """Inverse-CDF draw from p [V] with a uniform u in [0, 1)."""
     c = np.cumsum(p)
     return int(min(np.searchsorted(c, u * c[-1], side="right"), len(p) - 1))
+
+
+class Draws:
+    """A request's randomness, keyed so that a sampled token is a pure function of (seed, choice,
+    output position) — never of how many draws earlier rounds took, of k, of the batch, or of
+    how the prompt's rows were computed.
+
+    Coupled sampling (the default, `coupled=True`): the token at output position t is
+    argmax_x p_t(x) / E_t(x), E_t(x) ~ Exp(1) i.i.d. keyed by (key, t) — the exponential race,
+    which is Gumbel-max: an exact sample of p_t. Target-only decoding and every drafter use the
+    same E_t, so a draft proposes argmax q_t / E_t and verification keeps a proposal while it
+    equals the target's own pick: the output is token for token what target-only sampling with
+    the same seed gives (runtime/engine/speculate.py `verify`). `coupled=False`: the uniforms of
+    one stream, consumed in order (rejection sampling, runtime/verify.py `verify_sampling`).
+    """
+
+    def __init__(self, seed: int | list[int] | None, prompt_len: int, coupled: bool = True):
+        """seed: an int (choice 0), [seed, i] (choice i of one prompt), or None (a fresh key:
+        independent samples)."""
+        if seed is None:
+            seed = int(np.random.SeedSequence().entropy) % 2**64
+        key = [int(seed), 0] if np.ndim(seed) == 0 else [int(s) for s in seed]
+        self.key = key
+        self.prompt_len = prompt_len
+        self.coupled = coupled
+        self.rng = np.random.default_rng(key)  # the uncoupled stream
+        self._noise: dict[int, np.ndarray] = {}  # output position -> E_t float32 [V]
+
+    def random(self, size=None):
+        """Uniforms in [0, 1) from the uncoupled stream."""
+        return self.rng.random(size)
+
+    def exponentials(self, t: int, vocab: int) -> np.ndarray:
+        """E_t float32 [vocab] for output position t (cached until `forget`)."""
+        e = self._noise.get(t)
+        if e is None or len(e) != vocab:
+            g = np.random.default_rng([*self.key, NOISE_DOMAIN, t])
+            e = g.standard_exponential(vocab, dtype=np.float32)
+            np.maximum(e, np.float32(1e-30), out=e)  # p / E stays defined (0 / 0 would be NaN)
+            self._noise[t] = e
+        return e
+
+    def scores(self, p: np.ndarray, seq_len: int) -> np.ndarray:
+        """p [T, V] (row i: the position after seq_len + i tokens) -> p / E, whose row argmax is
+        each row's coupled sample."""
+        out = np.empty(p.shape, dtype=np.float64)
+        for i in range(p.shape[0]):
+            np.divide(p[i], self.exponentials(seq_len + i - self.prompt_len, p.shape[1]), out=out[i])
+        return out
+
+    def pick(self, p: np.ndarray, seq_len: int) -> int:
+        """One token from p [V] for the position after seq_len tokens."""
+        if self.coupled:
+            return int(self.scores(p[None], seq_len)[0].argmax())
+        return sample(p, self.rng.random())
+
+    def forget(self, seq_len: int) -> None:
+        """Positions before the one after seq_len tokens are committed: drop their noise."""
+        t0 = seq_len - self.prompt_len
+        for t in [t for t in self._noise if t < t0]:
+            del self._noise[t]
 
 
 def _top_p(p: np.ndarray, top_p: float, head: int = 256) -> np.ndarray:

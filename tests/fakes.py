@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conftest import run_request as _run_request
+from checks import run_request as _run_request
 from specrt.runtime.kvpool import KVPool
 from specrt.runtime.loader import Parts
 from specrt.runtime.manifest import KVLayout, Manifest, ModelEntry, TokenizerInfo

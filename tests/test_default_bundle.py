@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import specrt
-from conftest import DEFAULT_BUNDLE, assert_same_greedy
+from checks import assert_same_greedy
+from paths import DEFAULT_BUNDLE
 from specrt.runtime.manifest import load_manifest
 
 pytestmark = pytest.mark.slow
@@ -37,10 +38,10 @@ def test_export_parity_recorded(default_bundle):
 def _margins(pipe, prompt_ids, tokens):
     """Target top-1 minus top-2 logit at each generated position (teacher-forced, on a session
     of its own: the pipeline's models belong to its engine)."""
+    from specrt.runtime.backends.harness import SequenceHarness
     from specrt.runtime.backends.ort import OrtBackend
-    from specrt.runtime.decoder import Decoder
 
-    dec = Decoder(OrtBackend(pipe.folder / pipe.manifest.target.graph, pipe.manifest.target))
+    dec = SequenceHarness(OrtBackend(pipe.folder / pipe.manifest.target.graph, pipe.manifest.target))
     rows = []
     row = dec.prefill(prompt_ids)
     rows.append(row.copy())

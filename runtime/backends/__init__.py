@@ -1,9 +1,13 @@
-"""Backends run one decoder graph with persistent KV buffers. The protocol (see `ort.py`):
+"""Backends run decoder graphs over KV buffers allocated once (runtime/backends/protocol.py has
+the contracts as code):
 
-    backend.run(tokens: int64 [T], past_len: int, hidden=None, keep=None) -> float32 [n, V] logits
-    of the last n positions (n = T, or min(keep, T) where the graph takes `logits_to_keep`; a host
-    view owned by the backend, valid until the next run); KV rows [past_len, past_len + T) are
-    written in place.
+    PoolModel  run(slot, tokens, past_len, hidden, keep), run_rows(lo, tokens, pasts, hidden)
+               over the slots of a `KVPool`: what the engine drives (ort.py `OrtModel`;
+               single.py `SingleSequenceModel` around a Backend)
+    Backend    run(tokens, past_len, hidden, keep) for one sequence (ort.py `OrtBackend`,
+               trt.py `TrtBackend`)
+    harness.py `SequenceHarness`: one sequence through a Backend with its own length pointer
+               (export validation, graph tests, tools)
 
 The speculation loop never knows which backend it drives.
 """

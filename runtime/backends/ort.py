@@ -18,7 +18,7 @@ rows = max(slots, widest prompt chunk). Two call shapes:
       the `ort` lowering, whose GroupQueryAttention takes B > 1 rows at T = 1 with ragged
       pasts; it rejects B > 1 with T > 1 and a past, and the standard lowering's TensorScatter
       takes one write offset for all rows of this graph).
-`OrtBackend` is the one-sequence form (a one-slot pool of its own) that `Decoder` drives:
+`OrtBackend` is the one-sequence form (a one-slot pool of its own) that `SequenceHarness` drives:
 export validation, graph tests and single-sequence tools.
 """
 
@@ -214,7 +214,7 @@ class OrtModel(FeatureBuffers):
 
 
 class OrtBackend(OrtModel):
-    """One sequence over a one-slot pool of its own: the backend `Decoder` drives (export
+    """One sequence over a one-slot pool of its own: the backend `SequenceHarness` drives (export
     validation, graph tests, single-sequence tools)."""
 
     def __init__(self, graph: str | Path, entry: ModelEntry, *, device: str = "cpu", threads: int | None = None,

@@ -28,14 +28,14 @@ def pair_calls(seq, features: np.ndarray, start: int, end: int, max_t: int) -> l
 class EagleDrafter(ModelDrafter):
     name = "model"  # a model draft for stats and policies; the recipe is in the bundle manifest
 
-    def __init__(self, model, slot: int, features: np.ndarray, shape=None):
+    def __init__(self, model, slot: int, features: np.ndarray, process=None):
         """features [S_max, H]: the target's final-norm hidden states of this slot (row p =
         position p; rows past the target's length are stale)."""
         if not model.takes_hidden or not model.has_hidden_out:
             raise ValueError("EagleDrafter needs an EAGLE draft graph (feature input and output)")
         if model.hidden_size != features.shape[1]:
             raise ValueError(f"EAGLE draft width {model.hidden_size} != target hidden size {features.shape[1]}")
-        super().__init__(model, slot, shape=shape)
+        super().__init__(model, slot, process=process)
         self.features = features
         self._real = 0  # cache rows [0, _real) were built from the target's real features
 
@@ -47,6 +47,7 @@ class EagleDrafter(ModelDrafter):
         s = max(0, min(self.length, self._real, n - 2))
         self.pool.rewind(self.track, self.slot, s)
         self._k, self._cfg, self._rng, self._policy = k, cfg, rng, policy
+        self._n0 = n
         self._want_conf = policy is not None and policy.early_stop
         self._toks, self._q, self._confs = [], [], []
         self._pending = pair_calls(seq, self.features, s, n - 1, self.model.max_t)

@@ -15,21 +15,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sampling import SamplingConfig, probs, sample
+from ..sampling import Draws, SamplingConfig, probs
 from .base import DraftCall, Proposal
 
 
 class ModelDrafter:
     name = "model"
 
-    def __init__(self, model, slot: int, target_track: str | None = None, shape=None):
+    def __init__(self, model, slot: int, target_track: str | None = None, process=None):
         """model: the draft model (runtime/backends/ort.py OrtModel or a one-slot adapter);
         target_track: the target's track when the draft shares its pool (self-draft);
-        shape(logits [V], proposed so far) -> logits: the request's penalties and grammar mask
-        (runtime/engine/shaping.py); proposals are chosen from the shaped distribution, which is
+        process(logits [V], proposed so far) -> logits: the request's penalties and grammar mask
+        (runtime/engine/processing.py); proposals are chosen from the processed distribution, which is
         then the q verification divides by."""
         self.model, self.slot, self.pool = model, slot, model.pool
-        self.shape = shape
+        self.process = process
         self.track = model.track
         self.target_track = target_track
         others = set(self.pool.tracks) - {self.track}
@@ -45,13 +45,14 @@ class ModelDrafter:
     def route(self, seq) -> str:
         return self.name
 
-    def start(self, seq, k: int, cfg: SamplingConfig, rng: np.random.Generator, policy=None) -> DraftCall:
+    def start(self, seq, k: int, cfg: SamplingConfig, rng: Draws, policy=None) -> DraftCall:
         """Feed the committed tokens the cache lacks (one normally; two after a round where
         every proposal was accepted; many after n-gram rounds or at the first round of a
         separate draft); the last row's logits give the first proposal."""
         if self.target_track is not None:  # the committed rows are the target's
             self.pool.adopt(self.track, self.slot, len(seq) - 1, self.target_track)
         self._k, self._cfg, self._rng, self._policy = k, cfg, rng, policy
+        self._n0 = len(seq)  # proposal j is the token after len(seq) + j
         self._want_conf = policy is not None and policy.early_stop
         self._toks, self._q, self._confs = [], [], []
         lag = np.asarray(seq[self.length :], dtype=np.int64)
@@ -63,15 +64,15 @@ class ModelDrafter:
         if self._pending:
             return DraftCall(self._pending.pop(0), keep=1)
         cfg = self._cfg
-        if self.shape is not None:
-            logits = self.shape(logits, self._toks)
+        if self.process is not None:
+            logits = self.process(logits, self._toks)
         if cfg.greedy:
             t = int(logits.argmax())
             if self._want_conf:
                 self._confs.append(_margin(logits, t))
         else:
             qj = probs(logits, cfg)
-            t = sample(qj, self._rng.random())
+            t = self._rng.pick(qj, self._n0 + len(self._toks))  # coupled: argmax q / E at that position
             self._q.append(qj)
             self._confs.append(float(qj[t]))
         self._toks.append(t)

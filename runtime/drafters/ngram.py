@@ -39,5 +39,8 @@ class NgramDrafter:
     def start(self, seq, k: int, cfg=None, rng=None, policy=None) -> Proposal:
         return Proposal(self.lookup(seq, k), None, [], self.name)
 
+    def take(self, logits, hidden=None) -> Proposal:
+        raise RuntimeError("n-gram lookup makes no model calls: start() always returns the proposal")
+
     def commit(self, seq_len: int) -> None:
         pass

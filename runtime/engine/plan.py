@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..adaptive import Costs
+from .request import Request
 
 
 @dataclass
@@ -84,3 +85,64 @@ def plan(rows: list[Row], costs: Costs) -> list[int]:
     for i in order[c, : mm + 1]:
         out[int(i)] = int(ks[c, i])
     return out
+
+
+REPLAN_STEPS = 8  # steps a "no drafting" plan is kept while the row count stays the same
+
+
+@dataclass
+class IdlePlan:
+    rows: int = 0  # the row count the last plan drafted nothing for
+    steps_left: int = 0
+
+
+class Planner:
+    """k per decoding row for one step: each row's own choice (fixed k, or its route's adaptive
+    policy), adaptive rows capped together by `plan` when several decode at once."""
+
+    def __init__(self, plan_batches: bool = True):
+        """plan_batches: cap adaptive rows' k with the batch plan (off: each drafts as alone)."""
+        self.plan_batches = plan_batches
+        self.idle = IdlePlan()
+
+    def forget(self) -> None:
+        """Drop the remembered "no drafting" plan (the next step plans afresh)."""
+        self.idle = IdlePlan()
+
+    def choose_ks(self, rows: list[Request], costs) -> list[int]:
+        n = len(rows)
+        if self.idle.rows == n and self.idle.steps_left > 0 and all(r.policies for r in rows):
+            # the plan said "no drafting" for this many rows a few steps ago: a step under load
+            # pays nothing for speculation until the row count changes or REPLAN_STEPS pass
+            # (no route either: auto's n-gram lookup would scan the sequence for nothing)
+            self.idle.steps_left -= 1
+            for r in rows:
+                r.route = None
+            return [0] * n
+        ks, planned = [], []
+        for r in rows:
+            k, row = self._own_k(r)
+            if row is not None:
+                planned.append((len(ks), row))
+            ks.append(k)
+        if self.plan_batches and planned and costs is not None and n > 1:
+            # rows with a fixed k keep it; adaptive rows share the step's cost model
+            capped = plan([row for _, row in planned], costs)
+            for (i, _), k in zip(planned, capped, strict=True):
+                ks[i] = min(ks[i], k)
+            self.idle = IdlePlan(n, REPLAN_STEPS) if not any(ks) else IdlePlan()
+        return ks
+
+    @staticmethod
+    def _own_k(r: Request) -> tuple[int, Row | None]:
+        """The row's k as it would draft alone (fixed, or its route's adaptive policy), and its
+        entry in the batch plan (adaptive rows only)."""
+        if r.drafter is None:
+            return 0, None
+        r.route = r.drafter.route(r.seq)
+        pol = r.policies.get(r.route)
+        k = pol.choose_k() if pol is not None else r.k
+        row = None
+        if pol is not None:
+            row = Row(min(k, r.remaining - 1), pol.acc.expected()[: k + 1], r.route == "ngram")
+        return max(0, min(k, r.remaining - 1)), row

@@ -12,11 +12,14 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..logits import Penalties
-from ..sampling import SamplingConfig
+from ..sampling import Draws, SamplingConfig
+
+if TYPE_CHECKING:
+    from ..drafters import Drafter
+    from ..grammar import Matcher
 
 WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
 _ids = itertools.count()
@@ -31,12 +34,13 @@ class Request:
     k: int  # draft tokens per round (fixed k), the ceiling with adaptive k
     draft: str = "none"  # "model" | "none" | "ngram" | "auto"
     adaptive: bool = False
-    seed: int | list[int] | None = 0  # numpy Generator seed; [seed, i] for choice i of a prompt (n > 1)
+    seed: int | list[int] | None = 0  # the key of its draws; [seed, i] for choice i of a prompt (n > 1); None: fresh
+    coupled: bool = True  # seeded: sampled tokens keyed by output position (runtime/sampling.py `Draws`)
     sink: Callable[[str, object], None] = lambda kind, value: None
     timeout_s: float | None = None  # from submission; then the request ends with stop_reason "timeout"
     penalties: Penalties | None = None  # runtime/logits.py: applied at every verified position
     logprobs: int | None = None  # report each new token's logprob and this many alternatives (None: off)
-    grammar: object = None  # runtime/grammar.py Matcher: the output must match it (None: free)
+    grammar: Matcher | None = None  # runtime/grammar.py: the output must match it (None: free)
     stats: Stats = None  # filled in place (the caller may pass its own)
     # engine-owned state
     id: int = field(default_factory=lambda: next(_ids))
@@ -45,8 +49,8 @@ class Request:
     seq: list[int] = field(default_factory=list)  # prompt + committed new tokens
     prefilled: int = 0  # prompt tokens in the target's cache (reused ones included)
     produced: int = 0  # new tokens emitted
-    rng: np.random.Generator | None = None  # this request's own random stream
-    drafter: object = None  # per-request drafter state (runtime/drafters)
+    rng: Draws | None = None  # this request's randomness (keyed by output position when coupled)
+    drafter: Drafter | None = None  # per-request drafter state (runtime/drafters/protocol.py)
     policies: dict = field(default_factory=dict)  # route -> AdaptivePolicy (adaptive k)
     route: str | None = None  # this step's sub-drafter ("model" | "ngram"), chosen before k
     cancelled: bool = False
@@ -57,7 +61,9 @@ class Request:
     def __post_init__(self):
         if self.stats is None:
             self.stats = Stats()
-        self.rng = np.random.default_rng(self.seed)
+        # unseeded requests have no output to reproduce: they keep rejection sampling, which
+        # accepts a little more (docs/benchmarks.md §12)
+        self.rng = Draws(self.seed, len(self.prompt), self.coupled and self.seed is not None)
         self.seq = list(self.prompt)
         self.stats.prompt_tokens = len(self.prompt)
         self.t_submit = time.perf_counter()

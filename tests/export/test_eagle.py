@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import tiny_head, tiny_model
 from specrt.cli import main
 from specrt.export.api import _decoder, _write_model
 from specrt.export.arch import arch_from_model, numpy_weights
@@ -21,6 +20,7 @@ from specrt.export.eagle import (
 from specrt.export.graph import GraphOptions
 from specrt.export.validate import check_eagle, probe_tokens, reference_greedy
 from specrt.runtime.manifest import load_manifest
+from tiny import tiny_head, tiny_model
 
 
 @pytest.fixture(scope="module")

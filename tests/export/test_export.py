@@ -84,7 +84,7 @@ def test_unknown_architecture(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=128)).save_pretrained(tmp_path / "g")
-    from conftest import tiny_tokenizer
+    from tiny import tiny_tokenizer
 
     tiny_tokenizer().save_pretrained(tmp_path / "g")
     with pytest.raises(ValueError, match="gpt2.*supported model types"):

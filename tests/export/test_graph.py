@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from conftest import FAMILIES, tiny_model
 from specrt.export.arch import arch_from_model, numpy_weights
 from specrt.export.bundle import save_graph
 from specrt.export.graph import LOGITS_KEEP, GraphOptions, build_graph
 from specrt.export.validate import reference_logits
+from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.ort import OrtBackend
-from specrt.runtime.decoder import Decoder
 from specrt.runtime.manifest import IONames, KVLayout, ModelEntry
+from tiny import FAMILIES, tiny_model
 
 S_MAX = 64
 
@@ -28,7 +28,7 @@ def make_decoder(model, tmp_path, lowering="ort", precision="fp32"):
     entry = ModelEntry(vocab_size=arch.vocab, max_tokens_per_call=17,
                        io=IONames(logits_to_keep=LOGITS_KEEP if lowering == "ort" else ""),
                        kv=KVLayout(arch.layers, arch.kv_heads, arch.head_dim, kv_dtype, S_MAX))
-    return Decoder(OrtBackend(tmp_path / name, entry))
+    return SequenceHarness(OrtBackend(tmp_path / name, entry))
 
 
 @pytest.mark.parametrize("lowering", ["ort", "standard"])
@@ -57,7 +57,7 @@ def test_logits_to_keep_leaves_hidden_out_whole(tmp_path):
     entry = ModelEntry(vocab_size=arch.vocab, hidden_size=arch.hidden, max_tokens_per_call=17,
                        io=IONames(hidden_out="hidden_states", logits_to_keep=LOGITS_KEEP),
                        kv=KVLayout(arch.layers, arch.kv_heads, arch.head_dim, "float32", S_MAX))
-    dec = Decoder(OrtBackend(tmp_path / name, entry), keep_hidden=True)
+    dec = SequenceHarness(OrtBackend(tmp_path / name, entry), keep_hidden=True)
     ids = np.random.default_rng(4).integers(3, 128, size=9)
     assert dec.forward(ids, keep=2).shape == (2, arch.vocab)
     assert dec.hidden.shape == (9, arch.hidden)

@@ -12,9 +12,9 @@ import json
 import jsonschema
 import numpy as np
 import pytest
-from fakes import EOS, JSON_CHARS, drive
 
-from conftest import assert_follows
+from checks import assert_follows
+from fakes import EOS, JSON_CHARS, drive
 from specrt.runtime.grammar import Constraint, GrammarError, apply_mask
 from specrt.runtime.sampling import SamplingConfig, probs
 
@@ -71,6 +71,9 @@ def test_matcher_masks_drafts_then_leaves_the_state(make):
         ref.commit(good[:i])
         np.testing.assert_array_equal(rows[i], ref.masks()[0])
     np.testing.assert_array_equal(m.masks()[0], rows[0])  # drafts did not move the state
+    for i in range(6):  # a draft in progress: one mask after good[:i], the state left as it was
+        np.testing.assert_array_equal(m.mask_after(good[:i]), rows[i])
+    np.testing.assert_array_equal(m.masks()[0], rows[0])
     m.commit(good)
     assert m.done and np.flatnonzero(m.masks()[0]).tolist() == [EOS]  # only EOS after a complete object
     with pytest.raises(GrammarError, match="refused"):

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import EOS, drive
 
-from conftest import assert_follows
+from checks import assert_follows
+from fakes import EOS, drive
 from specrt.runtime.logits import Penalties, apply_penalties, logprobs
 from specrt.runtime.sampling import SamplingConfig, probs
 
@@ -155,7 +155,7 @@ def test_penalized_sampling_follows_the_target_distribution(make, draft):
     reqs = [pipe.request(prompt, max_new_tokens=3, k=4, draft=draft, seed=s, ignore_eos=True, temperature=1.0,
                          frequency_penalty=1.5, presence_penalty=1.0, logit_bias={5: 2.0}) for s in range(n)]
     counts = np.bincount([out[1] for out in drive(pipe, reqs)], minlength=table.vocab)
-    assert sum(r.stats.draft_tokens for r in reqs) > n // 4, "speculation barely ran"
+    assert sum(r.stats.draft_tokens for r in reqs) > n // 5, "speculation barely ran"  # n-gram rounds: ~1 in 4
     assert_follows(counts, exact, n)
     # and the penalties moved the distribution: unpenalized sampling would fail the same test
     plain = sum(probs(table.next_logits(prompt)[None], cfg)[0][x] * probs(table.next_logits(prompt + [int(x)]), cfg)
@@ -206,3 +206,32 @@ def test_any_integer_seed_reproduces(make):
     a = [t for c in pipe.stream_ids([1, 5, 9], seed=-5, **kw) for t in c]
     assert a == [t for c in pipe.stream_ids([1, 5, 9], seed=-5, **kw) for t in c]
     assert len(pipe.choices("w5 w9", 2, chat=False, seed=-7, **kw)) == 2
+
+
+def _dense_penalties(rows, pen, prompt, output, drafts):
+    """The penalties over the whole vocabulary, row by row (the definition, no sparsity)."""
+    out = rows.astype(np.float32).copy()
+    ids = np.fromiter(pen.logit_bias.keys(), dtype=np.int64)
+    out[:, ids] += np.fromiter(pen.logit_bias.values(), dtype=np.float32)
+    V = rows.shape[1]
+    for i in range(len(rows)):
+        counts = np.bincount(np.concatenate((output, drafts[:i])).astype(np.int64), minlength=V).astype(np.float32)
+        seen = np.isin(np.arange(V), prompt) | (counts > 0)
+        row = out[i]
+        row[seen] = np.where(row[seen] > 0, row[seen] / pen.repetition, row[seen] * pen.repetition)
+        row -= pen.frequency * counts + pen.presence * (counts > 0)
+    return out
+
+
+def test_penalties_touch_only_seen_tokens_and_equal_the_dense_definition():
+    """The sparse arithmetic (only seen ids) is bit for bit the dense definition."""
+    g = np.random.default_rng(5)
+    for _ in range(100):
+        V, T = int(g.integers(5, 200)), int(g.integers(1, 8))
+        rows = (g.normal(size=(T, V)) * 3).astype(np.float32)
+        prompt, output = g.integers(0, V, size=int(g.integers(1, 20))), g.integers(0, V, size=int(g.integers(0, 20)))
+        drafts = g.integers(0, V, size=T - 1)
+        pen = Penalties(float(g.choice([0, 0.1, 0.7])), float(g.choice([0, 0.2, -1.1])), float(g.choice([1.0, 1.3, 0.8])),
+                        {int(g.integers(V)): 2.5})
+        assert np.array_equal(apply_penalties(rows, pen, prompt, output, drafts, ()),
+                              _dense_penalties(rows, pen, prompt, output, drafts))

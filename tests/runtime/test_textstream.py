@@ -9,8 +9,8 @@ import asyncio
 import time
 
 import pytest
-from fakes import fake_pipeline, write_tokenizer
 
+from fakes import fake_pipeline, write_tokenizer
 from specrt.runtime.manifest import TokenizerInfo
 from specrt.runtime.textstream import TextStream
 from specrt.runtime.tokenizer import Tokenizer

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from paths import ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ import numpy as np
 import quant_study
 import torch
 
-from conftest import tiny_model
+from tiny import tiny_model
 
 
 def _greedy_sequences(model, n=2, steps=12):

@@ -4,8 +4,8 @@ import pytest
 import train_eagle
 from train_eagle import agreement, features, generate_corpus, prompts, train
 
-from conftest import tiny_tokenizer
 from specrt.export.eagle import head_module, target_features
+from tiny import tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""One sequence through one backend, outside the engine (export validation, graph tests, tools):
-backend session + the KV length pointer of a one-slot pool. `forward` is the only way tokens go in.
+"""The single-sequence harness: one sequence through one `Backend` (runtime/backends/protocol.py),
+outside the engine — export validation, graph tests and single-sequence tools. A backend
+session + the KV length pointer of a one-slot pool; `forward` is the only way tokens go in.
 
 The backend binds each layer's buffer as both past input and present output, so a call of T
 tokens writes rows [length, length + T) in place; a rewind only moves `length` back (the next
@@ -10,15 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kvpool import KVPool
-from .manifest import KVLayout
+from ..kvpool import KVPool
+from ..manifest import KVLayout
 
 
-class NonFiniteLogits(RuntimeError):
-    pass
-
-
-class Decoder:
+class SequenceHarness:
     def __init__(self, backend, name: str = "model", keep_hidden: bool = False):
         """keep_hidden: record the final-norm hidden state of every position in `features`
         (row p = position p; rows past `length` are stale), for an EAGLE draft to read."""

@@ -24,7 +24,7 @@ def _active(r: Request) -> bool:
     return (r.penalties is not None and r.penalties.active) or r.grammar is not None
 
 
-def shape(r: Request, rows: np.ndarray, drafts=()) -> np.ndarray:
+def process(r: Request, rows: np.ndarray, drafts=()) -> np.ndarray:
     """Target rows [T, V]: row i follows the committed sequence plus drafts[:i] (grammar-valid:
     `cut_to_grammar`). The raw rows themselves when the request asks for nothing."""
     if r.penalties is not None and r.penalties.active:
@@ -42,13 +42,13 @@ def _some_allowed(rows: np.ndarray) -> None:
         raise GrammarError("the grammar allows no token here (a grammar engine error)")
 
 
-def draft_shaper(r: Request) -> Callable[[np.ndarray, list[int]], np.ndarray] | None:
+def draft_processor(r: Request) -> Callable[[np.ndarray, list[int]], np.ndarray] | None:
     """(draft logits row [V], tokens proposed so far this round) -> the row processed as the
     target's would be at that position; None when the request asks for nothing."""
     if not _active(r):
         return None
 
-    def shape_row(row: np.ndarray, proposed: list[int]) -> np.ndarray:
+    def process_row(row: np.ndarray, proposed: list[int]) -> np.ndarray:
         rows = row[None]
         if r.penalties is not None and r.penalties.active:
             rows = apply_penalties(rows, r.penalties, r.prompt, r.seq[len(r.prompt):] + list(proposed), [], r.eos_ids)
@@ -56,7 +56,7 @@ def draft_shaper(r: Request) -> Callable[[np.ndarray, list[int]], np.ndarray] | 
             rows = apply_mask(rows, r.grammar.mask_after(proposed)[None])
         return rows[0]
 
-    return shape_row
+    return process_row
 
 
 def cut_to_grammar(r: Request, prop: Proposal) -> Proposal:

@@ -1,7 +1,7 @@
-import numpy as np
+"""The KV pool's bookkeeping (runtime/kvpool.py): lengths per track and slot, adopt, rewind, spare rows."""
+
 import pytest
 
-from specrt.runtime.drafters import NgramDrafter, Proposal
 from specrt.runtime.kvpool import ContextOverflow, KVPool
 from specrt.runtime.manifest import KVLayout
 
@@ -31,17 +31,3 @@ def test_kv_pool_tracks_per_slot():
     assert pool.length(t, 1) == pool.length(d, 1) == 0 and pool.alloc() == 1  # lowest free slot again
     with pytest.raises(ValueError, match="already free"):
         pool.free(2)
-
-
-def test_ngram_longest_most_recent_match():
-    d = NgramDrafter(n_min=1, n_max=3, max_proposal=4)
-    seq = [5, 6, 7, 8, 9, 1, 5, 6, 7, 2, 3, 5, 6, 7]
-    # last 3 = [5,6,7]; most recent earlier match starts at 6 -> continuation [2,3,5,6]
-    np.testing.assert_array_equal(d.lookup(seq, 8), [2, 3, 5, 6])
-    np.testing.assert_array_equal(d.lookup(seq, 2), [2, 3])
-    assert len(d.lookup([1, 2, 3], 4)) == 0  # no repeat: nothing proposed
-    np.testing.assert_array_equal(d.lookup([4, 9, 4], 3), [9, 4])  # falls back to n = 1
-    prop = d.start(seq, 3)  # a finished proposal: no model call
-    assert isinstance(prop, Proposal)
-    assert prop.q is None and len(prop.tokens) == 3 and prop.drafter == "ngram" and d.route(seq) == "ngram"
-    np.testing.assert_array_equal(prop.tokens, [2, 3, 5])

@@ -4,13 +4,11 @@ config's args are options the builder knows (no Ray started: test_serve_ray.py d
 from __future__ import annotations
 
 from dataclasses import fields
-from pathlib import Path
 
 import yaml
 
+from paths import ROOT
 from specrt.runtime.serve.ray_deploy import APP_NAME, RayOptions
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_kuberay_manifest_embeds_the_config_file():

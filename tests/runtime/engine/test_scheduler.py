@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes import DRAFT_MARK, StaleRow, drive, reference_greedy, rows, run_request
 
-from conftest import assert_follows
+from checks import assert_follows
+from fakes import DRAFT_MARK, StaleRow, drive, reference_greedy, rows, run_request
 from specrt.runtime.drafters import ModelDrafter
 from specrt.runtime.engine import Stats
 from specrt.runtime.engine.request import DECODE

@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 
 import specrt
-from conftest import assert_same_greedy
+from checks import assert_same_greedy
 
 
 def _margins(pipe, prompt, tokens):
     """Top-2 logit gap of a from-scratch target at each position of `tokens` (near-tie check)."""
+    from specrt.runtime.backends.harness import SequenceHarness
     from specrt.runtime.backends.ort import OrtBackend
-    from specrt.runtime.decoder import Decoder
 
     man = pipe.manifest
-    dec = Decoder(OrtBackend(pipe.folder / man.target.graph, man.target))
+    dec = SequenceHarness(OrtBackend(pipe.folder / man.target.graph, man.target))
     out, logits = [], dec.prefill(list(prompt))
     for t in tokens:
         top = np.sort(logits)[-2:]

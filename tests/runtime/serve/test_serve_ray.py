@@ -23,10 +23,11 @@ from ray import serve
 from test_serve import _free_port, _serve_proc, _solo, _streams_through_sigterm, _wait_healthy
 
 import specrt
+from paths import ROOT
 from specrt.runtime.serve.ray_deploy import APP_NAME, REPLICA_HEADER, build
 
 pytestmark = pytest.mark.ray
-ROOT = Path(__file__).resolve().parents[2]
+
 CONFIG = ROOT / "configs" / "ray_serve.yaml"
 H = {"Content-Type": "application/json"}
 
@@ -143,6 +144,15 @@ def test_both_replicas_serve_and_greedy_equals_one_process(rs, solo):
     out = c.chat.completions.create(model="none", messages=[{"role": "user", "content": "w7 w8"}], max_tokens=12,
                                     temperature=0)
     assert out.choices[0].message.content == _solo(solo, "w7 w8", 12).text
+
+
+def test_seeded_sampling_through_replicas_equals_one_process(rs, solo):
+    """A seed gives one output wherever it runs: the same sampled text from whichever replica
+    (cached prompt or not) as from one process."""
+    prompt = "w21 w22 w23"
+    want = solo.generate(prompt, chat=False, max_new_tokens=14, temperature=1.0, seed=11, draft="none").text
+    got = {rs.complete(prompt, 14, temperature=1.0, seed=11).json()["choices"][0]["text"] for _ in range(4)}
+    assert got == {want}
 
 
 def test_streaming_through_the_proxy_ends_with_done(rs, solo):

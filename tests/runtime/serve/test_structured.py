@@ -48,11 +48,11 @@ def srv(default_bundle):
 
 def _masked_margin(pipe, prompt_ids, tokens, constraint, i) -> float:
     """Top-2 gap of the target's masked logits at position i of `tokens` (from scratch)."""
+    from specrt.runtime.backends.harness import SequenceHarness
     from specrt.runtime.backends.ort import OrtBackend
-    from specrt.runtime.decoder import Decoder
 
     man = pipe.manifest
-    dec = Decoder(OrtBackend(pipe.folder / man.target.graph, man.target))
+    dec = SequenceHarness(OrtBackend(pipe.folder / man.target.graph, man.target))
     logits = dec.prefill(list(prompt_ids) + list(tokens[:i]))
     m = pipe.grammars.matcher(pipe.grammars.compile(constraint))
     m.commit(tokens[:i])

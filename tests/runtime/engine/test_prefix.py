@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 import pytest
-from fakes import StaleRow, reference_greedy, rows, run_request
 
+from fakes import StaleRow, reference_greedy, rows, run_request
 from specrt.runtime.engine import Stats
 from specrt.runtime.engine.prefix import Placement, common_prefix, place
 from specrt.runtime.engine.request import DECODE, PREFILL

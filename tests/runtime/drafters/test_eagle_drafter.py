@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import specrt
+from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.ort import OrtBackend, OrtModel
-from specrt.runtime.decoder import Decoder
 from specrt.runtime.drafters import AutoDrafter, DraftCall, EagleDrafter, Proposal
 from specrt.runtime.drafters.eagle import pair_calls
 from specrt.runtime.engine.request import DECODE, PREFILL
@@ -21,8 +21,8 @@ GREEDY = SamplingConfig(0.0)
 def eagle(tiny_bundles):
     folder = tiny_bundles["eagle"]
     man = load_manifest(folder)
-    fresh = (Decoder(OrtBackend(folder / man.target.graph, man.target), "t", keep_hidden=True),
-             Decoder(OrtBackend(folder / man.draft.graph, man.draft), "d"))
+    fresh = (SequenceHarness(OrtBackend(folder / man.target.graph, man.target), "t", keep_hidden=True),
+             SequenceHarness(OrtBackend(folder / man.draft.graph, man.draft), "d"))
     pipe = specrt.load(folder, adaptive=False)  # fixed k: the tests count rounds of k
     yield pipe, fresh
     pipe.close()
@@ -152,7 +152,7 @@ def test_needs_features_from_the_target(eagle, tiny_bundles):
     with pytest.raises(ValueError, match="width"):
         EagleDrafter(pipe.parts.draft, 0, np.zeros((feats.shape[0], feats.shape[1] + 1), np.float32))
     with pytest.raises(ValueError, match="hidden-state output"):
-        Decoder(OrtBackend(folder / man.target.graph, man.target), keep_hidden=True)
+        SequenceHarness(OrtBackend(folder / man.target.graph, man.target), keep_hidden=True)
     draft = fresh[1]
     with pytest.raises(ValueError, match="hidden must be"):
         draft.forward([5, 6], np.zeros((1, draft.backend.hidden_size), np.float32))

@@ -65,7 +65,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def srv(tiny_bundles):
-    # fixed k: a seed reproduces tokens exactly (adaptive k only in distribution, docs/design.md "Seeds")
+    # fixed k (the adaptive default is test_serve_seeds.py's)
     s = Server(tiny_bundles["int8"], api_key=KEY, max_batch=4, max_queue=16, adaptive=False)
     yield s
     s.stop()
@@ -171,7 +171,7 @@ def test_logprobs_and_penalties_over_http_equal_target_only(srv):
 def test_structured_output_on_a_tokenizer_no_grammar_engine_can_read_is_a_clear_400(srv):
     """The tiny bundles' word-level tokenizer has no decoder: llguidance cannot know its tokens'
     bytes, so a constrained request is refused with the reason (the default bundle's byte-level
-    tokenizer serves them: tests/runtime/test_structured.py)."""
+    tokenizer serves them: tests/runtime/serve/test_structured.py)."""
     r = httpx.post(srv.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
                    json={"model": "int8", "messages": [{"role": "user", "content": "w5"}],
                          "response_format": {"type": "json_object"}})

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import specrt
-from conftest import assert_same_greedy
+from checks import assert_same_greedy
 from specrt.runtime import ContextOverflow, EngineBusy, InvalidSampling
 from specrt.runtime.adaptive import Costs
 from specrt.runtime.engine.plan import Row, plan
@@ -39,11 +39,11 @@ def _solo(pipe, prompt, n, **kw):
 
 def _margins(pipe, prompt, tokens):
     """Top-2 logit gap of the target at every position of a greedy run (near-tie evidence)."""
+    from specrt.runtime.backends.harness import SequenceHarness
     from specrt.runtime.backends.ort import OrtBackend
-    from specrt.runtime.decoder import Decoder
 
     man = pipe.manifest
-    dec = Decoder(OrtBackend(pipe.folder / man.target.graph, man.target))
+    dec = SequenceHarness(OrtBackend(pipe.folder / man.target.graph, man.target))
     seq = list(prompt) + list(tokens)
     out = []
     logits = dec.prefill(seq[: len(prompt)])
@@ -253,8 +253,8 @@ def test_batched_sampling_follows_the_target_distribution(tiny_bundles):
     draft) matches the target's own, by chi-square."""
     from scipy.stats import chisquare
 
+    from specrt.runtime.backends.harness import SequenceHarness
     from specrt.runtime.backends.ort import OrtBackend
-    from specrt.runtime.decoder import Decoder
     from specrt.runtime.sampling import SamplingConfig, probs
 
     pipe = specrt.load(tiny_bundles["bad"], max_batch=4, max_queue=2000, adaptive=False)
@@ -262,7 +262,7 @@ def test_batched_sampling_follows_the_target_distribution(tiny_bundles):
         cfg = SamplingConfig(1.0, 0, 1.0)
         prompt = [5, 9, 17]
         man = pipe.manifest
-        dec = Decoder(OrtBackend(pipe.folder / man.target.graph, man.target))
+        dec = SequenceHarness(OrtBackend(pipe.folder / man.target.graph, man.target))
         p1 = probs(dec.prefill(prompt), cfg)
         n = 1200
         firsts, seconds = [], []
@@ -389,8 +389,9 @@ def test_policy_mode_drafts_nothing_under_load(tiny_bundles, plan_batches):
         prompts = _prompts(4, seed=31)
         want = [_solo(pipe, p, 20) for p in prompts]
         seen = []
-        real = pipe.scheduler._choose_ks
-        pipe.scheduler._choose_ks = lambda rows: seen.append((len(rows), real(rows))) or seen[-1][1]
+        planner = pipe.scheduler.round.planner
+        real = planner.choose_ks
+        planner.choose_ks = lambda rows, costs: seen.append((len(rows), real(rows, costs))) or seen[-1][1]
         gens = [pipe.stream_ids(p, max_new_tokens=20) for p in prompts]
         got = [[t for c in g for t in c] for g in gens]
         assert got == want

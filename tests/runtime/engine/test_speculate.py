@@ -5,10 +5,10 @@ import pytest
 from scipy import stats as sps
 
 import specrt
-from conftest import run_request
+from checks import run_request
 from specrt.runtime.adaptive import Costs
+from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.ort import OrtBackend, OrtModel
-from specrt.runtime.decoder import Decoder
 from specrt.runtime.engine import Stats
 from specrt.runtime.kvpool import KVPool
 from specrt.runtime.manifest import load_manifest
@@ -117,7 +117,7 @@ def _second_token_dist(pipe, prompt, cfg):
     """Exact target distribution of the 2nd new token: sum_x p(x) p(. | x), via the target graph
     (a session of its own: the pipeline's pool stays the engine's)."""
     man = pipe.manifest
-    dec = Decoder(OrtBackend(pipe.folder / man.target.graph, man.target))
+    dec = SequenceHarness(OrtBackend(pipe.folder / man.target.graph, man.target))
     p1 = probs(dec.prefill(prompt), cfg)
     base = dec.length
     total = np.zeros_like(p1)
@@ -128,7 +128,7 @@ def _second_token_dist(pipe, prompt, cfg):
 
 
 # Every drafter x fixed / adaptive k x sampling setting runs on the fake backend
-# (tests/runtime/test_scheduler.py); here each kind of real draft: a separate model (`bad`), the
+# (tests/runtime/engine/test_scheduler.py); here each kind of real draft: a separate model (`bad`), the
 # self-draft on the target's pool (`int8`) and an EAGLE head, under each drafter once.
 SAMPLING_CASES = [
     ("bad", "model", False, SamplingConfig(1.0)), ("bad", "auto", True, SamplingConfig(0.8, top_p=0.9)),
@@ -172,12 +172,20 @@ def test_sampling_distribution_matches_target(pipes, bundle, draft, adaptive, cf
     assert pval > 1e-3, pval
 
 
-def test_seed_reproduces_sampling(pipes):
-    pipe = pipes["bad"]
-    a = [t for c in pipe.stream_ids(PROMPTS[0], max_new_tokens=20, temperature=1.0, seed=5) for t in c]
-    b = [t for c in pipe.stream_ids(PROMPTS[0], max_new_tokens=20, temperature=1.0, seed=5) for t in c]
-    c = [t for c in pipe.stream_ids(PROMPTS[0], max_new_tokens=20, temperature=1.0, seed=6) for t in c]
-    assert a == b and a != c
+@pytest.mark.parametrize("bundle", ["good", "bad", "int8", "eagle"])
+@pytest.mark.parametrize("draft,adaptive", [("model", False), ("ngram", False), ("auto", True)])
+def test_seed_reproduces_sampling_and_equals_target_only(pipes, bundle, draft, adaptive):
+    """A seeded sampled request gives one output on every repeat, and it is target-only
+    sampling's with that seed (runtime/sampling.py `Draws`), whatever the drafter."""
+    pipe = pipes[bundle]
+    kw = dict(max_new_tokens=20, temperature=1.0, top_p=0.95, ignore_eos=True)
+    for prompt, seed in ((PROMPTS[0], 5), (REPETITIVE, 6)):
+        want = [t for c in pipe.stream_ids(prompt, draft="none", k=0, seed=seed, **kw) for t in c]
+        for _ in range(2):
+            got = [t for c in pipe.stream_ids(prompt, draft=draft, adaptive=adaptive, k=4, seed=seed, **kw) for t in c]
+            assert got == want
+    other = [t for c in pipe.stream_ids(PROMPTS[0], seed=7, **kw) for t in c]
+    assert other != [t for c in pipe.stream_ids(PROMPTS[0], seed=5, **kw) for t in c]
 
 
 def test_kv_rewind_random_accept_patterns(tiny_bundles):
@@ -189,7 +197,7 @@ def test_kv_rewind_random_accept_patterns(tiny_bundles):
     pool = KVPool(man.target.kv, 3)
     model = OrtModel(folder / man.target.graph, man.target, pool, track="target")
     assert model.batch_rows
-    fresh = Decoder(OrtBackend(folder / man.target.graph, man.target))
+    fresh = SequenceHarness(OrtBackend(folder / man.target.graph, man.target))
 
     def ref(tokens):
         fresh.reset()
@@ -235,7 +243,7 @@ def test_prompt_chunks_wider_than_a_verification_call(pipes, tiny_bundles, monke
     keep max_t."""
     folder = tiny_bundles["none"]
     man = load_manifest(folder)
-    wide = Decoder(OrtBackend(folder / man.target.graph, man.target))
+    wide = SequenceHarness(OrtBackend(folder / man.target.graph, man.target))
     assert wide.max_prefill_t > wide.max_t == 9
     ids = (np.arange(40) * 7) % 50 + 3
     calls = []
@@ -264,7 +272,7 @@ def test_prompt_chunks_wider_than_a_verification_call(pipes, tiny_bundles, monke
 
 
 def fresh_row(folder, man, ids):
-    dec = Decoder(OrtBackend(folder / man.target.graph, man.target))
+    dec = SequenceHarness(OrtBackend(folder / man.target.graph, man.target))
     row = None
     for t in ids:  # one token per call: no chunking at all
         row = dec.forward([t])[0].copy()
@@ -405,7 +413,7 @@ def test_separate_draft_keeps_its_own_pool_in_step(tiny_bundles, bundle, monkeyp
     own weights, so there its rows are the target's too.)"""
     folder = tiny_bundles[bundle]
     man = load_manifest(folder)
-    fresh = Decoder(OrtBackend(folder / man.draft.graph, man.draft))
+    fresh = SequenceHarness(OrtBackend(folder / man.draft.graph, man.draft))
     layers = range(man.draft.kv.layers)
     with specrt.load(folder, adaptive=False) as pipe:
         p = pipe.parts

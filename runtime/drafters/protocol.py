@@ -1,0 +1,41 @@
+"""The drafter contract as code (checked against every drafter by tests/runtime/drafters).
+
+One drafter object per request holds its state: which rows of the draft model's cache are
+valid, what the current round has proposed. The scheduler runs the draft-model calls a drafter
+asks for (batching the one-token calls of many requests into one: runtime/engine/calls.py) and
+advances the draft track's length in the KV pool by each call's width.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from ..sampling import Draws, SamplingConfig
+from .base import DraftCall, Proposal
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    def route(self, seq: list[int]) -> str:
+        """Which sub-drafter would propose now ("model" | "ngram"), decided before k: the
+        request's adaptive policy for that route picks k."""
+        ...
+
+    def start(self, seq: list[int], k: int, cfg: SamplingConfig, rng: Draws,
+              policy=None) -> Proposal | DraftCall:
+        """Begin a proposal of at most k tokens continuing `seq` (the committed tokens): the
+        finished proposal (no model call needed), or the first draft-model call. A policy
+        (runtime/adaptive.py) may end a model draft early (confidence early stop)."""
+        ...
+
+    def take(self, logits: np.ndarray, hidden: np.ndarray | None = None) -> Proposal | DraftCall:
+        """The last call's logits row float32 [V] (and its hidden row [H], EAGLE), copies the
+        drafter may keep. -> the next call, or the finished proposal."""
+        ...
+
+    def commit(self, seq_len: int) -> None:
+        """The committed sequence now has seq_len tokens (the round's verified prefix + the
+        target's token): drop what the draft cache holds beyond what it can keep."""
+        ...

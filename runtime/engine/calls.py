@@ -1,0 +1,107 @@
+"""The model calls a step makes, one sequence or many rows at once, on the pool models
+(runtime/backends/protocol.py `PoolModel`).
+
+Every call reserves its rows in the model's track before running and advances the track after,
+so the KV pool's bookkeeping and the buffers never disagree; the target's calls record the EAGLE
+features of the rows they wrote. Logits come back as views of the model's output buffer (valid
+until the next call on that model) from `one`, and as copies from `rows` and `drafts` (several
+requests read them after the call).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..drafters import DraftCall
+from .counters import Counters
+from .request import Request
+
+
+class ModelCalls:
+    def __init__(self, target, draft, features: np.ndarray | None, counters: Counters):
+        """features: [slots, S_max, H] the target's hidden state per slot and position (EAGLE
+        drafts), or None."""
+        self.target, self.draft = target, draft
+        self.features = features
+        self.counters = counters
+
+    def _count(self, model) -> None:
+        if model is self.target:
+            self.counters.target_calls += 1
+        else:
+            self.counters.draft_calls += 1
+
+    def one(self, model, r: Request, tokens, hidden=None, keep: int | None = None) -> np.ndarray:
+        """One sequence's call of T tokens on `model` at its track's length in `r`'s slot.
+        -> logits view [T or keep, V] (valid until the next call on `model`)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        pos = model.pool.reserve(model.track, r.slot, len(tokens))
+        logits = model.run(r.slot, tokens, pos, hidden, keep)
+        if model is self.target and self.features is not None:
+            self.features[r.slot, pos : pos + len(tokens)] = model.hidden
+        self._count(model)
+        model.pool.advance(model.track, r.slot, len(tokens))
+        return logits
+
+    def rows(self, model, reqs: list[Request], tokens, hidden=None) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """One call of one token for each of `reqs` on `model`, over the smallest slot range that
+        holds them; slots in the range that are not served write a filler token at their spare
+        row. -> per request (logits row [V], hidden row [H] | None), copies."""
+        pool = model.pool
+        by_slot = {r.slot: i for i, r in enumerate(reqs)}
+        lo, hi = min(by_slot), max(by_slot) + 1
+        toks = np.zeros(hi - lo, dtype=np.int64)
+        pasts = np.empty(hi - lo, dtype=np.int64)
+        feats = np.zeros((hi - lo, model.hidden_size), dtype=np.float32) if model.takes_hidden else None
+        for s in range(lo, hi):
+            i = by_slot.get(s)
+            if i is None:
+                pasts[s - lo] = pool.spare_row(s)
+                continue
+            toks[s - lo] = tokens[i]
+            pasts[s - lo] = pool.reserve(model.track, s, 1)
+            if feats is not None and hidden[i] is not None:
+                feats[s - lo] = np.reshape(hidden[i], -1)
+        logits = model.run_rows(lo, toks, pasts, feats)
+        record = model is self.target and self.features is not None
+        out = []
+        for r in reqs:
+            row = r.slot - lo
+            if record:
+                self.features[r.slot, pasts[row]] = model.hidden[row]
+            pool.advance(model.track, r.slot, 1)
+            out.append((logits[row].copy(), model.hidden[row].copy() if model.has_hidden_out else None))
+        self._count(model)
+        return out
+
+    def drafts(self, calls: list[tuple[Request, DraftCall]]) -> list:
+        """The draft model's calls of one draft step: the one-token calls of many requests in one
+        batched call where the model takes rows, the others one by one.
+        -> per call (logits row [V], hidden row [H] | None), or the exception that call raised."""
+        model = self.draft
+        out: list = [None] * len(calls)
+        ones = [i for i, (_, c) in enumerate(calls) if len(c.tokens) == 1]
+        if model.batch_rows and len(ones) > 1:
+            rows = self.rows(model, [calls[i][0] for i in ones], [calls[i][1].tokens[0] for i in ones],
+                             [calls[i][1].hidden for i in ones])
+            for i, res in zip(ones, rows, strict=True):
+                out[i] = res
+        for i, (r, c) in enumerate(calls):
+            if out[i] is None:
+                out[i] = self._draft_one(model, r, c)
+        return out
+
+    def _draft_one(self, model, r: Request, c: DraftCall):
+        try:
+            reads_prompt = model.pool.length(model.track, r.slot) < len(r.prompt)
+            t0 = time.perf_counter()
+            logits = self.one(model, r, c.tokens, c.hidden, c.keep)
+            if reads_prompt:  # a separate draft reads the prompt in its first round
+                ms = 1000 * (time.perf_counter() - t0)
+                r.stats.draft_prefill_ms += ms
+                r.stats.prefill_ms += ms
+            return logits[-1].copy(), model.hidden[-1].copy() if model.has_hidden_out else None
+        except Exception as e:  # noqa: BLE001 - this request's call: the caller ends it alone
+            return e

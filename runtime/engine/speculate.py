@@ -1,0 +1,189 @@
+"""One speculation round over a step's decoding rows: choose k -> propose -> verify -> commit.
+
+    ks        = choose_ks(rows)       per row 0 (no draft) .. its k, capped by the batch plan
+                                      (runtime/engine/plan.py `Planner`)
+    proposals = propose(rows, ks)     drafters run; their one-token calls batched across rows
+    rows that do not draft:           one batched target call; next = the target's own pick
+    rows that draft d[0..k):          one target call of [last, d0 .. dk-1] each -> k+1 rows;
+                                      verify -> (n_ok, next)
+    commit                            keep d[:n_ok] + [next]; the target's track rewinds to
+                                      n' - 1 (a pointer move: the rows past it are stale and the
+                                      next call overwrites them); the drafter follows
+
+Exactness: each target row is processed (penalties, grammar: runtime/engine/processing.py) as a
+target-only step at that position would be, and verification keeps exactly what target-only
+decoding produces (greedy and seeded sampling: the same tokens). The draft only decides how
+many tokens one target call yields.
+
+A request's own failure (a call of its own, its grammar, its drafter, non-finite logits) ends that
+request alone (`alone`); a failed batched call ends the requests it served.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from ..backends.protocol import check_finite
+from ..drafters import Proposal
+from ..sampling import probs
+from ..verify import verify_greedy, verify_sampling
+from .calls import ModelCalls
+from .counters import Counters
+from .plan import Planner
+from .processing import cut_to_grammar, process
+from .request import DECODE, DONE, Request
+
+NO_DRAFT = Proposal(np.empty(0, np.int64))
+
+
+@contextmanager
+def alone(retire, r: Request):
+    """Run a request's own work; its failure ends that request (retire(r, "error", e)), never
+    the step. Callers check `r.state == DONE` after the block."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - the request's own failure
+        retire(r, "error", e)
+
+
+def pick(r: Request, row: np.ndarray) -> int:
+    """The target's own next token from one processed logits row [V] (the position after
+    r.seq): greedy, or sampled with the request's draws."""
+    return int(row.argmax()) if r.cfg.greedy else r.rng.pick(probs(row, r.cfg), len(r.seq))
+
+
+def verify(r: Request, prop: Proposal, rows: np.ndarray) -> tuple[int, int]:
+    """rows [k+1, V]: the target's processed rows for [last, d0 .. dk-1]. -> (n_ok, next).
+    Greedy: keep proposals while they are the row's argmax. Coupled sampling: the same over
+    p / E (runtime/sampling.py `Draws`): each row's token is the one target-only sampling with
+    this seed picks there, so the output is target-only's, token for token. Otherwise exact
+    rejection sampling against the draft's q."""
+    if r.cfg.greedy:
+        return verify_greedy(prop.tokens, rows)
+    p = probs(rows, r.cfg)
+    if r.rng.coupled:
+        return verify_greedy(prop.tokens, r.rng.scores(p, len(r.seq)))
+    k = len(prop.tokens)
+    return verify_sampling(prop.tokens, prop.q, p, r.rng.random(k), r.rng.random())
+
+
+class Round:
+    def __init__(self, calls: ModelCalls, pool, target, counters: Counters, retire, emit,
+                 plan_batches: bool = True):
+        """retire(r, reason, error) ends a request; emit(r, tokens, raw_rows) -> tokens sent.
+        plan_batches: cap adaptive rows' k with the batch plan (off: each drafts as alone)."""
+        self.calls, self.pool, self.target, self.counters = calls, pool, target, counters
+        self.retire, self.emit = retire, emit
+        self.planner = Planner(plan_batches)
+
+    def run(self, rows: list[Request], costs, running: int) -> None:
+        """One round for every decoding row. costs: adaptive.Costs (None: no batch plan);
+        running: requests in the engine (costs are learned only from a request running alone:
+        batched times are the plan's)."""
+        ks = self.planner.choose_ks(rows, costs)
+        t0 = time.perf_counter()
+        proposals = self.propose([r for r, k in zip(rows, ks, strict=True) if k > 0],
+                                 {r.id: k for r, k in zip(rows, ks, strict=True)})
+        draft_ms = 1000 * (time.perf_counter() - t0)
+        rows = [r for r in rows if r.state == DECODE]  # a draft failure retired its request
+        drafting = [r for r in rows if len(proposals.get(r.id, NO_DRAFT).tokens)]
+        plain = [r for r in rows if r not in drafting]
+        c = self.counters
+        c.steps += 1
+        c.rows += len(rows)
+        c.drafting_steps += bool(drafting)
+        tokens = self.decode_plain(plain, draft_ms if drafting else 0.0, running == 1) if plain else 0
+        for r in drafting:
+            tokens += self.verify_drafted(r, proposals[r.id], draft_ms, alone_in_step=len(rows) == 1)
+        c.tokens += tokens
+
+    # --- propose -----------------------------------------------------------------------------
+    def propose(self, rows: list[Request], ks: dict[int, int]) -> dict[int, Proposal]:
+        """Run every drafting row's proposal to the end (cut to its grammar); the one-token draft
+        calls of all rows go into one batched call per draft step."""
+        done: dict[int, Proposal] = {}
+        pending: dict[int, tuple] = {}
+        for r in rows:
+            with alone(self.retire, r):
+                self._advance(r, r.drafter.start(r.seq, ks[r.id], r.cfg, r.rng, r.policies.get(r.route)),
+                              done, pending)
+        while pending:
+            batch = list(pending.values())
+            pending.clear()
+            for (r, _), res in zip(batch, self.calls.drafts(batch), strict=True):
+                with alone(self.retire, r):
+                    if isinstance(res, Exception):
+                        raise res
+                    self._advance(r, r.drafter.take(*res), done, pending)
+        return done
+
+    @staticmethod
+    def _advance(r: Request, out, done: dict, pending: dict) -> None:
+        if isinstance(out, Proposal):
+            done[r.id] = cut_to_grammar(r, out)
+        else:
+            pending[r.id] = (r, out)
+
+    # --- verify + commit ---------------------------------------------------------------------
+    def decode_plain(self, rows: list[Request], draft_ms: float, learn: bool) -> int:
+        """Rows that do not draft: one batched target call, each row's last token -> its next."""
+        t0 = time.perf_counter()
+        try:
+            if len(rows) == 1 or not self.target.batch_rows:
+                # copies: each call reuses the model's logits buffer
+                results = [(self.calls.one(self.target, r, r.seq[-1:])[-1].copy(), None) for r in rows]
+            else:
+                results = self.calls.rows(self.target, rows, [r.seq[-1] for r in rows])
+        except Exception as e:  # noqa: BLE001 - the call failed for all its rows
+            for r in rows:
+                self.retire(r, "error", e)
+            return 0
+        verify_ms = 1000 * (time.perf_counter() - t0)
+        tokens = 0
+        for r, (logits, _) in zip(rows, results, strict=True):
+            with alone(self.retire, r):
+                check_finite(logits)
+                nxt = pick(r, process(r, logits[None])[0])
+            if r.state == DONE:
+                continue
+            pol = r.policies.get(r.route)
+            if pol is not None and learn:
+                pol.costs.observe(0, 0.0, verify_ms)
+            tokens += self.commit(r, NO_DRAFT, 0, nxt, draft_ms, verify_ms, logits[None])
+        return tokens
+
+    def verify_drafted(self, r: Request, prop: Proposal, draft_ms: float, alone_in_step: bool) -> int:
+        """One target call over [last, d0 .. dk-1], verification, commit."""
+        t0 = time.perf_counter()
+        with alone(self.retire, r):
+            raw = self.calls.one(self.target, r, np.concatenate(([r.seq[-1]], prop.tokens)))  # [k+1, V]
+            check_finite(raw)
+            n_ok, nxt = verify(r, prop, process(r, raw, prop.tokens))  # row i as if after d[:i]
+        if r.state == DONE:
+            return 0
+        verify_ms = 1000 * (time.perf_counter() - t0)
+        pol = r.policies.get(prop.drafter if prop.drafter in r.policies else r.route)
+        if pol is not None:
+            pol.update(len(prop.tokens), n_ok, prop.confs, draft_ms if alone_in_step else None,
+                       verify_ms if alone_in_step else None)
+        self.counters.record_draft(len(prop.tokens), n_ok)
+        return self.commit(r, prop, n_ok, nxt, draft_ms, verify_ms, raw)
+
+    def commit(self, r: Request, prop: Proposal, n_ok: int, nxt: int, draft_ms: float, verify_ms: float,
+               raw: np.ndarray) -> int:
+        """Keep d[:n_ok] + [next]; the target track goes back to n' - 1 (seq[-1] is fed by the
+        next call). raw: the target's rows of this round (row i: the position of new token i),
+        for logprobs."""
+        new = [int(t) for t in prop.tokens[:n_ok]] + [nxt]
+        n_after = len(r.seq) + len(new)
+        self.pool.rewind(self.target.track, r.slot, n_after - 1)
+        if r.drafter is not None:
+            r.drafter.commit(n_after)
+        r.rng.forget(n_after)
+        r.stats.draft_ms += draft_ms
+        r.stats.verify_ms += verify_ms
+        r.stats.record_round(len(prop.tokens), n_ok, prop.drafter if len(prop.tokens) else None)
+        return self.emit(r, new, raw)

@@ -1,0 +1,69 @@
+"""Assertions and drivers the tests share: greedy equality up to near-ties, a chi-square check
+of sampled counts, one request through a pipeline's engine."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def assert_same_greedy(got: list[int], want: list[int], margins=None, tie: float = 1e-4):
+    """Token-for-token equality; a difference is only tolerated at a near-tie (reference top-2
+    logit margin below `tie` at the first differing position) and the test says so."""
+    n = min(len(got), len(want))
+    for i in range(n):
+        if got[i] != want[i]:
+            assert margins is not None and margins[i] < tie, (
+                f"greedy outputs differ at token {i}: {got[i]} vs {want[i]} "
+                f"(margin {None if margins is None else margins[i]}); not a near-tie"
+            )
+            return i
+    assert len(got) == len(want), f"lengths differ: {len(got)} vs {len(want)}"
+    return None
+
+
+def assert_follows(counts, exact, n: int) -> None:
+    """Sampled token counts [V] from n draws follow the distribution `exact` [V]: chi-square
+    (expected counts under 5 pooled into one cell), p > 1e-3."""
+    from scipy import stats as sps
+
+    e = exact * n
+    big = e >= 5
+    obs, exp = np.append(counts[big], counts[~big].sum()), np.append(e[big], e[~big].sum())
+    keep = exp > 0
+    assert sps.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue > 1e-3
+
+
+def run_request(pipe, prompt, on_tokens=None, *, wait_s: float = 120, **kw):
+    """One request through the pipeline's engine; on_tokens(request) runs on the engine thread
+    at each committed chunk, while the request's slot and KV tracks are live.
+    -> (tokens, Stats); a request that ends with an error raises it, and so does a failing hook.
+    wait_s: the longest wait for the next event."""
+    import queue
+
+    r = pipe.request(prompt, **kw)
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    failed: list[Exception] = []  # a hook's failure, re-raised here (the engine would cancel the request)
+
+    def sink(kind, value):
+        if kind == "tokens" and on_tokens is not None and not failed:
+            try:
+                on_tokens(r)
+            except Exception as e:  # noqa: BLE001
+                failed.append(e)
+        events.put((kind, value))
+
+    r.sink = sink
+    pipe.engine.submit(r)
+    out = []
+    while True:
+        kind, value = events.get(timeout=wait_s)
+        if kind == "tokens":
+            out += value
+        elif kind == "logprobs":
+            r.token_logprobs.extend(value)
+        elif kind == "error":
+            raise value
+        elif failed:
+            raise failed[0]
+        else:
+            return out, value
