@@ -14,7 +14,6 @@ import random
 import jsonschema
 import pytest
 from test_grammar import constrained_reference
-from toolfakes import EOS, MINI_TEMPLATE, OPEN_ID, QWEN25_TEMPLATE, ids, tool_tokens
 
 from specrt.runtime.chat import prepare
 from specrt.runtime.toolcalls import (
@@ -26,6 +25,7 @@ from specrt.runtime.toolcalls import (
     tool_grammar,
 )
 from specrt.runtime.toolstream import CallParser, parse
+from toolfakes import EOS, MINI_TEMPLATE, OPEN_ID, QWEN25_TEMPLATE, ids, tool_tokens
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city"],
            "properties": {"city": {"type": "string", "maxLength": 6}, "unit": {"enum": ["c", "f"]}}}

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from fakes import fake_pipeline
 from tool_eval import WORKLOAD, evaluate
-from toolfakes import MINI_TEMPLATE, tool_tokens
 
+from fakes import fake_pipeline
 from specrt.runtime.toolcalls import plan
+from toolfakes import MINI_TEMPLATE, tool_tokens
 
 BOUNDED = {"type": "object", "additionalProperties": False, "required": ["a"],
            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}}

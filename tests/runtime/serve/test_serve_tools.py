@@ -17,12 +17,12 @@ import openai
 import pydantic
 import pytest
 import uvicorn
-from fakes import fake_pipeline
 from openai.lib.streaming.chat import ChatCompletionStreamState
-from toolfakes import MINI_TEMPLATE, OPEN_ID, tool_tokens
 
+from fakes import fake_pipeline
 from specrt.runtime.chat import prepare
 from specrt.runtime.serve.app import ServerConfig, build_app
+from toolfakes import MINI_TEMPLATE, OPEN_ID, tool_tokens
 
 ADD = {"type": "object", "additionalProperties": False, "required": ["a", "b"],
        "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},

@@ -17,9 +17,9 @@ import pydantic
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from test_structured import _masked_margin
-from toolfakes import tool_bundle
 
 from specrt.runtime.chat import prepare
+from toolfakes import tool_bundle
 
 pytestmark = pytest.mark.slow
 
