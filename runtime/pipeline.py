@@ -264,6 +264,20 @@ class Pipeline:
             for gen in gens:
                 gen.close()
 
+    # --- chat with tools (runtime/chat.py) ----------------------------------------------------
+    def chat(self, messages: list[dict], **kw):
+        """OpenAI-shaped messages (and `tools`, `tool_choice`, `parallel_tool_calls`) -> a
+        ChatResult: content, parsed `tool_calls`, finish_reason (runtime/chat.py)."""
+        from .chat import chat
+
+        return chat(self, messages, **kw)
+
+    def stream_chat(self, messages: list[dict], **kw):
+        """As `chat`, yielding Deltas (content and tool-call pieces) as tokens are committed."""
+        from .chat import stream_chat
+
+        return stream_chat(self, messages, **kw)
+
     @property
     def last(self) -> Result | None:
         """The Result of this thread's last `stream` / `generate`."""

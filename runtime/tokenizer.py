@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
@@ -22,8 +23,12 @@ class Tokenizer:
         if info.chat_template:
             import jinja2
 
-            env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, autoescape=False)
+            # as transformers renders chat templates: loop controls, and a `tojson` that keeps
+            # key order and non-ASCII text (Jinja's own sorts keys and escapes <, >, &)
+            env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, autoescape=False,
+                                     extensions=["jinja2.ext.loopcontrols"])
             env.globals["raise_exception"] = _raise
+            env.filters["tojson"] = _tojson
             self._template = env.from_string(info.chat_template)
 
     @property
@@ -37,10 +42,21 @@ class Tokenizer:
         """One user message through the chat template (what `specrt generate` sends)."""
         return self.render_messages([{"role": "user", "content": prompt}])
 
-    def render_messages(self, messages: list[dict]) -> str:
-        """[{role, content}] through the chat template, with the assistant's turn opened."""
+    @functools.cached_property
+    def has_tools(self) -> bool:
+        """The chat template renders tools and writes calls this runtime parses (Hermes /
+        Qwen2.5 `<tool_call>`, runtime/toolcalls.py), and the tag survives decoding."""
+        from .toolcalls import OPEN, template_has_tools  # tool calls: runtime/toolcalls.py
+
+        return template_has_tools(self.info.chat_template) and self.decode(
+            self.tk.encode(OPEN, add_special_tokens=False).ids) == OPEN
+
+    def render_messages(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """[{role, content}] through the chat template, with the assistant's turn opened.
+        tools: OpenAI tool dicts the template renders (runtime/toolcalls.py; None: none)."""
         return self._template.render(
             messages=messages,
+            tools=tools,
             add_generation_prompt=True,
             bos_token=self.token(self.info.bos_token_id),
             eos_token=self.token(next(iter(sorted(self.eos_ids)), None)),
@@ -53,10 +69,10 @@ class Tokenizer:
             return self.tk.encode(self.render_chat(text), add_special_tokens=False).ids
         return self.tk.encode(text, add_special_tokens=True).ids
 
-    def encode_messages(self, messages: list[dict]) -> list[int]:
+    def encode_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """A conversation as the chat template writes it (raw concatenation without one)."""
         if self.is_chat:
-            return self.tk.encode(self.render_messages(messages), add_special_tokens=False).ids
+            return self.tk.encode(self.render_messages(messages, tools), add_special_tokens=False).ids
         return self.tk.encode("\n".join(m["content"] for m in messages), add_special_tokens=True).ids
 
     def decode(self, ids: list[int]) -> str:
@@ -73,6 +89,12 @@ class Tokenizer:
 
 def _raise(msg):
     raise ValueError(msg)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    import json
+
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 class StreamDecoder:

@@ -179,7 +179,11 @@ def inspect(path, as_json):
         for plan in e.trt_plans:
             click.echo(f"    TensorRT plan {plan.file} ({plan.gpu}, TRT {plan.trt_version})")
     t = man.tokenizer
-    click.echo(f"  tokenizer: {t.file}, chat template: {'yes' if t.chat_template else 'no'}, eos ids {t.eos_token_ids}")
+    from specrt.runtime.toolcalls import template_has_tools  # tool calls: runtime/toolcalls.py
+
+    tools = "yes (<tool_call>)" if template_has_tools(t.chat_template) else "no"
+    click.echo(f"  tokenizer: {t.file}, chat template: {'yes' if t.chat_template else 'no'}, tool calls: {tools}, "
+               f"eos ids {t.eos_token_ids}")
     _inspect_memory(path, man)
 
 

@@ -196,18 +196,21 @@ def write_json_tokenizer(folder: Path) -> TokenizerInfo:
 
 
 def fake_parts(folder: Path, *, draft: str | None = "self", slots: int = 4, seed: int = 0, noise: float = 0.3,
-               max_t: int = MAX_T, max_prefill_t: int = 16, batch_rows: bool = True, json_tokens: bool = False) -> Parts:
+               max_t: int = MAX_T, max_prefill_t: int = 16, batch_rows: bool = True, json_tokens: bool = False,
+               tokens=None) -> Parts:
     """Parts (runtime/loader.py) over fake models. draft: "self" (a second track on the
     target's pool, as a self-int8 draft), "separate" (a pool of its own, as another model) or
     None. The draft is the target's table plus noise: it agrees often, not always.
-    json_tokens: a tokenizer of JSON characters (grammar tests) instead of words."""
-    table = Table(seed=seed)
+    json_tokens: a tokenizer of JSON characters (grammar tests) instead of words. tokens: a
+    tokenizer of one's own, (vocab size, write(folder) -> TokenizerInfo) (tool-call tests)."""
+    vocab, write = tokens or (VOCAB, write_json_tokenizer if json_tokens else write_tokenizer)
+    table = Table(vocab=vocab, seed=seed)
     pool = new_pool(slots)
     kw = dict(max_t=max_t, max_prefill_t=max_prefill_t, batch_rows=batch_rows)
     target = FakeModel(table, pool, "target", **kw)
     d = None
     if draft is not None:
-        dtable = Table(seed=seed + 1, noise=noise, like=table)
+        dtable = Table(vocab=vocab, seed=seed + 1, noise=noise, like=table)
         if draft == "self":
             d = FakeModel(dtable, pool, "draft", mark=DRAFT_MARK, reads=(TARGET_MARK, DRAFT_MARK), **kw)
         elif draft == "separate":
@@ -215,11 +218,11 @@ def fake_parts(folder: Path, *, draft: str | None = "self", slots: int = 4, seed
         else:
             raise ValueError(draft)
     kv = pool.layout
-    entry = dict(vocab_size=VOCAB, max_tokens_per_call=max_t, kv=kv, lowering="ort" if batch_rows else "standard")
+    entry = dict(vocab_size=vocab, max_tokens_per_call=max_t, kv=kv, lowering="ort" if batch_rows else "standard")
     man = Manifest(name="fake", target=ModelEntry(graph="target.onnx", **entry),
                    draft=None if d is None else ModelEntry(graph="draft.onnx", recipe="self-int8" if draft == "self"
                                                            else "model", **entry),
-                   tokenizer=(write_json_tokenizer if json_tokens else write_tokenizer)(folder))
+                   tokenizer=write(folder))
     return Parts(folder, man, Tokenizer(folder, man.tokenizer), target, d, False, draft == "self", None, "cpu")
 
 

@@ -244,7 +244,7 @@ class UsageInfo(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = Field(default=None, exclude_if=none)
 
 
-FinishReason = Literal["stop", "length", "timeout"]  # timeout: --request-timeout (not OpenAI's)
+FinishReason = Literal["stop", "length", "timeout", "tool_calls"]  # timeout: --request-timeout (not OpenAI's)
 
 
 

@@ -46,9 +46,26 @@ class ContentPart(OpenAIBaseModel):
         return self
 
 
+class ToolCallFunction(OpenAIBaseModel):
+    name: str
+    arguments: str  # a JSON object as a string (OpenAI's shape; runtime/toolcalls.py parses it)
+
+
+class MessageToolCall(OpenAIBaseModel):
+    """A call an earlier assistant turn made (history)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(OpenAIBaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    # tool calls (runtime/toolcalls.py): an assistant's calls, a tool result's call id
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
     @model_validator(mode="after")
     def _needs_content(self):
@@ -94,9 +111,10 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: integer(ge=1, le=10**12) | None = None
     logprobs: StrictBool | None = False
     top_logprobs: integer(ge=0, le=20) | None = None
+    # tool calls (serve/tools.py): honoured where the bundle's template renders tools, else a 400
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: StrictBool | None = None  # nothing to parallelise while tools are refused
+    parallel_tool_calls: StrictBool | None = None  # false: at most one call
     audio: dict[str, Any] | None = None
     modalities: list[Literal["text", "audio"]] | None = None
 
@@ -108,6 +126,21 @@ class ChatCompletionRequest(GenerationRequest):
             raise PydanticCustomError("invalid_combination", "'{param}' needs 'logprobs': true",
                                       {"param": "top_logprobs"})
         return data
+
+    @model_validator(mode="after")
+    def _tool_choice_fits(self):
+        """A forced tool_choice needs tools that include it; tool calls follow their own grammar."""
+        tc, names = self.tool_choice, [t.function.name for t in self.tools or ()]
+        if tc not in (None, "none", "auto") and not names:
+            raise PydanticCustomError("invalid_combination", "'{param}' needs 'tools'", {"param": "tool_choice"})
+        if isinstance(tc, NamedToolChoice) and tc.function.name not in names:
+            raise PydanticCustomError("invalid_combination", "'{param}': {name!r} is not among the offered tools",
+                                      {"param": "tool_choice.function.name", "name": tc.function.name})
+        used = self.grammar_field()
+        if names and tc != "none" and used:
+            raise PydanticCustomError("invalid_combination", "'{param}' cannot be combined with 'tools': tool calls "
+                                      "follow a grammar of their own", {"param": used})
+        return self
 
     def _requested_max_tokens(self) -> int | None:
         # max_tokens is deprecated in OpenAI's chat API in favour of max_completion_tokens
@@ -123,16 +156,52 @@ class ChatCompletionRequest(GenerationRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def chat_messages(self) -> list[dict]:
-        """{role, content} for the chat template; `developer` is OpenAI's new name for system."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        """{role, content} for the chat template; `developer` is OpenAI's new name for system;
+        an assistant's tool_calls and a tool result's tool_call_id as OpenAI sends them."""
+        out = []
+        for m in self.messages:
+            d = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            if m.tool_calls:
+                d["tool_calls"] = [c.model_dump(exclude_none=True) for c in m.tool_calls]
+            if m.tool_call_id is not None:
+                d["tool_call_id"] = m.tool_call_id
+            out.append(d)
+        return out
 
 
 
 # ---- responses ------------------------------------------------------------------------------
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None: the reply is only tool calls
+    tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=none)
+
+
+class DeltaFunctionCall(BaseModel):
+    name: str | None = Field(default=None, exclude_if=none)
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """A piece of call `index`: its first piece carries id, type and name; later ones pieces of
+    the arguments."""
+
+    index: int
+    id: str | None = Field(default=None, exclude_if=none)
+    type: Literal["function"] | None = Field(default=None, exclude_if=none)
+    function: DeltaFunctionCall
 
 
 class TopLogprob(BaseModel):
@@ -173,6 +242,7 @@ class DeltaMessage(BaseModel):
 
     role: Literal["assistant"] | None = Field(default=None, exclude_if=none)
     content: str | None = Field(default=None, exclude_if=none)
+    tool_calls: list[DeltaToolCall] | None = Field(default=None, exclude_if=none)
 
 
 class ChatCompletionStreamChoice(BaseModel):

@@ -31,16 +31,12 @@ def _non_text_part(messages: list) -> str | None:
 
 
 _SPEC = "not exact under speculative decoding yet (issue 20)"
-_NO_TOOLS = "the bundle's chat template has no tool calling"
 
 # Each entry is lifted (removed) when the engine honours the field.
 UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported("best_of", lambda v: v > 1, "server-side ranking of choices is not built (use 'n')"),
     Unsupported("min_p", lambda v: v > 0, "min_p sampling is " + _SPEC),
     Unsupported("stop_token_ids", bool, "stop token ids are not implemented yet; use 'stop' strings"),
-    Unsupported("tools", bool, _NO_TOOLS),
-    # "auto" without tools is plain text, as "none" is
-    Unsupported("tool_choice", lambda v: v not in ("none", "auto"), _NO_TOOLS),
     Unsupported("messages", _non_text_part, "the model reads text only: send {'type': 'text', 'text': ...} parts"),
     Unsupported("audio", lambda v: True, "the model writes text only"),
     Unsupported("modalities", lambda v: "audio" in v, "the model writes text only"),

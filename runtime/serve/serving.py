@@ -20,14 +20,16 @@ from fastapi.responses import JSONResponse, Response
 
 from ..grammar import GrammarError
 from ..textstream import TextStream
+from ..toolcalls import ToolError
 from .config import ServerConfig
 from .errors import APIError, bad
 from .metrics import Metrics
 from .protocol import GenerationRequest, ModelCard, ModelList
 from .protocol_chat import ChatCompletionRequest
 from .protocol_completion import CompletionRequest
-from .responses import ChatOutput, CompletionOutput, dump
+from .responses import CompletionOutput, dump
 from .streaming import SSE_HEADERS, Job, Reply, Stream
+from .tools import chat_prompt, tool_grammar_field, with_tool_grammar
 
 log = logging.getLogger("specrt.serve")
 
@@ -86,11 +88,13 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, request: Request) -> Response:
         front = self._served(req.model)
-        try:
-            ids = front.tokenizer.encode_messages(req.chat_messages())
+        try:  # tools go through the template (serve/tools.py); the response shape follows them
+            ids, out = chat_prompt(req, front.tokenizer)
+        except ToolError as e:  # tools this bundle's template cannot render, malformed tools
+            raise APIError(400, str(e), param=e.param, code=e.code) from None
         except Exception as e:  # noqa: BLE001 - the bundle's chat template refused these messages
             raise bad(f"the chat template cannot render these messages: {str(e)[:300]}", "messages") from None
-        return await self.backend.respond(req, ids, "messages", ChatOutput(req.model), request)
+        return await self.backend.respond(req, ids, "messages", out, request)
 
     async def complete(self, req: CompletionRequest, request: Request) -> Response:
         front = self._served(req.model)
@@ -160,10 +164,10 @@ class LocalBackend:
             raise bad(f"the prompt has {len(ids)} tokens and the context holds {pipe.max_seq_len}: shorten it",
                       prompt_param, "context_length_exceeded")
         try:  # choice i samples from its own stream derived from the seed (RequestOptions.stream_seed)
-            opts = req.to_options(room, **self.cfg.server_options())
+            opts = with_tool_grammar(req.to_options(room, **self.cfg.server_options()), out)
             rs = [pipe.request(ids, opts, sibling=i) for i in range(req.n or 1)]
-        except GrammarError as e:  # a schema / regex / grammar the engine cannot compile
-            raise bad(str(e), req.grammar_field(), "invalid_grammar") from None
+        except GrammarError as e:  # a schema / regex / grammar (or the tools' schemas) the engine cannot compile
+            raise bad(str(e), tool_grammar_field(out) or req.grammar_field(), "invalid_grammar") from None
         except ValueError as e:  # InvalidRequest (ContextOverflow, InvalidSampling) names its option
             raise bad(f"{e} (prompt: {len(ids)} tokens, context: {pipe.max_seq_len})",
                       req.field_of(getattr(e, "param", None))) from None

@@ -143,7 +143,9 @@ class Reply:
         for chunk in out.first(i):
             yield chunk
         async for piece in job.pieces():
-            yield out.piece(i, piece, job.new_logprobs())
+            chunk = out.piece(i, piece, job.new_logprobs())
+            if chunk is not None:  # None: nothing to say yet (tool calls: a tag held back, serve/tools.py)
+                yield chunk
         tail, lp = job.text.tail(), job.new_logprobs()
         if tail or lp:
             yield out.piece(i, tail, lp)

@@ -79,6 +79,9 @@ def error(make, **kw):
     (chat, {"response_format": {"type": "json_schema"}}, "response_format"),
     (chat, {"tool_choice": "sometimes"}, "tool_choice"),
     (chat, {"tools": [{"type": "function", "function": {}}]}, "tools[0].function.name"),
+    # a forced tool choice needs tools (a template without tools refuses them: test_serve_tools.py)
+    (chat, {"tool_choice": "required"}, "tool_choice"),
+    (chat, {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
     (completion, {"best_of": 0}, "best_of"),
 ])
 def test_invalid_values_name_their_param(make, kw, param):
@@ -101,9 +104,6 @@ REFUSED = [
     (completion, {"best_of": 2}, "best_of"),
     (chat, {"min_p": 0.1}, "min_p"),
     (completion, {"stop_token_ids": [2]}, "stop_token_ids"),
-    (chat, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    (chat, {"tool_choice": "required"}, "tool_choice"),
-    (chat, {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
     (chat, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
                                                       {"type": "image_url", "image_url": {"url": "http://x"}}]}]},
      "messages[0].content[1]"),
