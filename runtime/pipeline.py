@@ -13,7 +13,6 @@ import asyncio
 import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
@@ -23,28 +22,14 @@ from .errors import InvalidRequest
 from .grammar import Grammars
 from .kvpool import ContextOverflow
 from .loader import DRAFTS, Parts, load_parts
-from .logits import TokenLogprob
 from .manifest import BundleError
 from .memory import DEFAULT_MEMORY_FRACTION
 from .options import RequestOptions, default_draft, request_options
 from .policies import PolicyStore
+from .results import DONE, Events, Result, pieces, result_of
 from .textstream import TextStream
 
 DEFAULT_MAX_BATCH = 4  # KV slots allocated at load (`kv_bytes_per_slot` each; docs/benchmarks.md §5)
-
-
-@dataclass
-class Result:
-    text: str
-    token_ids: list[int]
-    stats: Stats
-    logprobs: list[TokenLogprob] | None = None  # per token of token_ids, when asked (runtime/logits.py)
-
-    def as_dict(self) -> dict:
-        d = {"text": self.text, "token_ids": self.token_ids, "stats": self.stats.as_dict()}
-        if self.logprobs is not None:
-            d["logprobs"] = [{"token": e.token, "logprob": e.logprob, "top": e.top} for e in self.logprobs]
-        return d
 
 
 class Pipeline:
@@ -190,9 +175,9 @@ class Pipeline:
         return self._drain(r, events)
 
     def _drain(self, r: Request, events) -> Iterator[list[int]]:
-        ev = _Events(r)
+        ev = Events(r)
         try:
-            while (chunk := ev.take(*events.get())) is not _DONE:
+            while (chunk := ev.take(*events.get())) is not DONE:
                 if chunk is not None:
                     yield chunk
         finally:
@@ -216,14 +201,14 @@ class Pipeline:
         gen = self.submit(r)
         try:
             for chunk in gen:
-                yield from _pieces(r, text, chunk)
+                yield from pieces(r, text, chunk)
                 if text.stopped:
                     break
             else:
                 text.flush()
         finally:
             gen.close()
-            self._local.last = _result(r, text)
+            self._local.last = result_of(r, text)
         tail = text.tail()
         if tail:  # not in `finally`: a closed generator must not yield
             yield tail
@@ -258,7 +243,7 @@ class Pipeline:
                 else:
                     text.flush()
                 gen.close()
-                results.append(_result(r, text))
+                results.append(result_of(r, text))
             return results
         finally:
             for gen in gens:
@@ -299,9 +284,9 @@ class Pipeline:
         return self._adrain(r, events)
 
     async def _adrain(self, r: Request, events: asyncio.Queue) -> AsyncIterator[list[int]]:
-        ev = _Events(r)
+        ev = Events(r)
         try:
-            while (chunk := ev.take(*await events.get())) is not _DONE:
+            while (chunk := ev.take(*await events.get())) is not DONE:
                 if chunk is not None:
                     yield chunk
         finally:
@@ -317,7 +302,7 @@ class Pipeline:
         gen = self.asubmit(r)
         try:
             async for chunk in gen:
-                for piece in _pieces(r, text, chunk):
+                for piece in pieces(r, text, chunk):
                     yield piece
                 if text.stopped:
                     break
@@ -326,7 +311,7 @@ class Pipeline:
         finally:
             await gen.aclose()
             if result is not None:
-                result.append(_result(r, text))
+                result.append(result_of(r, text))
         tail = text.tail()
         if tail:
             yield tail
@@ -370,43 +355,6 @@ class Pipeline:
 
     def __exit__(self, *exc):
         self.close()
-
-
-_DONE = object()
-
-
-class _Events:
-    """A request's engine events (`sink`'s kinds, request.py) as its client reads them."""
-
-    def __init__(self, r: Request):
-        self.r, self.finished = r, False  # finished: "done" or "error" was read
-
-    def take(self, kind: str, value):
-        """-> a chunk; None ("logprobs": kept in r.token_logprobs); _DONE; or raises the error."""
-        if kind == "tokens":
-            return value
-        if kind == "logprobs":
-            self.r.token_logprobs.extend(value)
-            return None
-        self.finished = True
-        if kind == "done":
-            return _DONE
-        raise value
-
-
-def _pieces(r: Request, text: TextStream, chunk: list[int]) -> Iterator[str]:
-    """The text a token chunk releases (none while held back); a stop string ends it ("stop")."""
-    piece = text.push(chunk)
-    if text.stopped:
-        r.stats.stop_reason = "stop"
-    if piece:
-        yield piece
-
-
-def _result(r: Request, text: TextStream) -> Result:
-    """The Result of a request whose tokens went through `text` (logprobs cut where its ids end)."""
-    lp = None if r.logprobs is None else r.token_logprobs[: len(text.ids)]
-    return Result(text.full, text.ids, r.stats, lp)
 
 
 def load(folder: str | Path = "engines/default", **kw) -> Pipeline:

@@ -203,7 +203,7 @@ def test_through_an_engine_replica_as_through_one_process(srv):
     import asyncio
     import pickle
 
-    from specrt.runtime.serve.protocol import ChatCompletionRequest
+    from specrt.runtime.serve.protocol_chat import ChatCompletionRequest
     from specrt.runtime.serve.ray_deploy import EngineRequest, EngineServer, Head
     from specrt.runtime.serve.tools import chat_prompt
 
