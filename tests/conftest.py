@@ -223,3 +223,21 @@ def make(tmp_path):
     yield make
     for p in made:
         p.close()
+
+
+def second_token_dist(pipe, prompt, cfg):
+    """Exact target distribution of the 2nd new token: sum_x p(x) p(. | x), via the target graph
+    (a session of its own: the pipeline's pool stays the engine's). cfg: a SamplingConfig."""
+    from specrt.runtime.backends.ort import OrtBackend
+    from specrt.runtime.decoder import Decoder
+    from specrt.runtime.sampling import probs
+
+    man = pipe.manifest
+    dec = Decoder(OrtBackend(pipe.folder / man.target.graph, man.target))
+    p1 = probs(dec.prefill(prompt), cfg)
+    base = dec.length
+    total = np.zeros_like(p1)
+    for x in np.flatnonzero(p1 > 0):
+        dec.rewind(base)
+        total += p1[x] * probs(dec.forward([x])[0], cfg)
+    return total
