@@ -28,7 +28,7 @@ from . import __version__, tokcheck
 from .arch import Arch, arch_from_model, numpy_weights
 from .bundle import ExternalData, save_graph, staging
 from .eagle import draft_arch, draft_weights, load_head
-from .graph import EAGLE_FEATURES_OUT, FEATURES, GraphOptions, build_graph, graph_io
+from .graph import EAGLE_FEATURES_OUT, FEATURES, QUANTIZED, GraphOptions, build_graph, graph_io
 from .sources import SourceError, load_source, peek_source, resolve_source, sha256_file
 from .validate import ParityError, Reference, check_decoder, check_eagle, draft_agreement
 
@@ -362,7 +362,11 @@ def _write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, 
 
 
 def _decoder(folder: Path, entry: ModelEntry, keep_hidden: bool = False) -> Decoder:
-    return Decoder(OrtBackend(folder / entry.graph, entry), entry.graph.split("/")[0], keep_hidden)
+    # float graphs unpacked: the checks run tens of calls, and a prepacking session peaks at twice
+    # the weights while it is built (runtime/memory.py). Quantized ones stay packed: MatMulNBits
+    # computes differently without its packed form, and they are small.
+    prepack = entry.precision in QUANTIZED
+    return Decoder(OrtBackend(folder / entry.graph, entry, prepack=prepack), entry.graph.split("/")[0], keep_hidden)
 
 
 def check_same_vocabulary(t_tok, d_tok, t_cfg, d_cfg) -> None:
