@@ -30,6 +30,7 @@ from .bundle import ExternalData, save_graph, staging
 from .eagle import draft_arch, draft_weights, load_head
 from .graph import EAGLE_FEATURES_OUT, FEATURES, QUANTIZED, GraphOptions, build_graph, graph_io
 from .sources import SourceError, load_source, peek_source, resolve_source, sha256_file
+from .tokcheck import VocabularyMismatch, check_same_vocabulary  # noqa: F401 (API: export.api.VocabularyMismatch)
 from .validate import ParityError, Reference, check_decoder, check_eagle, draft_agreement
 
 LOWERINGS = ("ort", "standard")
@@ -39,10 +40,6 @@ DRAFT_PRECISIONS = ("int8", "int4")  # a separate draft's weight-only quantizati
 # measured for each self-draft on chat (docs/benchmarks.md §2c, §4); others: the runtime's default
 RECOMMENDED_K = {"self-int8": 5, "self-int4": 2}
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "</s>", "<eos>")
-
-
-class VocabularyMismatch(ValueError):
-    pass
 
 
 class Progress:
@@ -367,28 +364,6 @@ def _decoder(folder: Path, entry: ModelEntry, keep_hidden: bool = False) -> Deco
     # computes differently without its packed form, and they are small.
     prepack = entry.precision in QUANTIZED
     return Decoder(OrtBackend(folder / entry.graph, entry, prepack=prepack), entry.graph.split("/")[0], keep_hidden)
-
-
-def check_same_vocabulary(t_tok, d_tok, t_cfg, d_cfg) -> None:
-    """Refuse a draft whose token ids do not mean the same strings as the target's."""
-    problems = []
-    tv, dv = t_tok.get_vocab(), d_tok.get_vocab()
-    if tv != dv:
-        only_t = sorted(set(tv) - set(dv))[:5]
-        only_d = sorted(set(dv) - set(tv))[:5]
-        moved = [s for s in set(tv) & set(dv) if tv[s] != dv[s]][:5]
-        problems.append(
-            f"tokenizer vocabularies differ (target {len(tv)} tokens, draft {len(dv)}; "
-            f"only in target: {only_t}, only in draft: {only_d}, different ids: {moved})"
-        )
-    tcfg = getattr(t_cfg, "text_config", None) or t_cfg
-    dcfg = getattr(d_cfg, "text_config", None) or d_cfg
-    if tcfg.vocab_size != dcfg.vocab_size:
-        problems.append(f"logit widths differ (target vocab_size {tcfg.vocab_size}, draft {dcfg.vocab_size})")
-    if t_tok.eos_token_id != d_tok.eos_token_id:
-        problems.append(f"EOS differs (target {t_tok.eos_token!r}, draft {d_tok.eos_token!r})")
-    if problems:
-        raise VocabularyMismatch("draft cannot verify against this target: " + "; ".join(problems))
 
 
 def _save_tokenizer(tok, config, tmp: Path) -> TokenizerInfo:

@@ -5,6 +5,7 @@ generation behaves is that every token the GGUF marks as control or user-defined
 `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`, `<tool_call>`, `</tool_call>`, the FIM tokens)
 encodes to itself alone under its GGUF id, that the end-of-sequence token stops generation, and
 that the chat template is the one shipped. `check` raises on any difference, naming it.
+`check_same_vocabulary`: a separate draft's token ids must mean the target's strings.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from ..runtime.manifest import TokenizerInfo
 from .sources import SourceError
 
 CONTROL, USER_DEFINED = 3, 4  # gguf TokenType values of special and added tokens
+
+
+class VocabularyMismatch(ValueError):
+    pass
 
 
 @dataclass
@@ -66,3 +71,25 @@ def check(gguf: GGUFTokens, tokenizer_json: Path, info: TokenizerInfo) -> dict:
         raise SourceError("bundled tokenizer differs from its GGUF: " + "; ".join(problems))
     return {"special_tokens_checked": len(gguf.specials), "eos": gguf.eos, "bos": gguf.bos,
             "chat_template_as_shipped": bool(gguf.chat_template)}
+
+
+def check_same_vocabulary(t_tok, d_tok, t_cfg, d_cfg) -> None:
+    """Refuse a draft whose token ids do not mean the same strings as the target's."""
+    problems = []
+    tv, dv = t_tok.get_vocab(), d_tok.get_vocab()
+    if tv != dv:
+        only_t = sorted(set(tv) - set(dv))[:5]
+        only_d = sorted(set(dv) - set(tv))[:5]
+        moved = [s for s in set(tv) & set(dv) if tv[s] != dv[s]][:5]
+        problems.append(
+            f"tokenizer vocabularies differ (target {len(tv)} tokens, draft {len(dv)}; "
+            f"only in target: {only_t}, only in draft: {only_d}, different ids: {moved})"
+        )
+    tcfg = getattr(t_cfg, "text_config", None) or t_cfg
+    dcfg = getattr(d_cfg, "text_config", None) or d_cfg
+    if tcfg.vocab_size != dcfg.vocab_size:
+        problems.append(f"logit widths differ (target vocab_size {tcfg.vocab_size}, draft {dcfg.vocab_size})")
+    if t_tok.eos_token_id != d_tok.eos_token_id:
+        problems.append(f"EOS differs (target {t_tok.eos_token!r}, draft {d_tok.eos_token!r})")
+    if problems:
+        raise VocabularyMismatch("draft cannot verify against this target: " + "; ".join(problems))
