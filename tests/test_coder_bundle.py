@@ -51,6 +51,13 @@ def test_tokenizer_matches_its_gguf(pipe):
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
     for special in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>"):
         assert len(pipe.tokenizer.tk.encode(special, add_special_tokens=False).ids) == 1, special
+    # the template as shipped renders as transformers renders it, ids included
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(BUNDLE)
+    conv = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4"}, {"role": "user", "content": "and <tool_call> 3+3?"}]
+    assert pipe.tokenizer.encode_messages(conv) == list(hf.apply_chat_template(conv, tokenize=True, add_generation_prompt=True))
 
 
 def test_greedy_speculative_equals_target_only_on_code(pipe):
