@@ -64,10 +64,10 @@ def test_greedy_speculative_equals_target_only_on_code(pipe):
     """Every prompt of the workload, the bundle's default drafting (adaptive) and a fixed k."""
     drafted = 0
     for i, item in enumerate(WORKLOAD):
-        want = pipe.generate(item["prompt"], max_new_tokens=NEW, draft="none", k=0).ids
+        want = pipe.generate(item["prompt"], max_new_tokens=NEW, draft="none", k=0).token_ids
         kw = {} if i % 2 else {"k": 5, "adaptive": False}
         got = pipe.generate(item["prompt"], max_new_tokens=NEW, draft="model", **kw)
-        assert got.ids == want, (item["id"], kw)
+        assert got.token_ids == want, (item["id"], kw)
         drafted += got.stats.draft_tokens
     assert drafted > len(WORKLOAD) * NEW // 4, "the draft barely ran: speculation went unchecked"
 
@@ -115,10 +115,11 @@ def test_server_answers_the_openai_client_with_the_targets_text(pipe):
                 time.sleep(0.2)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
         prompt = WORKLOAD[1]["prompt"]
-        want = pipe.generate(prompt, max_new_tokens=NEW, draft="none", k=0).text
+        solo = pipe.generate(prompt, max_new_tokens=NEW, draft="none", k=0)
+        want = solo.text
         r = client.chat.completions.create(model="coder", messages=[{"role": "user", "content": prompt}],
                                            max_tokens=NEW, temperature=0)
-        assert r.choices[0].message.content == want and r.usage.completion_tokens == NEW
+        assert r.choices[0].message.content == want and r.usage.completion_tokens == len(solo.token_ids)
         chunks = client.chat.completions.create(model="coder", messages=[{"role": "user", "content": prompt}],
                                                 max_tokens=NEW, temperature=0, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
