@@ -38,26 +38,32 @@ def pipe():
     p.close()
 
 
-def test_tokenizer_matches_its_gguf(pipe):
+def test_tokenizer_matches_its_gguf():
+    """The tokenizer alone (no model loaded)."""
     from specrt.export import tokcheck
     from specrt.export.sources import resolve_source
+    from specrt.runtime.manifest import load_manifest
+    from specrt.runtime.tokenizer import Tokenizer
 
-    src = resolve_source(pipe.manifest.target.source["ref"])  # in the model cache: no download
-    summary = tokcheck.check(tokcheck.read_gguf_tokens(src.path), BUNDLE / pipe.manifest.tokenizer.file,
-                             pipe.manifest.tokenizer)
+    man = load_manifest(BUNDLE)
+    tok = Tokenizer(BUNDLE, man.tokenizer)
+    src = resolve_source(man.target.source["ref"])  # in the model cache: no download
+    summary = tokcheck.check(tokcheck.read_gguf_tokens(src.path), BUNDLE / man.tokenizer.file, man.tokenizer)
     assert summary["special_tokens_checked"] >= 22 and summary["eos"] == 151645
-    ids = pipe.tokenizer.encode("Say hi.")
-    text = pipe.tokenizer.tk.decode(ids, skip_special_tokens=False)
+    ids = tok.encode("Say hi.")
+    text = tok.tk.decode(ids, skip_special_tokens=False)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
     for special in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>"):
-        assert len(pipe.tokenizer.tk.encode(special, add_special_tokens=False).ids) == 1, special
+        assert len(tok.tk.encode(special, add_special_tokens=False).ids) == 1, special
     # the template as shipped renders as transformers renders it, ids included
     from transformers import AutoTokenizer
 
     hf = AutoTokenizer.from_pretrained(BUNDLE)
     conv = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "2+2?"},
             {"role": "assistant", "content": "4"}, {"role": "user", "content": "and <tool_call> 3+3?"}]
-    assert pipe.tokenizer.encode_messages(conv) == list(hf.apply_chat_template(conv, tokenize=True, add_generation_prompt=True))
+    text = hf.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+    assert tok.render_messages(conv) == text
+    assert tok.encode_messages(conv) == hf(text, add_special_tokens=False)["input_ids"]
 
 
 def test_greedy_speculative_equals_target_only_on_code(pipe):
