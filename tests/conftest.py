@@ -225,15 +225,16 @@ def make(tmp_path):
         p.close()
 
 
-def second_token_dist(pipe, prompt, cfg):
+def second_token_dist(pipe, prompt, cfg, prepack: bool = True):
     """Exact target distribution of the 2nd new token: sum_x p(x) p(. | x), via the target graph
-    (a session of its own: the pipeline's pool stays the engine's). cfg: a SamplingConfig."""
+    (a session of its own: the pipeline's pool stays the engine's). cfg: a SamplingConfig.
+    prepack=False: that second session without prepacking (a big target: half its load peak)."""
     from specrt.runtime.backends.ort import OrtBackend
     from specrt.runtime.decoder import Decoder
     from specrt.runtime.sampling import probs
 
     man = pipe.manifest
-    dec = Decoder(OrtBackend(pipe.folder / man.target.graph, man.target))
+    dec = Decoder(OrtBackend(pipe.folder / man.target.graph, man.target, prepack=prepack))
     p1 = probs(dec.prefill(prompt), cfg)
     base = dec.length
     total = np.zeros_like(p1)

@@ -33,7 +33,7 @@ def pipe():
 
     if not (BUNDLE / "specrt.json").is_file():
         pytest.fail(f"{BUNDLE} is missing: run `make export-coder`")
-    p = specrt.load(BUNDLE, max_batch=4)
+    p = specrt.load(BUNDLE, max_batch=2)  # two slots: the adaptive default, and room for the server test
     yield p
     p.close()
 
@@ -85,7 +85,9 @@ def test_sampling_follows_the_target(pipe, monkeypatch):
     cfg = SamplingConfig(0.8, top_k=6)
     monkeypatch.setattr(pipe.tokenizer, "eos_ids", set())
     prompt = pipe.tokenizer.encode(WORKLOAD[0]["prompt"])
-    want = second_token_dist(pipe, prompt, cfg)
+    # a second target session: unpacked, so the process stays near 2x the target's weights
+    # (with prepacking this test peaked at 20.3 GB on the 24 GB machine)
+    want = second_token_dist(pipe, prompt, cfg, prepack=False)
     n, counts, proposed = 300, np.zeros_like(want), 0
     for seed in range(n):
         st = Stats()
