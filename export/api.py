@@ -24,31 +24,22 @@ from ..runtime.manifest import (
     TokenizerInfo,
     load_manifest,
 )
-from . import __version__
+from . import __version__, tokcheck
 from .arch import Arch, arch_from_model, numpy_weights
-from .bundle import save_graph, staging
+from .bundle import ExternalData, save_graph, staging
 from .eagle import draft_arch, draft_weights, load_head
-from .graph import EAGLE_FEATURES_OUT, FEATURES, GraphOptions, build_graph, graph_io
-from .sources import SourceError, load_source, resolve_source, sha256_file
-from .validate import (
-    ParityError,
-    check_decoder,
-    check_eagle,
-    draft_agreement,
-    probe_tokens,
-    reference_greedy,
-)
+from .graph import EAGLE_FEATURES_OUT, FEATURES, QUANTIZED, GraphOptions, build_graph, graph_io
+from .sources import SourceError, load_source, peek_source, resolve_source, sha256_file
+from .tokcheck import VocabularyMismatch, check_same_vocabulary  # noqa: F401 (API: export.api.VocabularyMismatch)
+from .validate import ParityError, Reference, check_decoder, check_eagle, draft_agreement
 
 LOWERINGS = ("ort", "standard")
 PRECISIONS = ("fp32", "fp16")
+DRAFT_PRECISIONS = ("int8", "int4")  # a separate draft's weight-only quantization (the self-drafts' recipe)
 # draft tokens per round written to the manifest when the caller names none: the best fixed k
 # measured for each self-draft on chat (docs/benchmarks.md §2c, §4); others: the runtime's default
 RECOMMENDED_K = {"self-int8": 5, "self-int4": 2}
 END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "</s>", "<eos>")
-
-
-class VocabularyMismatch(ValueError):
-    pass
 
 
 class Progress:
@@ -82,12 +73,25 @@ class Settings:
 
 class Source:
     """A loaded model source: transformers model + tokenizer; its graph-ready form (`arch`,
-    NumPy `weights`) is made when a step first reads it."""
+    NumPy `weights`, views of the model's own tensors) is made when a step first reads it.
+    `release()` drops the model once its graphs are written and its `reference` is taken, so a
+    model's fp32 weights are in memory once while its graphs are built and not at all while
+    onnxruntime loads them (docs/design.md, "Export memory")."""
 
-    def __init__(self, ref: str, max_seq_len: int):
-        self.src = resolve_source(ref)
+    def __init__(self, ref: str, max_seq_len: int, echo: Callable[[str], None] | None = None):
+        self.src = resolve_source(ref, echo=echo)
         self.model, self.tok = load_source(self.src)
+        self.config = self.model.config
         self.max_seq_len = max_seq_len
+
+    def reference(self, cfg: Settings) -> Reference:
+        return Reference.of(self.model, self.arch.vocab, k=cfg.max_draft_tokens, steps=cfg.greedy_steps)
+
+    def release(self) -> None:
+        self.arch  # noqa: B018 (made while the model is there)
+        self.__dict__.pop("weights", None)
+        self.model = None
+        gc.collect()
 
     @functools.cached_property
     def arch(self) -> Arch:
@@ -110,6 +114,7 @@ def export_bundle(
     lowering: str = "ort",
     greedy_steps: int = 32,
     trt: bool = False,
+    draft_precision: str | None = None,
     echo: Callable[[str], None] | None = print,
 ) -> Manifest:
     """Export `target` (and a draft) into the bundle folder `out`, validated against transformers.
@@ -118,44 +123,40 @@ def export_bundle(
     "eagle:<head file>" (a one-layer EAGLE head trained for this target, see export/eagle.py),
     "none", or another model source (same vocabulary required).
     k: draft tokens per round recorded as the draft's `default_k` (None: RECOMMENDED_K for self
-    drafts, else unset). Returns the written manifest.
+    drafts, else unset). draft_precision: "int8" / "int4" quantizes a separate draft model's
+    weights with the self-drafts' recipe (None: the target's precision). Returns the manifest.
+    Models are loaded one at a time and dropped before onnxruntime loads their graphs.
     """
     cfg = Settings(max_seq_len, max_draft_tokens, precision, lowering, greedy_steps)
     kind = draft_kind(draft)
     _check_settings(cfg, kind, draft, k, trt)
+    _check_draft_precision(cfg, kind, draft_precision)
     out = Path(out)
     step = Progress(4 + (kind != "none") + (kind == "model") + trt, echo)
 
     step(f"loading target {target}")
-    tgt = Source(target, max_seq_len)
+    tgt = Source(target, max_seq_len, echo)
     head = head_w = None
     if kind == "eagle":  # read before any graph is built: a wrong head file fails fast
         head = draft[len("eagle:"):]
         head_w = load_head(head, tgt.arch, tgt.src.describe().get("sha256"))
-    separate = None
-    if kind == "model":
-        step(f"loading draft {draft}")
-        separate = Source(draft, max_seq_len)
-        check_same_vocabulary(tgt.tok, separate.tok, tgt.model.config, separate.model.config)
+    if kind == "model":  # its tokenizer and config only: the model itself loads after the target's graphs
+        d_tok, d_config = peek_source(resolve_source(draft, echo=echo))
+        check_same_vocabulary(tgt.tok, d_tok, tgt.config, d_config)
 
     with staging(out) as tmp:
         step(f"building target graph ({lowering}, {precision})")
-        t_entry, target_dec = target_entry(tmp, tgt, cfg, features=kind == "eagle")
-        require_parity(t_entry, "target")
-
-        d_entry = None
-        if kind != "none":
+        t_entry, target_dec, probe, d_entry = target_entries(tmp, tgt, cfg, kind, draft, step)
+        if kind == "eagle":
             step(f"building draft graph ({draft})")
-            probe = Probe.of(tgt, cfg)
-            if kind == "self":
-                d_entry = self_draft_entry(tmp, tgt, draft, cfg, probe)
-            elif kind == "eagle":
-                d_entry = eagle_entry(tmp, tgt, target_dec, head, head_w, cfg, probe)
-            else:
-                d_entry = model_draft_entry(tmp, separate, cfg, probe)
+            d_entry = eagle_entry(tmp, tgt, target_dec, head, head_w, cfg, probe)
+            tgt.release()
+        del target_dec
+        if kind == "model":
+            d_entry = model_draft_entry(tmp, draft, cfg, probe, draft_precision, step, echo)
+        if d_entry is not None:
             require_parity(d_entry, kind)
             d_entry.default_k = k or RECOMMENDED_K.get(draft, 0)
-        del target_dec
 
         if trt:
             step("building TensorRT plans")
@@ -193,6 +194,18 @@ def _check_settings(cfg: Settings, kind: str, draft: str, k: int | None, trt: bo
                          "pass --draft none or a separate draft model with --lowering standard")
 
 
+def _check_draft_precision(cfg: Settings, kind: str, draft_precision: str | None) -> None:
+    if draft_precision is None:
+        return
+    if draft_precision not in DRAFT_PRECISIONS:
+        raise ValueError(f"draft precision must be one of {DRAFT_PRECISIONS}, got {draft_precision!r}")
+    if kind != "model":
+        raise ValueError("a draft precision applies to a separate draft model; the self drafts name "
+                         "theirs (self-int8, self-int4)")
+    if cfg.lowering != "ort":
+        raise ValueError(f"an {draft_precision} draft uses MatMulNBits, which only the 'ort' lowering has")
+
+
 # what each entry's parity compares against, for the gate's message
 REFERENCE = {
     "target": "target graph failed parity with transformers",
@@ -217,43 +230,58 @@ class Probe:
     prompt: np.ndarray
     target_tokens: np.ndarray
 
-    @classmethod
-    def of(cls, tgt: Source, cfg: Settings) -> Probe:
-        prompt = probe_tokens(tgt.arch.vocab, 12)
-        return cls(prompt, reference_greedy(tgt.model, prompt, cfg.greedy_steps)[0])
 
-
-def target_entry(tmp: Path, tgt: Source, cfg: Settings, features: bool) -> tuple[ModelEntry, SequenceHarness]:
-    """The target -> its graph, its entry with parity numbers against transformers, and a decoder
-    over it (the EAGLE check reads its features). features: also output the final-norm hidden
-    states (an EAGLE draft reads them)."""
+def target_entries(tmp: Path, tgt: Source, cfg: Settings, kind: str, draft: str, step: Progress
+                   ) -> tuple[ModelEntry, SequenceHarness, Probe, ModelEntry | None]:
+    """The target -> its graph, its entry with parity numbers against transformers, a decoder over
+    it (the EAGLE check reads its features), the probe, and a self-draft's entry when `kind` is
+    "self" (made from the same weights before the model is dropped). The torch model is released
+    before any session exists, except for an EAGLE draft, whose check runs it."""
+    ref = tgt.reference(cfg)
+    probe = Probe(ref.prompt, ref.greedy_tokens)
+    features = kind == "eagle"
     opts = cfg.graph(hidden_out=FEATURES if features else "")
     entry = _write_model(tmp, "target", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), "export")
+    self_entry = None
+    if kind == "self":
+        step(f"building draft graph ({draft})")
+        q_opts = GraphOptions(lowering="ort", precision=SELF_DRAFT_PRECISION[draft], max_seq_len=cfg.max_seq_len)
+        self_entry = _write_model(tmp, "draft", tgt.arch, tgt.weights, q_opts, cfg.max_t, tgt.src.describe(), draft)
+    if not features:
+        tgt.release()
     dec = _decoder(tmp, entry, keep_hidden=features)
-    entry.parity = check_decoder(dec, tgt.model, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
+    entry.parity = check_decoder(dec, ref, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
                                  precision=cfg.precision).as_dict()
-    return entry, dec
+    require_parity(entry, "target")
+    if self_entry is not None:
+        del dec  # one session at a time
+        dec = None
+        # lossy by design (verification keeps the output exact), so logit parity has no
+        # tolerance; agreement with the target's greedy tokens says how good a draft it is
+        _draft_parity(tmp, self_entry, ref, cfg, probe, self_entry.precision)
+    return entry, dec, probe, self_entry
 
 
-def self_draft_entry(tmp: Path, tgt: Source, recipe: str, cfg: Settings, probe: Probe) -> ModelEntry:
-    """The target's weights, quantized (MatMulNBits) -> the draft entry with its numbers against the
-    full-precision model. Lossy by design (verification keeps the output exact), so logit parity
-    has no tolerance; agreement with the target's greedy tokens says how good a draft it is."""
-    precision = SELF_DRAFT_PRECISION[recipe]
-    opts = GraphOptions(lowering="ort", precision=precision, max_seq_len=cfg.max_seq_len)
-    entry = _write_model(tmp, "draft", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), recipe)
-    return _draft_parity(tmp, entry, tgt.model, cfg, probe, precision)
+def model_draft_entry(tmp: Path, ref: str, cfg: Settings, probe: Probe, draft_precision: str | None,
+                      step: Progress, echo) -> ModelEntry:
+    """A separate draft model -> its entry: at the target's precision held to the same parity as
+    the target; weight-quantized (draft_precision) measured like a self-draft."""
+    step(f"loading draft {ref}")
+    d = Source(ref, cfg.max_seq_len, echo)
+    reference = d.reference(cfg)
+    step(f"building draft graph ({ref}{', ' + draft_precision if draft_precision else ''})")
+    if draft_precision:
+        opts, recipe = GraphOptions(lowering="ort", precision=draft_precision, max_seq_len=cfg.max_seq_len), f"model-{draft_precision}"
+    else:
+        opts, recipe = cfg.graph(), "model"
+    entry = _write_model(tmp, "draft", d.arch, d.weights, opts, cfg.max_t, d.src.describe(), recipe)
+    d.release()
+    return _draft_parity(tmp, entry, reference, cfg, probe, opts.precision)
 
 
-def model_draft_entry(tmp: Path, draft: Source, cfg: Settings, probe: Probe) -> ModelEntry:
-    """A separate draft model -> its entry, held to the same parity as the target."""
-    entry = _write_model(tmp, "draft", draft.arch, draft.weights, cfg.graph(), cfg.max_t, draft.src.describe(), "model")
-    return _draft_parity(tmp, entry, draft.model, cfg, probe, cfg.precision)
-
-
-def _draft_parity(tmp, entry, ref_model, cfg: Settings, probe: Probe, precision: str) -> ModelEntry:
+def _draft_parity(tmp, entry, reference: Reference, cfg: Settings, probe: Probe, precision: str) -> ModelEntry:
     dec = _decoder(tmp, entry)
-    entry.parity = check_decoder(dec, ref_model, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
+    entry.parity = check_decoder(dec, reference, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
                                  precision=precision).as_dict()
     entry.parity["greedy_agreement_with_target"] = draft_agreement(dec, probe.target_tokens, probe.prompt)
     return entry
@@ -285,13 +313,17 @@ def trt_plans(tmp: Path, entries: list[ModelEntry]) -> None:
 def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry | None, tgt: Source) -> Manifest:
     """Entries + the target's tokenizer -> specrt.json (and genai_config.json), read back by the
     runtime's own check before the staging folder is swapped in."""
+    tok_info = _save_tokenizer(tgt.tok, tgt.config, tmp)
+    if tgt.src.gguf_file:  # the rebuilt tokenizer against the GGUF's own special tokens and template
+        t_entry.parity["tokenizer_vs_gguf"] = tokcheck.check(tokcheck.read_gguf_tokens(tgt.src.path),
+                                                             tmp / tok_info.file, tok_info)
     man = Manifest(
         name=name,
         exporter_version=__version__,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         target=t_entry,
         draft=d_entry,
-        tokenizer=_save_tokenizer(tgt.tok, tgt.model.config, tmp),
+        tokenizer=tok_info,
     )
     man.save(tmp)
     genai.write(tmp, man)  # onnxruntime-genai reads the same graphs (runtime/genai.py)
@@ -301,7 +333,11 @@ def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry 
 
 def _write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, max_t: int,
                  source: dict, recipe: str) -> ModelEntry:
-    graph = build_graph(arch, w, opts)
+    sink = ExternalData(tmp / role)
+    try:
+        graph = build_graph(arch, w, opts, sink)
+    finally:
+        sink.close()
     name, data = save_graph(graph, tmp / role)
     del graph
     return ModelEntry(
@@ -323,29 +359,11 @@ def _write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, 
 
 
 def _decoder(folder: Path, entry: ModelEntry, keep_hidden: bool = False) -> SequenceHarness:
-    return SequenceHarness(OrtBackend(folder / entry.graph, entry), entry.graph.split("/")[0], keep_hidden)
-
-
-def check_same_vocabulary(t_tok, d_tok, t_cfg, d_cfg) -> None:
-    """Refuse a draft whose token ids do not mean the same strings as the target's."""
-    problems = []
-    tv, dv = t_tok.get_vocab(), d_tok.get_vocab()
-    if tv != dv:
-        only_t = sorted(set(tv) - set(dv))[:5]
-        only_d = sorted(set(dv) - set(tv))[:5]
-        moved = [s for s in set(tv) & set(dv) if tv[s] != dv[s]][:5]
-        problems.append(
-            f"tokenizer vocabularies differ (target {len(tv)} tokens, draft {len(dv)}; "
-            f"only in target: {only_t}, only in draft: {only_d}, different ids: {moved})"
-        )
-    tcfg = getattr(t_cfg, "text_config", None) or t_cfg
-    dcfg = getattr(d_cfg, "text_config", None) or d_cfg
-    if tcfg.vocab_size != dcfg.vocab_size:
-        problems.append(f"logit widths differ (target vocab_size {tcfg.vocab_size}, draft {dcfg.vocab_size})")
-    if t_tok.eos_token_id != d_tok.eos_token_id:
-        problems.append(f"EOS differs (target {t_tok.eos_token!r}, draft {d_tok.eos_token!r})")
-    if problems:
-        raise VocabularyMismatch("draft cannot verify against this target: " + "; ".join(problems))
+    # float graphs unpacked: the checks run tens of calls, and a prepacking session peaks at twice
+    # the weights while it is built (runtime/memory.py). Quantized ones stay packed: MatMulNBits
+    # computes differently without its packed form, and they are small.
+    prepack = entry.precision in QUANTIZED
+    return SequenceHarness(OrtBackend(folder / entry.graph, entry, prepack=prepack), entry.graph.split("/")[0], keep_hidden)
 
 
 def _save_tokenizer(tok, config, tmp: Path) -> TokenizerInfo:

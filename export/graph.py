@@ -58,10 +58,11 @@ class GraphOptions:
 class _G:
     """Tiny builder: nodes + initializers with unique names."""
 
-    def __init__(self, dtype):
+    def __init__(self, dtype, sink=None):
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.dtype = dtype  # numpy float dtype of activations and weights
+        self.sink = sink  # (name, array) -> external TensorProto | None (bundle.ExternalData)
         self._n = 0
 
     def name(self, hint: str) -> str:
@@ -69,7 +70,8 @@ class _G:
         return f"{hint}_{self._n}"
 
     def const(self, name: str, arr: np.ndarray) -> str:
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        t = self.sink(name, arr) if self.sink else None
+        self.inits.append(t if t is not None else numpy_helper.from_array(np.ascontiguousarray(arr), name))
         return name
 
     def weight(self, name: str, arr: np.ndarray) -> str:
@@ -94,13 +96,13 @@ def graph_io(opts: GraphOptions) -> IONames:
                    logits_to_keep=LOGITS_KEEP if opts.lowering == "ort" else "")
 
 
-def build_graph(arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions) -> onnx.ModelProto:
-    """w: HF state dict as fp32 NumPy arrays. Returns an in-memory ModelProto with the names of
-    `graph_io(opts)`."""
+def build_graph(arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions, sink=None) -> onnx.ModelProto:
+    """w: HF state dict as fp32 NumPy arrays. Returns a ModelProto with the names of
+    `graph_io(opts)`; its initializers inline, or streamed to `sink` (bundle.ExternalData)."""
     if opts.precision in QUANTIZED and opts.lowering != "ort":
         raise ValueError(f"{opts.precision} (MatMulNBits) exists only in the 'ort' lowering")
     dtype = np.dtype(KV_DTYPE[opts.precision])  # activations and KV; int4/int8 are weight-only
-    g = _G(dtype.type)
+    g = _G(dtype.type, sink)
     em = _Emitter(g, arch, w, opts)
     em.build()
     io = em.io

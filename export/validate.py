@@ -74,34 +74,54 @@ def reference_greedy(model, prompt: np.ndarray, steps: int) -> tuple[np.ndarray,
     return np.array(out, dtype=np.int64), np.array(margins)
 
 
+@dataclass
+class Reference:
+    """What transformers says about the probe, computed while its model is loaded, so the graph
+    is checked after the torch model is gone (two full copies of a model never coexist)."""
+
+    ids: np.ndarray  # int64 [prefix + k + 1] probe tokens
+    logits: np.ndarray  # float32 [prefix + k + 1, V] transformers' logits over `ids`
+    prefix: int  # the first `prefix` ids are the prompt
+    greedy_tokens: np.ndarray  # int64 [steps] transformers' greedy continuation of the prompt
+    margins: np.ndarray  # [steps] top-1 minus top-2 logit at each greedy step
+
+    @classmethod
+    def of(cls, model, vocab: int, *, k: int, steps: int = 32, prefix: int = 12) -> Reference:
+        ids = probe_tokens(vocab, prefix + k + 1)
+        tokens, margins = reference_greedy(model, ids[:prefix], steps)
+        return cls(ids, reference_logits(model, ids), prefix, tokens, margins)
+
+    @property
+    def prompt(self) -> np.ndarray:
+        return self.ids[: self.prefix]
+
+
 def check_decoder(decoder, model, *, k: int, steps: int = 32, prefix: int = 12, precision: str = "fp32") -> Parity:
-    """Compare a fresh `decoder` (runtime SequenceHarness over the exported graph) with `model`."""
-    vocab = decoder.vocab
-    ids = probe_tokens(vocab, prefix + k + 1)
-    ref = reference_logits(model, ids)
+    """Compare a fresh `decoder` (runtime SequenceHarness over the exported graph) with `model`: a
+    transformers model, or its `Reference` computed before (then k, steps, prefix are its own)."""
+    ref = model if isinstance(model, Reference) else Reference.of(model, decoder.vocab, k=k, steps=steps, prefix=prefix)
+    ids, prefix, steps = ref.ids, ref.prefix, len(ref.greedy_tokens)
     decoder.reset()
     got = np.concatenate([decoder.forward(ids[s : min(s + decoder.max_t, prefix)]).copy()
                           for s in range(0, prefix, decoder.max_t)])
-    pre = float(np.abs(got - ref[:prefix]).max())
+    pre = float(np.abs(got - ref.logits[:prefix]).max())
     got = decoder.forward(ids[prefix:]).copy()
-    cont = float(np.abs(got - ref[prefix:]).max())
+    cont = float(np.abs(got - ref.logits[prefix:]).max())
 
-    prompt = ids[:prefix]
-    ref_tokens, margins = reference_greedy(model, prompt, steps)
     decoder.reset()
-    row = decoder.prefill(prompt)
+    row = decoder.prefill(ref.prompt)
     match, first_margin = 0, None
     for i in range(steps):
         tok = int(np.argmax(row))
-        if tok != ref_tokens[i]:
-            first_margin = float(margins[i])
+        if tok != ref.greedy_tokens[i]:
+            first_margin = float(ref.margins[i])
             break
         match += 1
         row = decoder.forward([tok])[0]
     decoder.reset()
     tol = TOLERANCE.get(precision)
     passed = tol is None or (pre <= tol and cont <= tol and (match == steps or (first_margin or 0) < 10 * tol))
-    return Parity(pre, cont, k + 1, steps, match, first_margin, tol, passed)
+    return Parity(pre, cont, len(ids) - prefix, steps, match, first_margin, tol, passed)
 
 
 def draft_agreement(draft, target_tokens: np.ndarray, prompt: np.ndarray) -> float:

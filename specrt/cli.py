@@ -63,9 +63,11 @@ def main():
 @click.option("--max-seq-len", type=int, default=None, help="KV buffer length S_max (default 2048)")
 @click.option("--max-draft-tokens", type=int, default=None, help="widest verification is this + 1 (default 16)")
 @click.option("--precision", type=click.Choice(["fp32", "fp16"]), default=None)
+@click.option("--draft-precision", type=click.Choice(["int8", "int4"]), default=None,
+              help="weight-quantize a separate draft model (the self-drafts' recipe; config: [draft] precision)")
 @click.option("--lowering", type=click.Choice(["ort", "standard"]), default=None)
 @click.option("--trt/--no-trt", default=None, help="also build TensorRT plans for this GPU (standard lowering, extra trt; config: [export] trt)")
-def export(target, draft, k, out, config_path, max_seq_len, max_draft_tokens, precision, lowering, trt):
+def export(target, draft, k, out, config_path, max_seq_len, max_draft_tokens, precision, draft_precision, lowering, trt):
     """Export a target (+ draft) to an ONNX bundle, validated against transformers."""
     try:
         from specrt.export import export_bundle
@@ -94,6 +96,8 @@ def export(target, draft, k, out, config_path, max_seq_len, max_draft_tokens, pr
         max_seq_len=flag_or(max_seq_len, ex.get("max_seq_len", 2048)),
         max_draft_tokens=flag_or(max_draft_tokens, ex.get("max_draft_tokens", 16)),
         precision=flag_or(precision, ex.get("precision", "fp32")),
+        # the config's draft precision belongs to the config's draft, not to one named by a flag
+        draft_precision=flag_or(draft_precision, dr.get("precision") if draft is None else None),
         lowering=flag_or(lowering, ex.get("lowering", "ort")),
         trt=flag_or(trt, ex.get("trt", False)),
     )

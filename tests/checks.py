@@ -67,3 +67,22 @@ def run_request(pipe, prompt, on_tokens=None, *, wait_s: float = 120, **kw):
             raise failed[0]
         else:
             return out, value
+
+
+def second_token_dist(pipe, prompt, cfg, prepack: bool = True):
+    """Exact target distribution of the 2nd new token: sum_x p(x) p(. | x), via the target graph
+    (a session of its own: the pipeline's pool stays the engine's). cfg: a SamplingConfig.
+    prepack=False: that second session without prepacking (a big target: half its load peak)."""
+    from specrt.runtime.backends.harness import SequenceHarness
+    from specrt.runtime.backends.ort import OrtBackend
+    from specrt.runtime.sampling import probs
+
+    man = pipe.manifest
+    dec = SequenceHarness(OrtBackend(pipe.folder / man.target.graph, man.target, prepack=prepack))
+    p1 = probs(dec.prefill(prompt), cfg)
+    base = dec.length
+    total = np.zeros_like(p1)
+    for x in np.flatnonzero(p1 > 0):
+        dec.rewind(base)
+        total += p1[x] * probs(dec.forward([x])[0], cfg)
+    return total

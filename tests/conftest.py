@@ -79,3 +79,4 @@ def make(tmp_path):
     yield make
     for p in made:
         p.close()
+

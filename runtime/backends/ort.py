@@ -59,7 +59,8 @@ def use_global_pool(threads: int) -> bool:
     return _GLOBAL_POOL == threads
 
 
-def session_options(threads: int | None = None, spin: bool = True, global_pool: bool = False) -> ort.SessionOptions:
+def session_options(threads: int | None = None, spin: bool = True, global_pool: bool = False,
+                    prepack: bool = True) -> ort.SessionOptions:
     """Draft and target sessions alternate on the same cores. Spinning workers pick up the next
     kernel without a futex wake-up (about twice as fast a target step here), but a pool that
     keeps spinning after its run steals the cores from the other session's run, so each run ends
@@ -81,6 +82,9 @@ def session_options(threads: int | None = None, spin: bool = True, global_pool: 
     # Prepacking the fp32 weights is most of building a session; packing them on all threads
     # loads faster with bit-identical outputs (docs/benchmarks.md §1).
     so.add_session_config_entry("session.prepack.enable_parallel", "1")
+    if not prepack:  # a session that runs a few calls (export checks): packing would hold the raw
+        # initializers beside their packed copy while it is built, twice the weights at its peak
+        so.add_session_config_entry("session_state.disable_prepacking", "1")
     return so
 
 
@@ -113,6 +117,7 @@ class OrtModel(FeatureBuffers):
         threads: int | None = None,
         global_pool: bool = False,
         prefill_tokens: int = PREFILL_TOKENS,
+        prepack: bool = True,
     ):
         """pool: the KV buffers this graph reads and writes (its `entry.kv` layout; a self-draft
         passes its target's pool). track: this model's name in the pool's length bookkeeping."""
@@ -121,7 +126,7 @@ class OrtModel(FeatureBuffers):
         providers, self.device_type = pick_providers(pool.device)
         if self.device_type != pool.device:
             raise ValueError(f"KV pool on {pool.device!r} but the session runs on {self.device_type!r}")
-        so = session_options(threads, global_pool=global_pool)
+        so = session_options(threads, global_pool=global_pool, prepack=prepack)
         self.session = ort.InferenceSession(str(graph), so, providers=providers)
         self.entry, self.pool, self.track = entry, pool, pool.track(track)
         self.name = track
@@ -218,13 +223,15 @@ class OrtBackend(OrtModel):
     validation, graph tests, single-sequence tools)."""
 
     def __init__(self, graph: str | Path, entry: ModelEntry, *, device: str = "cpu", threads: int | None = None,
-                 global_pool: bool = False, prefill_tokens: int = PREFILL_TOKENS, hugepages: bool = False):
+                 global_pool: bool = False, prefill_tokens: int = PREFILL_TOKENS, hugepages: bool = False,
+                 prepack: bool = True):
         """hugepages: move the memory this session allocates (prepacked weights, KV, buffers) onto
-        2 MiB pages once it is built (runtime/hugepages.py; CPU, Linux >= 6.1)."""
+        2 MiB pages once it is built (runtime/hugepages.py; CPU, Linux >= 6.1). prepack=False:
+        weights stay as loaded (half the peak of building the session; slower calls)."""
         _, dev = pick_providers(device)
         before = anonymous_pages() if hugepages and dev == "cpu" else None
         super().__init__(graph, entry, KVPool(entry.kv, 1, dev), threads=threads, global_pool=global_pool,
-                         prefill_tokens=prefill_tokens)
+                         prefill_tokens=prefill_tokens, prepack=prepack)
         if before is not None:
             collapse(anonymous_pages() - before)
 

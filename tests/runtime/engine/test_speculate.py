@@ -5,14 +5,14 @@ import pytest
 from scipy import stats as sps
 
 import specrt
-from checks import run_request
+from checks import run_request, second_token_dist
 from specrt.runtime.adaptive import Costs
 from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.ort import OrtBackend, OrtModel
 from specrt.runtime.engine import Stats
 from specrt.runtime.kvpool import KVPool
 from specrt.runtime.manifest import load_manifest
-from specrt.runtime.sampling import SamplingConfig, probs
+from specrt.runtime.sampling import SamplingConfig
 
 PROMPTS = [[1, 5, 9, 33, 7], [1, 100, 4, 4, 4, 90, 12, 60], [1, 3]]
 
@@ -113,20 +113,6 @@ def test_k_larger_than_room_left(pipes):
     assert got == want and len(got) == 6
 
 
-def _second_token_dist(pipe, prompt, cfg):
-    """Exact target distribution of the 2nd new token: sum_x p(x) p(. | x), via the target graph
-    (a session of its own: the pipeline's pool stays the engine's)."""
-    man = pipe.manifest
-    dec = SequenceHarness(OrtBackend(pipe.folder / man.target.graph, man.target))
-    p1 = probs(dec.prefill(prompt), cfg)
-    base = dec.length
-    total = np.zeros_like(p1)
-    for x in np.flatnonzero(p1 > 0):
-        dec.rewind(base)
-        total += p1[x] * probs(dec.forward([x])[0], cfg)
-    return total
-
-
 # Every drafter x fixed / adaptive k x sampling setting runs on the fake backend
 # (tests/runtime/engine/test_scheduler.py); here each kind of real draft: a separate model (`bad`), the
 # self-draft on the target's pool (`int8`) and an EAGLE head, under each drafter once.
@@ -149,7 +135,7 @@ def test_sampling_distribution_matches_target(pipes, bundle, draft, adaptive, cf
     monkeypatch.setattr(pipe.scheduler, "costs", cheap)
     monkeypatch.setattr(pipe.tokenizer, "eos_ids", set())  # EOS is just another token here
     prompt = [1, 5, 9, 33, 7, 5, 9]
-    want = _second_token_dist(pipe, prompt, cfg)
+    want = second_token_dist(pipe, prompt, cfg)
     n = 3000
     counts = np.zeros_like(want)
     proposed = 0
