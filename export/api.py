@@ -24,11 +24,12 @@ from ..runtime.manifest import (
     TokenizerInfo,
     load_manifest,
 )
-from . import __version__
+from . import __version__, quant_target
 from .arch import Arch, arch_from_model, numpy_weights
 from .bundle import save_graph, staging
 from .eagle import draft_arch, draft_weights, load_head
 from .graph import EAGLE_FEATURES_OUT, FEATURES, GraphOptions, build_graph, graph_io
+from .nbits import WEIGHT_ONLY
 from .sources import SourceError, load_source, resolve_source, sha256_file
 from .validate import (
     ParityError,
@@ -40,7 +41,7 @@ from .validate import (
 )
 
 LOWERINGS = ("ort", "standard")
-PRECISIONS = ("fp32", "fp16")
+PRECISIONS = ("fp32", "fp16", "int4", "int8", "gguf")  # int4/int8: RTN, gguf: the file's own blocks
 # draft tokens per round written to the manifest when the caller names none: the best fixed k
 # measured for each self-draft on chat (docs/benchmarks.md §2c, §4); others: the runtime's default
 RECOMMENDED_K = {"self-int8": 5, "self-int4": 2}
@@ -70,6 +71,8 @@ class Settings:
     precision: str  # the target's (and a separate draft's) graph precision
     lowering: str
     greedy_steps: int  # greedy tokens compared with transformers at each parity check
+    accuracy_level: int = 4  # weight-only precisions: MatMulNBits compute (4: int8 activations, 0: fp32)
+    lm_head_precision: str = ""  # weight-only precisions: the LM head's own ("": the target's)
 
     @property
     def max_t(self) -> int:  # widest call: a verification of max_draft_tokens + the target's token
@@ -77,7 +80,8 @@ class Settings:
 
     def graph(self, **kw) -> GraphOptions:
         return GraphOptions(**{"lowering": self.lowering, "precision": self.precision,
-                               "max_seq_len": self.max_seq_len, **kw})
+                               "max_seq_len": self.max_seq_len, "int4_accuracy_level": self.accuracy_level,
+                               "lm_head_precision": self.lm_head_precision, **kw})
 
 
 class Source:
@@ -109,6 +113,8 @@ def export_bundle(
     precision: str = "fp32",
     lowering: str = "ort",
     greedy_steps: int = 32,
+    accuracy_level: int = 4,
+    lm_head_precision: str = "",
     trt: bool = False,
     echo: Callable[[str], None] | None = print,
 ) -> Manifest:
@@ -118,9 +124,11 @@ def export_bundle(
     "eagle:<head file>" (a one-layer EAGLE head trained for this target, see export/eagle.py),
     "none", or another model source (same vocabulary required).
     k: draft tokens per round recorded as the draft's `default_k` (None: RECOMMENDED_K for self
-    drafts, else unset). Returns the written manifest.
+    drafts, else unset). precision: "fp32" | "fp16" | "int4" / "int8" (weight-only RTN, any
+    source) | "gguf" (the GGUF file's own blocks, export/gguf_import.py); accuracy_level and
+    lm_head_precision apply to the weight-only ones (docs/design.md). Returns the written manifest.
     """
-    cfg = Settings(max_seq_len, max_draft_tokens, precision, lowering, greedy_steps)
+    cfg = Settings(max_seq_len, max_draft_tokens, precision, lowering, greedy_steps, accuracy_level, lm_head_precision)
     kind = draft_kind(draft)
     _check_settings(cfg, kind, draft, k, trt)
     out = Path(out)
@@ -140,7 +148,7 @@ def export_bundle(
 
     with staging(out) as tmp:
         step(f"building target graph ({lowering}, {precision})")
-        t_entry, target_dec = target_entry(tmp, tgt, cfg, features=kind == "eagle")
+        t_entry, target_dec = target_entry(tmp, tgt, cfg, features=kind == "eagle", echo=echo)
         require_parity(t_entry, "target")
 
         d_entry = None
@@ -182,6 +190,10 @@ def _check_settings(cfg: Settings, kind: str, draft: str, k: int | None, trt: bo
         raise ValueError(f"lowering must be one of {LOWERINGS}, got {cfg.lowering!r}")
     if cfg.precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {cfg.precision!r}")
+    if cfg.precision in WEIGHT_ONLY and cfg.lowering != "ort":
+        raise ValueError(f"precision {cfg.precision} uses MatMulNBits, which only the 'ort' lowering has")
+    if cfg.accuracy_level not in (0, 4) or cfg.lm_head_precision not in ("", "fp32", "int4", "int8"):
+        raise ValueError("accuracy_level must be 0 or 4 and lm_head_precision one of fp32, int4, int8")
     if cfg.max_draft_tokens < 1 or cfg.max_seq_len < cfg.max_draft_tokens + 32:
         raise ValueError("need max_draft_tokens >= 1 and max_seq_len >= max_draft_tokens + 32")
     if k is not None and not 1 <= k <= cfg.max_draft_tokens:
@@ -223,15 +235,24 @@ class Probe:
         return cls(prompt, reference_greedy(tgt.model, prompt, cfg.greedy_steps)[0])
 
 
-def target_entry(tmp: Path, tgt: Source, cfg: Settings, features: bool) -> tuple[ModelEntry, Decoder]:
+def target_entry(tmp: Path, tgt: Source, cfg: Settings, features: bool,
+                 echo: Callable[[str], None] | None = None) -> tuple[ModelEntry, Decoder]:
     """The target -> its graph, its entry with parity numbers against transformers, and a decoder
     over it (the EAGLE check reads its features). features: also output the final-norm hidden
     states (an EAGLE draft reads them)."""
     opts = cfg.graph(hidden_out=FEATURES if features else "")
-    entry = _write_model(tmp, "target", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), "export")
+    qw, entry_quant = quant_target.prepare(tgt, opts, echo)
+    entry = _write_model(tmp, "target", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), "export", qw)
+    del qw
+    entry.quantization = entry_quant
     dec = _decoder(tmp, entry, keep_hidden=features)
-    entry.parity = check_decoder(dec, tgt.model, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
-                                 precision=cfg.precision).as_dict()
+    if not entry_quant:
+        entry.parity = check_decoder(dec, tgt.model, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
+                                     precision=cfg.precision).as_dict()
+        return entry, dec
+    if entry_quant["method"] == "rtn":
+        quant_target.fake_quantize(tgt.model, tgt.weights, opts)
+    entry.parity = quant_target.parity(tmp, entry, dec, tgt.model, opts, cfg.max_draft_tokens, cfg.greedy_steps, _decoder)
     return entry, dec
 
 
@@ -300,8 +321,8 @@ def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry 
 
 
 def _write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, max_t: int,
-                 source: dict, recipe: str) -> ModelEntry:
-    graph = build_graph(arch, w, opts)
+                 source: dict, recipe: str, qw: dict | None = None) -> ModelEntry:
+    graph = build_graph(arch, w, opts, qw)
     name, data = save_graph(graph, tmp / role)
     del graph
     return ModelEntry(

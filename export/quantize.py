@@ -2,7 +2,8 @@
 
 Recipe: symmetric round-to-nearest, one fp scale per block of `block_size` input features, the
 default of onnxruntime-genai's builder, so drafts compare like for like with its models. Each
-block's scale maps its largest-magnitude weight (sign included) to -2^(bits-1), giving codes
+block's scale (rounded to 11 significant bits, `_short_mantissa`) maps its largest-magnitude
+weight (sign included) to -2^(bits-1), giving codes
 0..2^bits-1 around an implicit zero point of 2^(bits-1) (MatMulNBits' default when no
 zero_points input is given).
 """
@@ -30,11 +31,20 @@ def quantize_rtn_sym(w: np.ndarray, block_size: int = 32, bits: int = 4) -> tupl
     idx = np.abs(wb).argmax(axis=-1)[..., None]
     vmax = np.take_along_axis(wb, idx, axis=-1)  # [N, nb, 1], signed
     zero = 1 << (bits - 1)
-    scale = vmax / -float(zero)
+    scale = _short_mantissa(vmax / -float(zero))
     inv = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale != 0)
     q = np.clip(np.rint(wb * inv) + zero, 0, 2 * zero - 1).astype(np.uint8)
     packed = q if bits == 8 else q[..., 0::2] | (q[..., 1::2] << 4)
     return np.ascontiguousarray(packed), scale[..., 0].astype(np.float32)
+
+
+def _short_mantissa(x: np.ndarray) -> np.ndarray:
+    """fp32 rounded to 11 significant bits (fp16's precision, fp32's exponent range). Every
+    (code - zero point) * scale is then an exact fp32 product, so onnxruntime's kernels, which
+    dequantize in their own order (q * s - zp * s, per-block sums times s), compute with exactly
+    the weights `dequantize` gives, and a parity check against them is tight (docs/design.md)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
 def dequantize(packed: np.ndarray, scales: np.ndarray, k: int, bits: int = 4) -> np.ndarray:
