@@ -149,3 +149,19 @@ def test_speculation_over_a_quantized_target_equals_target_only(quant_bundles, b
             want = [t for c in pipe.stream_ids(prompt, max_new_tokens=30, draft="none", k=0) for t in c]
             got = [t for c in pipe.stream_ids(prompt, max_new_tokens=30, k=k, draft=draft, adaptive=adaptive) for t in c]
             assert got == want, (bundle, draft, adaptive, k, prompt)
+
+
+def test_cli_exports_and_inspects_a_gguf_import(tiny_gguf, tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "cli"
+    cmd = [sys.executable, "-m", "specrt.cli", "export", "--target", str(tiny_gguf), "--draft", "none",
+           "--precision", "gguf", "--accuracy-level", "0", "--max-seq-len", "256", "--max-draft-tokens", "4", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "IQ4_NL" in res.stderr  # the fallback is said
+    q = load_manifest(out).target.quantization
+    assert (q["method"], q["accuracy_level"]) == ("gguf", 0)
+    shown = subprocess.run([sys.executable, "-m", "specrt.cli", "inspect", str(out)], capture_output=True, text=True).stdout
+    assert "weights: gguf, accuracy_level 0" in shown and "no exact form (float): IQ4_NL" in shown
