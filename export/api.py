@@ -322,7 +322,7 @@ def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry 
 
 def _write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, max_t: int,
                  source: dict, recipe: str, qw: dict | None = None) -> ModelEntry:
-    graph = build_graph(arch, w, opts, qw)
+    graph = build_graph(arch, w, opts, qw) if qw else build_graph(arch, w, opts)
     name, data = save_graph(graph, tmp / role)
     del graph
     return ModelEntry(

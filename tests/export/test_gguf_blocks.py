@@ -101,3 +101,24 @@ def test_onnxruntime_reads_the_imported_form(type_name):
         y = y + x.reshape(3, -1, qw.block).sum(-1) @ qw.mins.T
     ref = x.astype(np.float64) @ w.T.astype(np.float64)
     assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_fused_forms_dequantize_to_the_stacked_weights():
+    """q/k/v (or gate/up) of one input fuse into one MatMulNBits weight when bits and block agree;
+    a part without mins gets zero mins, which leaves its values as they are."""
+    from specrt.export.quantize import fuse
+
+    a = import_blocks(hand_made("Q4_0", 4, 64, seed=3), "Q4_0", 4, 64)
+    b = import_blocks(hand_made("Q4_1", 2, 64, seed=4), "Q4_1", 2, 64)
+    both = fuse([a, b])
+    assert both.shape == (6, 64) and both.kind == "Q4_0+Q4_1"
+    assert (both.mins[:4] == 0).all()
+    np.testing.assert_array_equal(both.dequantize(), np.concatenate([a.dequantize(), b.dequantize()]))
+    assert fuse([a, import_blocks(hand_made("Q8_0", 2, 64), "Q8_0", 2, 64)]) is None  # 4 vs 8 bits
+    assert fuse([a, import_blocks(hand_made("Q6_K", 2, 256), "Q6_K", 2, 256)]) is None
+
+
+def test_rows_reorders_every_part():
+    qw = import_blocks(hand_made("Q4_K", 4, 256), "Q4_K", 4, 256)
+    order = np.array([2, 0, 3, 1])
+    np.testing.assert_array_equal(qw.rows(order).dequantize(), qw.dequantize()[order])
