@@ -24,17 +24,18 @@ from ..runtime.manifest import (
     TokenizerInfo,
     load_manifest,
 )
-from . import __version__, tokcheck
+from . import __version__, quant_target, tokcheck
 from .arch import Arch, arch_from_model, numpy_weights
 from .bundle import ExternalData, save_graph, staging
 from .eagle import draft_arch, draft_weights, load_head
-from .graph import EAGLE_FEATURES_OUT, FEATURES, QUANTIZED, GraphOptions, build_graph, graph_io
+from .graph import EAGLE_FEATURES_OUT, FEATURES, GraphOptions, build_graph, graph_io
+from .nbits import WEIGHT_ONLY
 from .sources import SourceError, load_source, peek_source, resolve_source, sha256_file
 from .tokcheck import VocabularyMismatch, check_same_vocabulary  # noqa: F401 (API: export.api.VocabularyMismatch)
 from .validate import ParityError, Reference, check_decoder, check_eagle, draft_agreement
 
 LOWERINGS = ("ort", "standard")
-PRECISIONS = ("fp32", "fp16")
+PRECISIONS = ("fp32", "fp16", "int4", "int8", "gguf")  # int4/int8: RTN, gguf: the file's own blocks
 DRAFT_PRECISIONS = ("int8", "int4")  # a separate draft's weight-only quantization (the self-drafts' recipe)
 # draft tokens per round written to the manifest when the caller names none: the best fixed k
 # measured for each self-draft on chat (docs/benchmarks.md §2c, §4); others: the runtime's default
@@ -61,6 +62,8 @@ class Settings:
     precision: str  # the target's (and a separate draft's) graph precision
     lowering: str
     greedy_steps: int  # greedy tokens compared with transformers at each parity check
+    accuracy_level: int = 4  # weight-only precisions: MatMulNBits compute (4: int8 activations, 0: fp32)
+    lm_head_precision: str = ""  # weight-only precisions: the LM head's own ("": the target's)
 
     @property
     def max_t(self) -> int:  # widest call: a verification of max_draft_tokens + the target's token
@@ -68,7 +71,8 @@ class Settings:
 
     def graph(self, **kw) -> GraphOptions:
         return GraphOptions(**{"lowering": self.lowering, "precision": self.precision,
-                               "max_seq_len": self.max_seq_len, **kw})
+                               "max_seq_len": self.max_seq_len, "int4_accuracy_level": self.accuracy_level,
+                               "lm_head_precision": self.lm_head_precision, **kw})
 
 
 class Source:
@@ -113,6 +117,8 @@ def export_bundle(
     precision: str = "fp32",
     lowering: str = "ort",
     greedy_steps: int = 32,
+    accuracy_level: int = 4,
+    lm_head_precision: str = "",
     trt: bool = False,
     draft_precision: str | None = None,
     echo: Callable[[str], None] | None = print,
@@ -123,11 +129,15 @@ def export_bundle(
     "eagle:<head file>" (a one-layer EAGLE head trained for this target, see export/eagle.py),
     "none", or another model source (same vocabulary required).
     k: draft tokens per round recorded as the draft's `default_k` (None: RECOMMENDED_K for self
-    drafts, else unset). draft_precision: "int8" / "int4" quantizes a separate draft model's
-    weights with the self-drafts' recipe (None: the target's precision). Returns the manifest.
-    Models are loaded one at a time and dropped before onnxruntime loads their graphs.
+    drafts, else unset). precision: "fp32" | "fp16" | "int4" / "int8" (weight-only RTN, any
+    source) | "gguf" (the GGUF file's own blocks, export/gguf_import.py); accuracy_level and
+    lm_head_precision apply to the weight-only ones (docs/design.md). draft_precision: "int8" /
+    "int4" quantizes a separate draft model's weights with the self-drafts' recipe (None: the
+    target's precision). Returns the written manifest. Models are loaded one at a time and
+    dropped before onnxruntime loads their graphs (a quantized target's parity check keeps its
+    model until the check is done).
     """
-    cfg = Settings(max_seq_len, max_draft_tokens, precision, lowering, greedy_steps)
+    cfg = Settings(max_seq_len, max_draft_tokens, precision, lowering, greedy_steps, accuracy_level, lm_head_precision)
     kind = draft_kind(draft)
     _check_settings(cfg, kind, draft, k, trt)
     _check_draft_precision(cfg, kind, draft_precision)
@@ -146,7 +156,7 @@ def export_bundle(
 
     with staging(out) as tmp:
         step(f"building target graph ({lowering}, {precision})")
-        t_entry, target_dec, probe, d_entry = target_entries(tmp, tgt, cfg, kind, draft, step)
+        t_entry, target_dec, probe, d_entry = target_entries(tmp, tgt, cfg, kind, draft, step, echo)
         if kind == "eagle":
             step(f"building draft graph ({draft})")
             d_entry = eagle_entry(tmp, tgt, target_dec, head, head_w, cfg, probe)
@@ -183,6 +193,10 @@ def _check_settings(cfg: Settings, kind: str, draft: str, k: int | None, trt: bo
         raise ValueError(f"lowering must be one of {LOWERINGS}, got {cfg.lowering!r}")
     if cfg.precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {cfg.precision!r}")
+    if cfg.precision in WEIGHT_ONLY and cfg.lowering != "ort":
+        raise ValueError(f"precision {cfg.precision} uses MatMulNBits, which only the 'ort' lowering has")
+    if cfg.accuracy_level not in (0, 4) or cfg.lm_head_precision not in ("", "fp32", "int4", "int8"):
+        raise ValueError("accuracy_level must be 0 or 4 and lm_head_precision one of fp32, int4, int8")
     if cfg.max_draft_tokens < 1 or cfg.max_seq_len < cfg.max_draft_tokens + 32:
         raise ValueError("need max_draft_tokens >= 1 and max_seq_len >= max_draft_tokens + 32")
     if k is not None and not 1 <= k <= cfg.max_draft_tokens:
@@ -231,27 +245,40 @@ class Probe:
     target_tokens: np.ndarray
 
 
-def target_entries(tmp: Path, tgt: Source, cfg: Settings, kind: str, draft: str, step: Progress
+def target_entries(tmp: Path, tgt: Source, cfg: Settings, kind: str, draft: str, step: Progress, echo=None
                    ) -> tuple[ModelEntry, SequenceHarness, Probe, ModelEntry | None]:
     """The target -> its graph, its entry with parity numbers against transformers, a decoder over
     it (the EAGLE check reads its features), the probe, and a self-draft's entry when `kind` is
     "self" (made from the same weights before the model is dropped). The torch model is released
-    before any session exists, except for an EAGLE draft, whose check runs it."""
+    before any session exists, except for an EAGLE draft, whose check runs it, and a quantized
+    target, whose parity is checked against the same (GGUF-dequantized or fake-quantized) weights
+    in transformers (export/quant_target.py)."""
     ref = tgt.reference(cfg)
     probe = Probe(ref.prompt, ref.greedy_tokens)
     features = kind == "eagle"
     opts = cfg.graph(hidden_out=FEATURES if features else "")
-    entry = _write_model(tmp, "target", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), "export")
+    qw, quantization = quant_target.prepare(tgt, opts, echo)
+    entry = _write_model(tmp, "target", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), "export", qw)
+    del qw
+    entry.quantization = quantization
     self_entry = None
     if kind == "self":
         step(f"building draft graph ({draft})")
         q_opts = GraphOptions(lowering="ort", precision=SELF_DRAFT_PRECISION[draft], max_seq_len=cfg.max_seq_len)
         self_entry = _write_model(tmp, "draft", tgt.arch, tgt.weights, q_opts, cfg.max_t, tgt.src.describe(), draft)
-    if not features:
+    if not features and not quantization:
         tgt.release()
     dec = _decoder(tmp, entry, keep_hidden=features)
-    entry.parity = check_decoder(dec, ref, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
-                                 precision=cfg.precision).as_dict()
+    if not quantization:
+        entry.parity = check_decoder(dec, ref, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
+                                     precision=cfg.precision).as_dict()
+    else:
+        if quantization["method"] == "rtn":
+            quant_target.fake_quantize(tgt.model, tgt.weights, opts)
+        entry.parity = quant_target.parity(tmp, entry, dec, tgt.model, opts, cfg.max_draft_tokens, cfg.greedy_steps,
+                                           _decoder)
+        if not features:
+            tgt.release()
     require_parity(entry, "target")
     if self_entry is not None:
         del dec  # one session at a time
@@ -332,10 +359,10 @@ def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry 
 
 
 def _write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, max_t: int,
-                 source: dict, recipe: str) -> ModelEntry:
+                 source: dict, recipe: str, qw: dict | None = None) -> ModelEntry:
     sink = ExternalData(tmp / role)
     try:
-        graph = build_graph(arch, w, opts, sink)
+        graph = build_graph(arch, w, opts, qw or None, sink=sink)
     finally:
         sink.close()
     name, data = save_graph(graph, tmp / role)
@@ -362,7 +389,7 @@ def _decoder(folder: Path, entry: ModelEntry, keep_hidden: bool = False) -> Sequ
     # float graphs unpacked: the checks run tens of calls, and a prepacking session peaks at twice
     # the weights while it is built (runtime/memory.py). Quantized ones stay packed: MatMulNBits
     # computes differently without its packed form, and they are small.
-    prepack = entry.precision in QUANTIZED
+    prepack = entry.precision in WEIGHT_ONLY
     return SequenceHarness(OrtBackend(folder / entry.graph, entry, prepack=prepack), entry.graph.split("/")[0], keep_hidden)
 
 

@@ -31,25 +31,27 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..runtime.manifest import KV_DTYPE, IONames
-from . import quantize
+from . import nbits, quantize
 from .arch import Arch
+from .nbits import MS, WEIGHT_ONLY
+from .quantize import QuantWeight
 
 OPSET = {"ort": 21, "standard": 24}
 FEATURES = "hidden_states"  # the target's final-norm hidden states: its output and an EAGLE draft's input
 EAGLE_FEATURES_OUT = "next_hidden_states"  # an EAGLE draft's predicted features (its next step's input)
 LOGITS_KEEP = "num_logits_to_keep"  # ort lowering: int64 [1], an input with a default (all positions)
 KEEP_ALL = 1 << 30  # the default: Slice clamps -KEEP_ALL to the first position
-MS = "com.microsoft"
-QUANTIZED = {"int4": 4, "int8": 8}  # weight-only precisions -> MatMulNBits bits
 
 
 @dataclass(frozen=True)
 class GraphOptions:
     lowering: str = "ort"  # "ort" | "standard"
-    precision: str = "fp32"  # "fp32" | "fp16" | "int4" | "int8" (int4/int8: MatMulNBits, ort lowering only)
+    precision: str = "fp32"  # "fp32" | "fp16" | "int4" | "int8" | "gguf" (MatMulNBits, ort lowering only;
+    #                           gguf: each weight in its imported GGUF form, see export/nbits.py)
     max_seq_len: int = 2048  # S_max of the KV buffers and rotary tables
     int4_block_size: int = 32
-    int4_accuracy_level: int = 4  # MatMulNBits compute type on CPU: 4 = int8 activations
+    int4_accuracy_level: int = 4  # MatMulNBits compute type on CPU: 4 = int8 activations, 0 = fp32
+    lm_head_precision: str = ""  # the LM head's own precision ("": the graph's), e.g. int8 under int4
     hidden_out: str = ""  # also output the final-norm hidden states [B, T, H] under this name
     eagle: bool = False  # EAGLE draft: input `hidden_states` [B, T, H] (target features) mixed
     #                      into the embedding by `eagle.fc.*` (docs/design.md, "EAGLE draft")
@@ -96,14 +98,16 @@ def graph_io(opts: GraphOptions) -> IONames:
                    logits_to_keep=LOGITS_KEEP if opts.lowering == "ort" else "")
 
 
-def build_graph(arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions, sink=None) -> onnx.ModelProto:
-    """w: HF state dict as fp32 NumPy arrays. Returns a ModelProto with the names of
-    `graph_io(opts)`; its initializers inline, or streamed to `sink` (bundle.ExternalData)."""
-    if opts.precision in QUANTIZED and opts.lowering != "ort":
+def build_graph(arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions,
+                qw: dict[str, QuantWeight] | None = None, sink=None) -> onnx.ModelProto:
+    """w: HF state dict as fp32 NumPy arrays; qw: HF name -> imported GGUF form (precision gguf).
+    Returns a ModelProto with the names of `graph_io(opts)`; its initializers inline, or streamed
+    to `sink` (bundle.ExternalData)."""
+    if opts.precision in WEIGHT_ONLY and opts.lowering != "ort":
         raise ValueError(f"{opts.precision} (MatMulNBits) exists only in the 'ort' lowering")
-    dtype = np.dtype(KV_DTYPE[opts.precision])  # activations and KV; int4/int8 are weight-only
+    dtype = np.dtype(KV_DTYPE[opts.precision])  # activations and KV; int4/int8/gguf are weight-only
     g = _G(dtype.type, sink)
-    em = _Emitter(g, arch, w, opts)
+    em = _Emitter(g, arch, w, opts, qw or {})
     em.build()
     io = em.io
     onnx_dtype = helper.np_dtype_to_tensor_dtype(dtype)
@@ -136,8 +140,9 @@ def build_graph(arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions, sink=N
 
 
 class _Emitter:
-    def __init__(self, g: _G, arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions):
-        self.g, self.a, self.w, self.o = g, arch, w, opts
+    def __init__(self, g: _G, arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions, qw: dict):
+        self.g, self.a, self.w, self.o, self.qw = g, arch, w, opts, qw
+        self.block_sums: dict = {}  # (input, block) -> its block sums, for weights with mins
         self.ort = opts.lowering == "ort"
         self.io = graph_io(opts)
         # num_logits_to_keep input (the standard lowering stays TensorRT-plain)
@@ -149,24 +154,24 @@ class _Emitter:
 
     def linear(self, x: str, key: str) -> str:
         """x [B, T, in] @ W.T for the checkpoint weight `key` (HF layout [out, in])."""
-        return self.project(x, key.replace("model.", "").replace(".weight", "").replace(".", "_"), self.w[key])
+        return self.project(x, key.replace("model.", "").replace(".weight", "").replace(".", "_"), self.weight(key))
 
-    def project(self, x: str, hint: str, W: np.ndarray, b: np.ndarray | None = None) -> str:
-        g = self.g
-        bits = QUANTIZED.get(self.o.precision)
-        if bits:
-            packed, scales = quantize.quantize_rtn_sym(W, self.o.int4_block_size, bits)
-            ins = [x, g.const(hint + f"_q{bits}", packed), g.const(hint + "_scales", scales)]
-            if b is not None:
-                ins += ["", "", g.const(hint + "_bias", b.astype(np.float32))]
-            return g.op(
-                "MatMulNBits", ins, hint, domain=MS, K=W.shape[1], N=W.shape[0], bits=bits,
-                block_size=self.o.int4_block_size, accuracy_level=self.o.int4_accuracy_level,
-            )
+    def project(self, x: str, hint: str, W, b: np.ndarray | None = None) -> str:
+        """x [B, T, in] @ W.T (+ b); W: fp32 [out, in] or a QuantWeight, in the form
+        `nbits.resolve` gives it for this graph."""
+        g, level = self.g, self.o.int4_accuracy_level
+        W = nbits.resolve(W, self.o.precision, self.o.int4_block_size, level)
+        if isinstance(W, QuantWeight):
+            return nbits.emit(g, x, hint, W, b, level, self.block_sums)
         y = g.op("MatMul", [x, g.weight(hint + "_wT", W.T)], hint)
         if b is not None:
             y = g.op("Add", [y, g.weight(hint + "_b", b)], hint + "_bias")
         return y
+
+    def weight(self, key: str):
+        """The checkpoint weight `key` as the graph's source holds it: its imported GGUF form
+        where there is one (precision gguf), else fp32."""
+        return self.qw.get(key, self.w[key]) if self.o.precision == "gguf" else self.w[key]
 
     def rms(self, x: str, key: str, skip: str | None = None):
         """RMSNorm over the last axis; with `skip`, normalizes x + skip and also returns the sum."""
@@ -204,13 +209,22 @@ class _Emitter:
 
     def fused(self, x: str, keys: list[str], bias_keys: list[str | None], hint: str, split: bool = True):
         """Several projections of the same input as one MatMul ([out1+out2+..., in] weights);
-        split back on the last axis unless `split` is False."""
-        W = np.concatenate([self.w[k] for k in keys], axis=0)
+        split back on the last axis unless `split` is False. Weights whose quantized forms differ
+        (a GGUF's Q4_K q/k beside a Q6_K v) run as separate projections, concatenated."""
         sizes = [self.w[k].shape[0] for k in keys]
-        b = None
-        if any(bias_keys):
-            b = np.concatenate([self.w[bk] if bk else np.zeros(n, np.float32) for bk, n in zip(bias_keys, sizes, strict=True)])
-        y = self.project(x, keys[0].replace("model.", "").rsplit(".", 2)[0].replace(".", "_") + "_" + hint, W, b)
+        biases = [self.w[bk] if bk else np.zeros(n, np.float32) for bk, n in zip(bias_keys, sizes, strict=True)]
+        b = np.concatenate(biases) if any(bias_keys) else None
+        name = keys[0].replace("model.", "").rsplit(".", 2)[0].replace(".", "_") + "_" + hint
+        parts = [nbits.resolve(self.weight(k), self.o.precision, self.o.int4_block_size, self.o.int4_accuracy_level)
+                 for k in keys]
+        if all(isinstance(p, np.ndarray) for p in parts):
+            y = self.project(x, name, np.concatenate(parts, axis=0), b)
+        elif all(isinstance(p, QuantWeight) for p in parts) and (one := quantize.fuse(parts)) is not None:
+            y = self.project(x, name, one, b)
+        else:
+            ys = [self.project(x, f"{name}{j}", p, bb if any(bias_keys) else None)
+                  for j, (p, bb) in enumerate(zip(parts, biases, strict=True))]
+            y = self.g.op("Concat", ys, name, axis=-1)
         if not split:
             return y
         return self.g.op("Split", [y, self.g.i64(*sizes)], hint, outputs=len(keys), axis=-1)
@@ -264,12 +278,13 @@ class _Emitter:
             keep = self.io.logits_to_keep
             g.const(keep, np.array([KEEP_ALL], dtype=np.int64))
             x = g.op("Slice", [x, g.op("Neg", [keep]), g.i64(np.iinfo(np.int64).max), g.i64(1)], "keep")
-        head = self.w.get("lm_head.weight")
-        if head is None or self.a.tie_embeddings:
-            head = self.w["model.embed_tokens.weight"]
-        if self.o.precision in QUANTIZED:
-            logits = self.project(x, "lm_head", head)
-        elif self.a.tie_embeddings:
+        key = "lm_head.weight"
+        if key not in self.w or self.a.tie_embeddings:
+            key = "model.embed_tokens.weight"
+        o = self.o
+        head = nbits.resolve(self.weight(key), o.lm_head_precision or o.precision, o.int4_block_size, o.int4_accuracy_level)
+        # float and equal to the embedding (a gguf import's weights are the fp32 ones, checked on import)
+        if isinstance(head, np.ndarray) and self.a.tie_embeddings and (head is self.w[key] or o.precision == "gguf"):
             # Share the embedding initializer: Gemm(transB=1) on [B*T, H] avoids a transposed copy.
             x2 = g.op("Reshape", [x, g.i64(-1, self.a.hidden)])
             y2 = g.op("Gemm", [x2, "embed_tokens"], "lm_head", transB=1)
@@ -279,7 +294,7 @@ class _Emitter:
             logits = g.op("Reshape", [y2, out_shape])
         else:
             logits = self.project(x, "lm_head", head)
-        if g.dtype != np.float32 or self.o.precision in QUANTIZED:
+        if g.dtype != np.float32:
             g.op("Cast", [logits], outputs=[self.io.logits], to=TensorProto.FLOAT)
         else:
             g.op("Identity", [logits], outputs=[self.io.logits])

@@ -2,12 +2,15 @@
 
 Recipe: symmetric round-to-nearest, one fp scale per block of `block_size` input features, the
 default of onnxruntime-genai's builder, so drafts compare like for like with its models. Each
-block's scale maps its largest-magnitude weight (sign included) to -2^(bits-1), giving codes
+block's scale (rounded to 11 significant bits, `_short_mantissa`) maps its largest-magnitude
+weight (sign included) to -2^(bits-1), giving codes
 0..2^bits-1 around an implicit zero point of 2^(bits-1) (MatMulNBits' default when no
 zero_points input is given).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -28,11 +31,20 @@ def quantize_rtn_sym(w: np.ndarray, block_size: int = 32, bits: int = 4) -> tupl
     idx = np.abs(wb).argmax(axis=-1)[..., None]
     vmax = np.take_along_axis(wb, idx, axis=-1)  # [N, nb, 1], signed
     zero = 1 << (bits - 1)
-    scale = vmax / -float(zero)
+    scale = _short_mantissa(vmax / -float(zero))
     inv = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale != 0)
     q = np.clip(np.rint(wb * inv) + zero, 0, 2 * zero - 1).astype(np.uint8)
     packed = q if bits == 8 else q[..., 0::2] | (q[..., 1::2] << 4)
     return np.ascontiguousarray(packed), scale[..., 0].astype(np.float32)
+
+
+def _short_mantissa(x: np.ndarray) -> np.ndarray:
+    """fp32 rounded to 11 significant bits (fp16's precision, fp32's exponent range). Every
+    (code - zero point) * scale is then an exact fp32 product, so onnxruntime's kernels, which
+    dequantize in their own order (q * s - zp * s, per-block sums times s), compute with exactly
+    the weights `dequantize` gives, and a parity check against them is tight (docs/design.md)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
 def dequantize(packed: np.ndarray, scales: np.ndarray, k: int, bits: int = 4) -> np.ndarray:
@@ -44,3 +56,84 @@ def dequantize(packed: np.ndarray, scales: np.ndarray, k: int, bits: int = 4) ->
         q = np.stack([lo, hi], axis=-1).reshape(packed.shape[0], packed.shape[1], -1)
     w = (q.astype(np.float32) - float(1 << (bits - 1))) * scales[..., None]
     return w.reshape(packed.shape[0], -1)[:, :k]
+
+
+@dataclass(frozen=True)
+class QuantWeight:
+    """One [N, K] weight in MatMulNBits form: w[n, k] = scale * (code - zero_point) + min, per block
+    of `block` input features (b = k // block). The optional per-block `mins` are what uint8 zero
+    points cannot hold (GGUF's Q4_1 / Q*_K minimums); the graph adds them as a correction term,
+    (block sums of x) @ mins.T, beside the MatMulNBits call.
+
+    packed: uint8 [N, n_blocks, block * bits // 8] (4 bits: element 2j in the low nibble of byte j)
+    scales: fp32 [N, n_blocks]; zero_points: uint8 [N, n_blocks] (unpacked); mins: fp32 [N, n_blocks] | None
+    kind: where it came from ("rtn" or the GGUF tensor type, e.g. "Q4_K")."""
+
+    bits: int
+    block: int
+    packed: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray
+    mins: np.ndarray | None
+    kind: str
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.scales.shape[0], self.scales.shape[1] * self.block
+
+    def codes(self) -> np.ndarray:
+        """uint8 [N, n_blocks, block]."""
+        if self.bits == 8:
+            return self.packed
+        return np.stack([self.packed & 0x0F, self.packed >> 4], axis=-1).reshape(*self.scales.shape, self.block)
+
+    def dequantize(self) -> np.ndarray:
+        """[N, K] fp32, in gguf-py's order of operations (scale * (q - zp), then + min), so an
+        imported tensor reproduces `gguf.quants.dequantize` bit for bit."""
+        q = self.codes().astype(np.float32) - self.zero_points[..., None].astype(np.float32)
+        w = self.scales[..., None] * q
+        if self.mins is not None:
+            w = w + self.mins[..., None]
+        return w.reshape(self.shape)
+
+    def packed_zero_points(self) -> np.ndarray | None:
+        """MatMulNBits' zero_points input (uint8 [N, ceil(n_blocks * bits / 8)], two per byte at
+        4 bits, low nibble first), or None where every one is the default 2^(bits-1)."""
+        zp = self.zero_points
+        if (zp == 1 << (self.bits - 1)).all():
+            return None
+        if self.bits == 8:
+            return np.ascontiguousarray(zp)
+        n, nb = zp.shape
+        out = np.zeros((n, (nb + 1) // 2), np.uint8)
+        out |= zp[:, 0::2]
+        out[:, : nb // 2] |= zp[:, 1::2] << 4
+        return out
+
+    def rows(self, order: np.ndarray) -> QuantWeight:
+        """The same weight with its output rows reordered (GGUF's permuted q/k rows)."""
+        mins = None if self.mins is None else self.mins[order]
+        return replace(self, packed=self.packed[order], scales=self.scales[order],
+                       zero_points=self.zero_points[order], mins=mins)
+
+
+def fuse(parts: list[QuantWeight]) -> QuantWeight | None:
+    """Several weights of one input stacked along N as one MatMulNBits weight, or None where
+    their forms differ (bits or block); a part without mins gets zero mins (exact)."""
+    first = parts[0]
+    if any(p.bits != first.bits or p.block != first.block for p in parts):
+        return None
+    mins = None
+    if any(p.mins is not None for p in parts):
+        mins = np.concatenate([p.mins if p.mins is not None else np.zeros_like(p.scales) for p in parts])
+    kinds = "+".join(sorted({p.kind for p in parts}))
+    return QuantWeight(first.bits, first.block, np.concatenate([p.packed for p in parts]),
+                       np.concatenate([p.scales for p in parts]), np.concatenate([p.zero_points for p in parts]),
+                       mins, kinds)
+
+
+def rtn(w: np.ndarray, block_size: int = 32, bits: int = 4) -> QuantWeight:
+    """`quantize_rtn_sym` as a QuantWeight (implicit zero point 2^(bits-1), no mins)."""
+    packed, scales = quantize_rtn_sym(w, block_size, bits)
+    zp = np.full(scales.shape, 1 << (bits - 1), np.uint8)
+    return QuantWeight(bits, block_size, packed, scales, zp, None, "rtn")

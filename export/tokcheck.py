@@ -54,7 +54,8 @@ def check(gguf: GGUFTokens, tokenizer_json: Path, info: TokenizerInfo) -> dict:
 
     tk = Tokenizer.from_file(str(tokenizer_json))
     problems = []
-    if tk.get_vocab_size() != gguf.vocab_size:
+    added = {i for i in tk.get_added_tokens_decoder() if i >= gguf.vocab_size}  # e.g. a converter's own EOS
+    if tk.get_vocab_size() - len(added) != gguf.vocab_size:
         problems.append(f"vocabulary size {tk.get_vocab_size()} (GGUF {gguf.vocab_size})")
     wrong = []
     for i, text in gguf.specials.items():
@@ -70,6 +71,7 @@ def check(gguf: GGUFTokens, tokenizer_json: Path, info: TokenizerInfo) -> dict:
     if problems:
         raise SourceError("bundled tokenizer differs from its GGUF: " + "; ".join(problems))
     return {"special_tokens_checked": len(gguf.specials), "eos": gguf.eos, "bos": gguf.bos,
+            "added_beyond_gguf": sorted(added),
             "chat_template_as_shipped": bool(gguf.chat_template)}
 
 

@@ -18,7 +18,7 @@ MANIFEST = "specrt.json"
 # draft recipes that are weight-quantized copies of the target (same architecture, same KV layout)
 SELF_DRAFT_PRECISION = {"self-int4": "int4", "self-int8": "int8"}
 # graph precision -> dtype of its activations and KV buffers (int4/int8 quantize weights only)
-KV_DTYPE = {"fp32": "float32", "fp16": "float16", "int4": "float32", "int8": "float32"}
+KV_DTYPE = {"fp32": "float32", "fp16": "float16", "int4": "float32", "int8": "float32", "gguf": "float32"}
 
 
 class BundleError(Exception):
@@ -83,6 +83,9 @@ class ModelEntry:
     recipe: str = ""  # how the weights were made: "export", "self-int4", "self-int8", ...
     default_k: int = 0  # draft entry: draft tokens per round the exporter recommends (0: runtime default)
     parity: dict = field(default_factory=dict)  # numbers measured at export (docs/bundle.md)
+    # weight-only targets: method (rtn | gguf), accuracy_level, and per GGUF tensor type its
+    # count and the form it took (docs/bundle.md); {} for float graphs
+    quantization: dict = field(default_factory=dict)
     trt_plans: list[TRTPlan] = field(default_factory=list)
 
 

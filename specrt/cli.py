@@ -62,12 +62,18 @@ def main():
 @click.option("--config", "config_path", type=click.Path(), default=None, help="model-pair TOML (configs/)")
 @click.option("--max-seq-len", type=int, default=None, help="KV buffer length S_max (default 2048)")
 @click.option("--max-draft-tokens", type=int, default=None, help="widest verification is this + 1 (default 16)")
-@click.option("--precision", type=click.Choice(["fp32", "fp16"]), default=None)
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "int4", "gguf"]), default=None,
+              help="target graph: fp32 | fp16 | int8/int4 (weight-only RTN, any source) | gguf (a GGUF's own blocks, exact)")
+@click.option("--accuracy-level", type=click.Choice(["0", "4"]), default=None,
+              help="int8/int4/gguf: MatMulNBits compute, 4 = int8 activations (default), 0 = fp32")
+@click.option("--lm-head-precision", type=click.Choice(["fp32", "int8", "int4"]), default=None,
+              help="int8/int4/gguf: the LM head's own precision (default: the target's)")
 @click.option("--draft-precision", type=click.Choice(["int8", "int4"]), default=None,
               help="weight-quantize a separate draft model (the self-drafts' recipe; config: [draft] precision)")
 @click.option("--lowering", type=click.Choice(["ort", "standard"]), default=None)
 @click.option("--trt/--no-trt", default=None, help="also build TensorRT plans for this GPU (standard lowering, extra trt; config: [export] trt)")
-def export(target, draft, k, out, config_path, max_seq_len, max_draft_tokens, precision, draft_precision, lowering, trt):
+def export(target, draft, k, out, config_path, max_seq_len, max_draft_tokens, precision, accuracy_level,
+           lm_head_precision, draft_precision, lowering, trt):
     """Export a target (+ draft) to an ONNX bundle, validated against transformers."""
     try:
         from specrt.export import export_bundle
@@ -96,6 +102,8 @@ def export(target, draft, k, out, config_path, max_seq_len, max_draft_tokens, pr
         max_seq_len=flag_or(max_seq_len, ex.get("max_seq_len", 2048)),
         max_draft_tokens=flag_or(max_draft_tokens, ex.get("max_draft_tokens", 16)),
         precision=flag_or(precision, ex.get("precision", "fp32")),
+        accuracy_level=int(flag_or(accuracy_level, ex.get("accuracy_level", 4))),
+        lm_head_precision=flag_or(lm_head_precision, ex.get("lm_head_precision", "")),
         # the config's draft precision belongs to the config's draft, not to one named by a flag
         draft_precision=flag_or(draft_precision, dr.get("precision") if draft is None else None),
         lowering=flag_or(lowering, ex.get("lowering", "ort")),
@@ -157,6 +165,10 @@ def inspect(path, as_json):
         click.echo(f"  {role}: {e.family}/{e.model_type}  lowering={e.lowering}  precision={e.precision}  "
                    f"recipe={e.recipe}  files={size / 2**20:.1f} MiB"
                    + (f"  default k={e.default_k}" if e.default_k else ""))
+        if q := e.quantization:  # weight-only: the form each GGUF tensor type took
+            kinds = ", ".join(f"{k} x{v['tensors']}" for k, v in q.get("types", {}).items())
+            click.echo(f"    weights: {q['method']}, accuracy_level {q['accuracy_level']}" + (f"; {kinds}" if kinds else "")
+                       + (f"; no exact form (float): {', '.join(q['fallback'])}" if q.get("fallback") else ""))
         feat_in = f"{e.io.hidden_in} [B,T,{e.hidden_size}], " if e.io.hidden_in else ""
         feat_out = f", {e.io.hidden_out} [B,T,{e.hidden_size}]" if e.io.hidden_out else ""
         keep = f", {e.io.logits_to_keep} [1] (optional)" if e.io.logits_to_keep else ""

@@ -142,10 +142,10 @@ def test_parity_failure_refuses_bundle(tiny_dirs, tmp_path, monkeypatch):
 
     real = graph_mod.build_graph
 
-    def broken(arch, w, opts, sink=None):
+    def broken(arch, w, opts, qw=None, sink=None):
         w = dict(w)
         w["model.norm.weight"] = w["model.norm.weight"] * np.float32(1.5)
-        return real(arch, w, opts, sink)
+        return real(arch, w, opts, qw, sink)
 
     monkeypatch.setattr(export_api, "build_graph", broken)
     with pytest.raises(ParityError, match="target graph failed parity with transformers"):
@@ -164,11 +164,11 @@ def test_one_parity_gate_refuses_a_broken_draft(tiny_dirs, tmp_path, monkeypatch
 
     real, built = graph_mod.build_graph, []
 
-    def draft_broken(arch, w, opts, sink=None):
+    def draft_broken(arch, w, opts, qw=None, sink=None):
         built.append(opts)
         if len(built) == 2:  # the draft's graph (the target's is the first)
             w = dict(w, **{"model.norm.weight": w["model.norm.weight"] * np.float32(1.5)})
-        return real(arch, w, opts, sink)
+        return real(arch, w, opts, qw, sink)
 
     monkeypatch.setattr(export_api, "build_graph", draft_broken)
     with pytest.raises(ParityError, match="^draft graph failed parity with transformers"):

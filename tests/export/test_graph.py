@@ -15,9 +15,10 @@ from tiny import FAMILIES, tiny_model
 S_MAX = 64
 
 
-def make_decoder(model, tmp_path, lowering="ort", precision="fp32"):
+def make_decoder(model, tmp_path, lowering="ort", precision="fp32", level=4):
     arch = arch_from_model(model, S_MAX)
-    graph = build_graph(arch, numpy_weights(model), GraphOptions(lowering=lowering, precision=precision, max_seq_len=S_MAX))
+    opts = GraphOptions(lowering=lowering, precision=precision, max_seq_len=S_MAX, int4_accuracy_level=level)
+    graph = build_graph(arch, numpy_weights(model), opts)
     if lowering == "standard":
         import onnx
 
@@ -102,15 +103,17 @@ def test_fp16_runs_close_to_fp32(lowering, tmp_path):
     np.testing.assert_allclose(dec.forward(ids[:17]), reference_logits(model, ids)[:17], atol=2e-2, rtol=0)
 
 
+@pytest.mark.parametrize("level", [0, 4])
 @pytest.mark.parametrize("precision,bits", [("int4", 4), ("int8", 8)])
-def test_quantized_graph_matches_dequantized_weights(tmp_path, precision, bits):
-    """The int4/int8 graph computes with exactly the dequantized weights (up to int8 activations)."""
+def test_quantized_graph_matches_dequantized_weights(tmp_path, precision, bits, level):
+    """The int4/int8 graph computes with exactly the dequantized weights: to fp32 rounding at
+    accuracy_level 0, up to its int8 activations at level 4."""
     import torch
 
     from specrt.export import quantize
 
     model = tiny_model("llama")
-    dec = make_decoder(model, tmp_path, "ort", precision)
+    dec = make_decoder(model, tmp_path, "ort", precision, level)
     deq = tiny_model("llama")
     with torch.no_grad():
         for name, p in deq.named_parameters():
@@ -126,7 +129,10 @@ def test_quantized_graph_matches_dequantized_weights(tmp_path, precision, bits):
     got = dec.forward(ids)
     full = reference_logits(model, ids)
     err_deq = np.abs(got - ref).max()
-    assert err_deq < 0.05 * np.abs(ref).max(), err_deq
+    if level == 0:
+        assert err_deq < 1e-4 * np.abs(ref).max(), err_deq
+    else:  # int8 activations: 3-6% of the largest logit on this tiny model, noise from the weights' rounding
+        assert err_deq < 0.1 * np.abs(ref).max(), err_deq
     assert err_deq < np.abs(got - full).max()  # closer to its own weights than to fp32
 
 

@@ -44,7 +44,7 @@ def test_tokenizer_matching_its_gguf_passes(tiny):
     g = tokcheck.read_gguf_tokens(write_gguf(tmp / "m.gguf", tokens, types))
     assert g.vocab_size == VOCAB and g.specials == {1: "<s>", 2: "</s>"} and g.eos == 2
     assert tokcheck.check(g, tmp / "tok" / "tokenizer.json", info) == {
-        "special_tokens_checked": 2, "eos": 2, "bos": 1, "chat_template_as_shipped": True}
+        "special_tokens_checked": 2, "eos": 2, "bos": 1, "added_beyond_gguf": [], "chat_template_as_shipped": True}
 
 
 def test_special_token_not_special_in_bundle_is_refused(tiny):

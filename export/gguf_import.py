@@ -1,0 +1,110 @@
+"""A GGUF file's own blocks -> the graph's weights (precision gguf), checked against transformers.
+
+transformers loads a GGUF by dequantizing every block to fp32 (gguf.quants), with a per-architecture
+processor that may reorder rows (llama's q/k permutation). This module finds, for each HF weight,
+the GGUF tensor behind it (transformers' own name map), imports its blocks (export/gguf_blocks.py),
+applies the same row order, and accepts the import only if it dequantizes to exactly the fp32
+weights transformers holds: the exported target then computes with the GGUF's weights, and the
+transformers model on those weights stays its parity reference.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from .gguf_blocks import import_blocks
+from .nbits import resolve
+from .quantize import QuantWeight
+
+FALLBACK = "float MatMul over the dequantized weights (exact; no MatMulNBits form for this type)"
+
+
+def _processor(reader, config):
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        read_field,
+    )
+
+    arch = read_field(reader, "general.architecture")[0]
+    cfg = getattr(config, "text_config", None) or config
+    heads = {"num_attention_heads": cfg.num_attention_heads,
+             "num_key_value_heads": getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads}
+    return TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=heads)
+
+
+def _row_order(processor, name: str, n: int) -> np.ndarray | None:
+    """The row permutation transformers' processor applies to tensor `name` ([n, K]), found by
+    running it on row indices; None if it does anything but reorder rows."""
+    idx = np.arange(n, dtype=np.float64)[:, None]
+    out = processor.process(weights=idx, name=name, tensor_key_mapping={}, parsed_parameters={}).weights
+    order = np.asarray(out).reshape(-1)
+    if out.shape != idx.shape or not np.array_equal(np.sort(order), idx[:, 0]):
+        return None
+    return order.astype(np.int64)
+
+
+def import_gguf(path: Path, model, weights: dict[str, np.ndarray], accuracy_level: int) -> tuple[dict[str, QuantWeight], dict]:
+    """-> (HF weight name -> imported form, for every 2-D weight that has an exact one; the
+    manifest's record of what was done per GGUF tensor type)."""
+    from gguf import GGUFReader
+    from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
+
+    reader = GGUFReader(str(path))
+    processor = _processor(reader, model.config)
+    to_hf = get_gguf_hf_weights_map(model, processor)
+    imported: dict[str, QuantWeight] = {}
+    counts, fallback, forms = Counter(), {}, {}
+    for t in reader.tensors:
+        hf = to_hf.get(t.name)
+        w = weights.get(hf)
+        kind = t.tensor_type.name
+        if w is None or w.ndim != 2:  # norms, biases, rotary tables: read as fp32 by the graph
+            counts[kind] += 1
+            forms.setdefault(kind, "float (1-D tensors: norms, biases)")
+            continue
+        qw, why = _import_one(t, kind, w, processor)
+        counts[kind] += 1
+        if qw is None:
+            fallback.setdefault(kind, {"reason": why, "tensors": []})["tensors"].append(t.name)
+            continue
+        imported[hf] = qw
+        forms[kind] = describe(qw, accuracy_level)
+    types = {k: {"tensors": n, "form": forms.get(k, FALLBACK)} for k, n in sorted(counts.items())}
+    report = {"method": "gguf", "accuracy_level": accuracy_level, "types": types, "fallback": fallback,
+              "embedding": "Gather over the fp32 dequantized table (exact)"}
+    return imported, report
+
+
+def _import_one(t, kind: str, w: np.ndarray, processor) -> tuple[QuantWeight | None, str]:
+    n, k = w.shape
+    qw = import_blocks(t.data, kind, n, k)
+    if qw is None:
+        return None, f"{kind} has no exact MatMulNBits form"
+    order = _row_order(processor, t.name, n)
+    if order is None:
+        return None, "transformers changes its values on load"
+    if not np.array_equal(order, np.arange(n)):
+        qw = qw.rows(order)
+    if not np.array_equal(qw.dequantize(), w):
+        return None, "its blocks do not dequantize to the weights transformers loaded"
+    return qw, ""
+
+
+def describe(qw: QuantWeight, level: int) -> str:
+    """What a weight of this form becomes in a graph at `level` (the manifest's words)."""
+    if isinstance(resolve(qw, "gguf", qw.block, level), np.ndarray):
+        return f"float MatMul over the exact dequantized weights ({qw.bits}-bit MatMulNBits needs accuracy_level 4)"
+    zp = int(qw.zero_points.flat[0])
+    mins = ", per-block mins as (block sums of x) @ mins" if qw.mins is not None else ""
+    return f"MatMulNBits {qw.bits}-bit, block {qw.block}, zero point {zp}{mins} (exact weights)"
+
+
+def fallback_message(report: dict) -> str:
+    """One line per GGUF type with no exact form ("" if none)."""
+    lines = [f"{kind}: {len(v['tensors'])} tensor(s) ({', '.join(v['tensors'][:3])}{', ...' if len(v['tensors']) > 3 else ''}) "
+             f"kept as {FALLBACK}: {v['reason']}" for kind, v in report.get("fallback", {}).items()]
+    return "\n".join(lines)
