@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .engine import Stats
+from .results import feed
 from .textstream import TextStream
 from .toolcalls import ToolError, ToolPlan, plan, tags_are_tokens, template_messages
 from .toolstream import CallParser, Delta, ToolCall
@@ -63,18 +64,14 @@ def stream_chat(pipe, messages: list[dict], *, tools: list[dict] | None = None, 
     stats = kw.pop("stats", None) or Stats()
     r = pipe.request(ids, stats=stats, **({"grammar": p.constraint} if p.constraint else {}), **kw)
     text, calls = TextStream(pipe.tokenizer, stop), CallParser(p.names, p.constrained)
-    gen = pipe.submit(r)
+    chunks = feed(pipe.submit(r), text)
     try:
-        for chunk in gen:
+        for chunk in chunks:
             d = calls.push(text.push(chunk))
             if d:
                 yield d
-            if text.stopped:
-                break
-        else:
-            text.flush()
     finally:
-        gen.close()
+        chunks.close()
     for d in (calls.push(text.tail()), calls.flush()):
         if d:
             yield d

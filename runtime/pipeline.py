@@ -26,7 +26,7 @@ from .manifest import BundleError
 from .memory import DEFAULT_MEMORY_FRACTION
 from .options import RequestOptions, default_draft, request_options
 from .policies import PolicyStore
-from .results import DONE, Events, Result, pieces, result_of
+from .results import DONE, Events, Result, feed, pieces, result_of
 from .textstream import TextStream
 
 DEFAULT_MAX_BATCH = 4  # KV slots allocated at load (`kv_bytes_per_slot` each; docs/benchmarks.md §5)
@@ -198,16 +198,12 @@ class Pipeline:
         (per thread). options / kw: as `request`'s. With stop strings, text that could be the
         start of one is held back until resolved."""
         r, text = self._text_request(prompt, options, chat, stats, kw)
-        gen = self.submit(r)
+        chunks = feed(self.submit(r), text)
         try:
-            for chunk in gen:
+            for chunk in chunks:
                 yield from pieces(r, text, chunk)
-                if text.stopped:
-                    break
-            else:
-                text.flush()
         finally:
-            gen.close()
+            chunks.close()  # cancels the request if it is unfinished, then its stats are final
             self._local.last = result_of(r, text)
         tail = text.tail()
         if tail:  # not in `finally`: a closed generator must not yield

@@ -47,6 +47,20 @@ class Events:
         raise value
 
 
+def feed(gen, text: TextStream) -> Iterator[list[int]]:
+    """The token chunks of `gen` until a stop string in `text` ends them (the caller pushes each
+    chunk into `text` before asking for the next); `text.flush()` when they run out. `gen` (a
+    request's chunk iterator) is closed however this ends, which cancels an unfinished request."""
+    try:
+        for chunk in gen:
+            yield chunk
+            if text.stopped:
+                return
+        text.flush()
+    finally:
+        gen.close()
+
+
 def pieces(r: Request, text: TextStream, chunk: list[int]) -> Iterator[str]:
     """The text a token chunk releases (none while held back); a stop string ends it ("stop")."""
     piece = text.push(chunk)

@@ -30,7 +30,7 @@ FEATURES = {
 }
 
 
-def _timed_masks():
+def timed_masks():
     """Wrap Matcher.masks so the time spent computing grammar masks is counted."""
     spent = [0.0]
     original = Matcher.masks
@@ -48,7 +48,7 @@ def _timed_masks():
 
 def run(engines: Path, workload: Path, json_workload: Path, tokens: int, repeats: int) -> dict:
     pipe = specrt.load(engines, max_batch=1, adaptive=False, global_pool=True, prefix_cache=False)
-    spent = _timed_masks()
+    spent = timed_masks()
     chat = [json.loads(line)["prompt"] for line in workload.read_text().splitlines() if line.strip()][:4]
     jsonp = [json.loads(line) for line in json_workload.read_text().splitlines() if line.strip()]
     arms = [(f"{d}/{f}", d, kw, chat) for d in ("none", "model") for f, kw in FEATURES.items()]

@@ -21,30 +21,13 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import jsonschema
+from feature_costs import timed_masks  # tools/ runs as files: its folder is on sys.path
 
 WORKLOAD = Path(__file__).resolve().parent.parent / "configs" / "workloads" / "tools.jsonl"
 ARMS = ("plain", "auto", "auto_nogrammar", "required", "named")
-
-
-def _timed_masks():
-    """Count the time spent computing grammar masks (Matcher.masks, the engine's only call)."""
-    from specrt.runtime.grammar import Matcher
-
-    spent, original = [0.0], Matcher.masks
-
-    def masks(self, drafts=()):
-        t0 = time.perf_counter()
-        try:
-            return original(self, drafts)
-        finally:
-            spent[0] += time.perf_counter() - t0
-
-    Matcher.masks = masks
-    return spent
 
 
 def _arm_kw(arm: str, row: dict) -> dict | None:
@@ -114,7 +97,7 @@ def summarize(replies: list[dict], rows: list[dict]) -> dict:
 
 
 def evaluate(pipe, rows: list[dict], tokens: int, repeats: int = 1, arms=ARMS, **kw) -> dict:
-    spent = _timed_masks()
+    spent = timed_masks()
     replies = []
     for rep in range(repeats):
         order = list(arms) if rep % 2 == 0 else list(reversed(arms))  # A B B A
