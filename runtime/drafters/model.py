@@ -73,14 +73,15 @@ class ModelDrafter:
         else:
             qj = probs(logits, cfg)
             t = self._rng.pick(qj, self._n0 + len(self._toks))  # coupled: argmax q / E at that position
-            self._q.append(qj)
+            if not self._rng.coupled:  # rejection sampling divides by q; coupled verification matches tokens
+                self._q.append(qj)
             self._confs.append(float(qj[t]))
         self._toks.append(t)
         j = len(self._toks) - 1
         done = len(self._toks) >= self._k or (self._want_conf and not self._policy.continue_after(j, self._confs))
         if not done:
             return self._next_call(t)
-        q = None if cfg.greedy else np.stack(self._q)
+        q = np.stack(self._q) if self._q else None  # None: greedy or coupled (verified by token match)
         return Proposal(np.asarray(self._toks, dtype=np.int64), q, self._confs, self.name)
 
     def _next_call(self, tok: int) -> DraftCall:
