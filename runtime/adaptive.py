@@ -120,7 +120,8 @@ def measure_costs(target, draft, slot: int, max_t: int, rows: int = 1, busy=(), 
     to what the slots hold (a load's max_seq_len may be shorter than 128 + max_t)."""
     context = min(context, target.max_seq_len - max_t)
     widths = sorted({1, 2, 3, 5, 9, max_t} & set(range(1, max_t + 1)))
-    batch = sorted({1, 2, 4, 8, 16, rows} & set(range(1, rows + 1))) if target.batch_rows else []
+    # a target with min_t > 1 runs its plain rows one widened call each (runtime/engine/calls.py)
+    batch = sorted({1, 2, 4, 8, 16, rows} & set(range(1, rows + 1))) if target.batch_rows and target.min_t == 1 else []
     busy = set(busy)
 
     def pasts(model, b):
@@ -150,6 +151,8 @@ def measure_costs(target, draft, slot: int, max_t: int, rows: int = 1, busy=(), 
     # a wider call is never cheaper: noise that says otherwise is flattened out
     m = np.maximum.accumulate([med(("t", T)) for T in widths])
     target_ms = {T: float(v) for T, v in zip(widths, m, strict=True)}
+    narrowest = min((T for T in widths if T >= target.min_t), default=widths[-1])
+    target_ms.update({T: target_ms[narrowest] for T in widths if T < narrowest})  # widened calls
     rows_ms = {1: target_ms[1], **{b: med(("tb", b)) for b in batch if b > 1}}
     draft_ms = med(("d", 1)) if draft is not None else 0.0
     draft_rows = {1: draft_ms, **{b: med(("db", b)) for b in batch if b > 1}} if draft is not None and draft.batch_rows else {}

@@ -98,9 +98,12 @@ class FakeModel:
 
     def __init__(self, table: Table, pool: KVPool, track: str, *, mark: float = TARGET_MARK,
                  reads: tuple[float, ...] = (TARGET_MARK,), max_t: int = MAX_T, max_prefill_t: int | None = None,
-                 batch_rows: bool = True):
+                 batch_rows: bool = True, one_token_skew: float = 0.0, min_t: int | None = None):
         """reads: the marks this model may find below its length (a self-draft reads the
-        target's rows and its own)."""
+        target's rows and its own). one_token_skew: a call of one token per sequence (`run` of
+        T = 1, every `run_rows` row) adds this much noise to its logits, as an int8-activation
+        graph's one-token kernels do (runtime/backends/ort.py `numerics_min_t`); min_t: what the
+        model declares (default 2 with a skew, else 1; a test may make it lie)."""
         self.table, self.pool, self.track, self.name = table, pool, pool.track(track), track
         self.mark, self.reads = mark, reads
         self.vocab = table.vocab
@@ -108,6 +111,8 @@ class FakeModel:
         self.max_t = max_t
         self.max_prefill_t = max_prefill_t or max_t
         self.batch_rows = batch_rows
+        self.min_t = min_t if min_t is not None else (2 if one_token_skew else 1)
+        self._skew = one_token_skew * np.random.default_rng(99).standard_normal(self.vocab).astype(np.float32)
         self._logits = np.empty((max(pool.slots, self.max_prefill_t), self.vocab), dtype=np.float32)
         self.calls: list[tuple[str, int, int, int]] = []
 
@@ -145,7 +150,7 @@ class FakeModel:
             raise ValueError(f"{self.name}: a call takes 1..{self.max_prefill_t} tokens, got {T}")
         self.calls.append(("run", slot, T, 1))
         n = T if keep is None else max(1, min(keep, T))
-        self._logits[:n] = self._forward(slot, tokens, past_len)[-n:]
+        self._logits[:n] = self._forward(slot, tokens, past_len)[-n:] + (self._skew if T == 1 else 0)
         return self._logits[:n]
 
     def run_rows(self, lo: int, tokens, pasts, hidden=None) -> np.ndarray:
@@ -155,6 +160,7 @@ class FakeModel:
         self.calls.append(("rows", lo, 1, b))
         for j in range(b):
             self._logits[j] = self._forward(lo + j, np.asarray(tokens[j : j + 1], dtype=np.int64), int(pasts[j]))[0]
+        self._logits[:b] += self._skew
         return self._logits[:b]
 
 
@@ -197,17 +203,18 @@ def write_json_tokenizer(folder: Path) -> TokenizerInfo:
 
 def fake_parts(folder: Path, *, draft: str | None = "self", slots: int = 4, seed: int = 0, noise: float = 0.3,
                max_t: int = MAX_T, max_prefill_t: int = 16, batch_rows: bool = True, json_tokens: bool = False,
-               tokens=None) -> Parts:
+               tokens=None, one_token_skew: float = 0.0, min_t: int | None = None) -> Parts:
     """Parts (runtime/loader.py) over fake models. draft: "self" (a second track on the
     target's pool, as a self-int8 draft), "separate" (a pool of its own, as another model) or
     None. The draft is the target's table plus noise: it agrees often, not always.
     json_tokens: a tokenizer of JSON characters (grammar tests) instead of words. tokens: a
-    tokenizer of one's own, (vocab size, write(folder) -> TokenizerInfo) (tool-call tests)."""
+    tokenizer of one's own, (vocab size, write(folder) -> TokenizerInfo) (tool-call tests).
+    one_token_skew, min_t: the target's (FakeModel); the draft never skews."""
     vocab, write = tokens or (VOCAB, write_json_tokenizer if json_tokens else write_tokenizer)
     table = Table(vocab=vocab, seed=seed)
     pool = new_pool(slots)
     kw = dict(max_t=max_t, max_prefill_t=max_prefill_t, batch_rows=batch_rows)
-    target = FakeModel(table, pool, "target", **kw)
+    target = FakeModel(table, pool, "target", one_token_skew=one_token_skew, min_t=min_t, **kw)
     d = None
     if draft is not None:
         dtable = Table(vocab=vocab, seed=seed + 1, noise=noise, like=table)

@@ -34,7 +34,7 @@ def pipe():
 
     if not (BUNDLE / "specrt.json").is_file():
         pytest.fail(f"{BUNDLE} is missing: run `make export-coder`")
-    p = specrt.load(BUNDLE, max_batch=2)  # two slots: the adaptive default, and room for the server test
+    p = specrt.load(BUNDLE, max_batch=4)  # four slots: the concurrent test runs four requests in one batch
     yield p
     p.close()
 
@@ -77,6 +77,28 @@ def test_greedy_speculative_equals_target_only_on_code(pipe):
         assert got.token_ids == want, (item["id"], kw)
         drafted += got.stats.draft_tokens
     assert drafted > len(WORKLOAD) * NEW // 4, "the draft barely ran: speculation went unchecked"
+
+
+def test_four_concurrent_requests_each_get_their_target_only_tokens(pipe):
+    """Four greedy requests at once share the batched calls (and the adaptive policy's per-step
+    choice); each one's tokens are still exactly what the target alone gives it."""
+    items = WORKLOAD[2:6]
+    want = [pipe.generate(it["prompt"], max_new_tokens=NEW, draft="none", k=0).token_ids for it in items]
+    got: list = [None] * len(items)
+    start = threading.Barrier(len(items))
+
+    def one(i):
+        start.wait()
+        got[i] = pipe.generate(items[i]["prompt"], max_new_tokens=NEW, draft="model")
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(items))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    for it, w, g in zip(items, want, got):
+        assert g is not None and g.token_ids == w, it["id"]
+    assert sum(g.stats.draft_tokens for g in got) > 0, "no request drafted: speculation went unchecked"
 
 
 def test_sampling_follows_the_target(pipe, monkeypatch):

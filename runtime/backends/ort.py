@@ -106,6 +106,17 @@ def pick_providers(device: str) -> tuple[list[str], str]:
     return ["CPUExecutionProvider"], "cpu"
 
 
+def numerics_min_t(entry: ModelEntry) -> int:
+    """The narrowest call whose rows equal what any wider call computes for the same positions
+    (docs/design.md, "One-token calls of int8-activation graphs"). MatMulNBits at
+    accuracy_level 4 quantizes activations to int8 per block, which turns the last-bit
+    differences of onnxruntime's one-token kernels (attention's decode path, M = 1 GEMV) into
+    differences of a quantization step: measured on the coder target (Q4_K_M, level 4) one-token
+    and two-token calls disagree by up to 0.84 in a logit, while calls of 2, 3, 6 and 17 tokens
+    agree bit for bit, rows at any place in the call. Such a target never runs a one-token call."""
+    return 2 if entry.quantization.get("accuracy_level") == 4 else 1
+
+
 class OrtModel(FeatureBuffers):
     def __init__(
         self,
@@ -135,6 +146,7 @@ class OrtModel(FeatureBuffers):
         self.max_t = entry.max_tokens_per_call
         self.max_prefill_t = prefill_width(entry, prefill_tokens)
         self.batch_rows = entry.lowering == "ort"
+        self.min_t = numerics_min_t(entry)
         rows = max(pool.slots, self.max_prefill_t)  # runtime/memory.py counts these buffers
         self._init_features(entry, rows)
         self._ids = np.zeros(rows, dtype=np.int64)

@@ -38,6 +38,8 @@ class PoolModel(Protocol):
     max_seq_len: int  # rows per slot (the pool's capacity)
     max_t: int  # widest verification call (the manifest's max_tokens_per_call)
     max_prefill_t: int  # widest call at all (prompt chunks), >= max_t
+    min_t: int  # narrowest call whose rows are what any wider call computes for them (1, or 2 for
+    #           int8-activation graphs, whose one-token calls take other kernels: numerics_min_t)
     batch_rows: bool  # run_rows takes b > 1 rows (the `ort` lowering's GroupQueryAttention)
     hidden_size: int  # H of the EAGLE feature tensors (0 without them)
     takes_hidden: bool  # the graph takes a feature input (an EAGLE draft head)

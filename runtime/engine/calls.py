@@ -35,15 +35,38 @@ class ModelCalls:
 
     def one(self, model, r: Request, tokens, hidden=None, keep: int | None = None) -> np.ndarray:
         """One sequence's call of T tokens on `model` at its track's length in `r`'s slot.
-        -> logits view [T or keep, V] (valid until the next call on `model`)."""
+        -> logits view [T or keep, V] (valid until the next call on `model`). A target narrower
+        than its `min_t` runs widened (`_widen`): the rows asked for are what a wide call gives."""
         tokens = np.asarray(tokens, dtype=np.int64)
-        pos = model.pool.reserve(model.track, r.slot, len(tokens))
-        logits = model.run(r.slot, tokens, pos, hidden, keep)
+        n = len(tokens)
+        pos = model.pool.reserve(model.track, r.slot, n)
+        start, ids, before = pos, tokens, 0
+        if model is self.target and n < model.min_t:
+            start, ids, before = self._widen(model, r, tokens, pos)
+        wide = len(ids)
+        logits = model.run(r.slot, ids, start, hidden, None if keep is None else min(n, keep) + wide - n - before)
+        if wide > n:  # the rows of `tokens` only: logits holds the call's last len(logits) rows
+            w = n if keep is None or len(logits) == wide else min(n, keep)
+            lo = before + n - w - (wide - len(logits))
+            logits = logits[lo : lo + w]
         if model is self.target and self.features is not None:
-            self.features[r.slot, pos : pos + len(tokens)] = model.hidden
+            self.features[r.slot, pos : pos + n] = model.hidden[before : before + n]
         self._count(model)
-        model.pool.advance(model.track, r.slot, len(tokens))
+        model.pool.advance(model.track, r.slot, n)
         return logits
+
+    @staticmethod
+    def _widen(model, r: Request, tokens: np.ndarray, pos: int) -> tuple[int, np.ndarray, int]:
+        """A call of `model.min_t` tokens holding `tokens` at `pos`: -> (start, ids, rows before).
+        Forward, a filler after them (its row lies past the track: stale, overwritten by the next
+        call); at the end of the buffer, backward: the row before recomputed, which writes what a
+        wide call wrote there before (every row of such a target comes from wide calls)."""
+        pad = model.min_t - len(tokens)
+        if pos + len(tokens) + pad <= model.max_seq_len:
+            return pos, np.concatenate((tokens, np.repeat(tokens[-1:], pad))), 0
+        if pos < pad:
+            raise ValueError(f"{model.name}: no room for a {model.min_t}-token call at {pos}")
+        return pos - pad, np.concatenate((np.asarray(r.seq[pos - pad : pos], dtype=np.int64), tokens)), pad
 
     def rows(self, model, reqs: list[Request], tokens, hidden=None) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """One call of one token for each of `reqs` on `model`, over the smallest slot range that

@@ -132,7 +132,7 @@ class Round:
         """Rows that do not draft: one batched target call, each row's last token -> its next."""
         t0 = time.perf_counter()
         try:
-            if len(rows) == 1 or not self.target.batch_rows:
+            if len(rows) == 1 or not self.target.batch_rows or self.target.min_t > 1:
                 # copies: each call reuses the model's logits buffer
                 results = [(self.calls.one(self.target, r, r.seq[-1:])[-1].copy(), None) for r in rows]
             else:
