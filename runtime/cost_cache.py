@@ -60,16 +60,20 @@ def _file(path: Path) -> str:
         return path.name
 
 
+PROBE = 2  # what `measure_costs` records; 2: a min_t target's narrow widths priced as its widened call
+
+
 def key(folder: Path, manifest, *, device: str, threads: int | None, extra: str = "") -> str:
     """What changes the probe's shape: the bundle (path, creation time, graph and weight files as
-    they are on disk), this machine's CPU and usable cores, threads, device, onnxruntime, and
-    `extra` (the caller's session settings)."""
+    they are on disk), this machine's CPU and usable cores, threads, device, onnxruntime,
+    `extra` (the caller's session settings) and the probe's own version."""
     import onnxruntime as ort
 
     folder = Path(folder).resolve()
     entries = [e for e in (manifest.target, manifest.draft) if e is not None]
     parts = [folder, manifest.created, *(_file(folder / f) for e in entries for f in (e.graph, e.data) if f),
-             cpu_model() or platform.processor(), platform.machine(), _cores(), threads, device, ort.__version__, extra]
+             cpu_model() or platform.processor(), platform.machine(), _cores(), threads, device, ort.__version__, extra,
+             PROBE]
     return hashlib.sha256("\n".join(str(x) for x in parts).encode()).hexdigest()[:24]
 
 

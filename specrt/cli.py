@@ -571,8 +571,10 @@ def bench_serve(engines, workloads, levels, max_tokens, arms, k, llama_server, l
                  "-tb", str(n_threads), "--parallel", "{level}", "-c", "{ctx}"]
         known["llama"] = lambda: Arm("llama", lbase, "llama")
         if llama_draft:
-            known["llama-draft"] = lambda: Arm("llama-draft", lbase + ["-md", llama_draft, "--spec-draft-n-max",
-                                                                       str(llama_draft_max)], "llama")
+            # this build's --spec-type defaults to none: -md alone loads the draft and never drafts
+            known["llama-draft"] = lambda: Arm("llama-draft", lbase + ["-md", llama_draft, "--spec-type", "draft-simple",
+                                                                       "--spec-draft-n-max", str(llama_draft_max)],
+                                               "llama")
     for name in [a for a in arms.split(",") if re.fullmatch(r"ray\d+(-pow2)?", a)]:  # ray2: 2 Ray replicas
         n = name[3:].split("-")[0]
         known[name] = lambda name=name, n=n: Arm(name, base + ["--adaptive", "--replicas", n, "--replica-cpus", "1",
