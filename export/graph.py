@@ -139,6 +139,29 @@ def build_graph(arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions,
     return model
 
 
+EMBED = "model.embed_tokens.weight"
+
+
+def head_key(arch: Arch, w: dict) -> str:
+    """The checkpoint weight the LM head multiplies by."""
+    return EMBED if "lm_head.weight" not in w or arch.tie_embeddings else "lm_head.weight"
+
+
+def embedding_form(arch: Arch, w: dict, qw: dict, opts: GraphOptions) -> QuantWeight | None:
+    """The GGUF blocks a gguf target gathers its embedding from (`_Emitter.gather_quantized`),
+    or None for the fp32 table: other precisions, the standard lowering (no contrib ops), an
+    embedding with no exact form, or an LM head that multiplies by the fp32 table itself (tied,
+    float head: the Gemm shares the Gather's initializer)."""
+    q = qw.get(EMBED) if opts.precision == "gguf" and opts.lowering == "ort" else None
+    if q is None or q.bits not in (4, 8):
+        return None
+    if head_key(arch, w) == EMBED:
+        head = nbits.resolve(q, opts.lm_head_precision or opts.precision, opts.int4_block_size, opts.int4_accuracy_level)
+        if isinstance(head, np.ndarray):
+            return None
+    return q
+
+
 class _Emitter:
     def __init__(self, g: _G, arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions, qw: dict):
         self.g, self.a, self.w, self.o, self.qw = g, arch, w, opts, qw
@@ -243,8 +266,12 @@ class _Emitter:
     def build(self):
         g, a = self.g, self.a
         self.prepare_positions()
-        emb = g.weight("embed_tokens", self.w["model.embed_tokens.weight"])
-        h = g.op("Gather", [emb, self.io.input_ids], "embed")  # [B, T, H]
+        qe = embedding_form(self.a, self.w, self.qw, self.o)
+        if qe is not None:  # the GGUF's own blocks (nbits.gather)
+            h = nbits.gather(g, self.io.input_ids, "embed_tokens", qe)
+        else:
+            emb = g.weight("embed_tokens", self.w[EMBED])
+            h = g.op("Gather", [emb, self.io.input_ids], "embed")  # [B, T, H]
         if a.family.embed_scale:
             scale = np.array(np.sqrt(a.hidden), dtype=g.dtype)
             h = g.op("Mul", [h, g.const("embed_scale", scale)])
@@ -278,9 +305,7 @@ class _Emitter:
             keep = self.io.logits_to_keep
             g.const(keep, np.array([KEEP_ALL], dtype=np.int64))
             x = g.op("Slice", [x, g.op("Neg", [keep]), g.i64(np.iinfo(np.int64).max), g.i64(1)], "keep")
-        key = "lm_head.weight"
-        if key not in self.w or self.a.tie_embeddings:
-            key = "model.embed_tokens.weight"
+        key = head_key(self.a, self.w)
         o = self.o
         head = nbits.resolve(self.weight(key), o.lm_head_precision or o.precision, o.int4_block_size, o.int4_accuracy_level)
         # float and equal to the embedding (a gguf import's weights are the fp32 ones, checked on import)

@@ -8,7 +8,8 @@ from GGUF blocks, export/gguf_blocks.py). `resolve` decides its form:
   - an 8-bit form at accuracy_level 0 becomes a float MatMul over its exact dequantized values:
     onnxruntime 1.32 has no fp32-compute 8-bit kernel (it dequantizes all of B on every call,
     ~20x slower than the fp32 MatMul), so the same weights run faster as float.
-`emit` writes one MatMulNBits (+ the block-sum correction for per-block mins).
+`emit` writes one MatMulNBits (+ the block-sum correction for per-block mins); `gather`, the rows
+of a block-quantized embedding (GatherBlockQuantized + the same mins).
 """
 
 from __future__ import annotations
@@ -57,3 +58,21 @@ def emit(g, x: str, hint: str, qw: QuantWeight, bias: np.ndarray | None, level: 
         sums[key] = g.op("ReduceSum", [blocks, g.i64(-1)], hint + "_blocksum", keepdims=0)
     corr = g.op("MatMul", [sums[key], g.const(hint + "_minsT", np.ascontiguousarray(qw.mins.T))], hint + "_mins")
     return g.op("Add", [y, corr], hint + "_min")
+
+
+def gather(g, ids: str, hint: str, qw: QuantWeight) -> str:
+    """Rows `ids` [B, T] of a block-quantized table [N, K] -> [B, T, K] fp32: GatherBlockQuantized
+    computes scale * (code - zero point) per block (bit for bit NumPy's product), then the
+    per-block min is added: gguf-py's order, so the rows are the dequantized table's values
+    without holding that table (an embedding; docs/design.md, "Quantized targets")."""
+    n, nb = qw.scales.shape
+    ins = [g.const(hint + f"_q{qw.bits}", qw.packed.reshape(n, -1)), ids, g.const(hint + "_scales", qw.scales),
+           g.const(hint + "_zp", qw.packed_zero_points(explicit=True))]
+    y = g.op("GatherBlockQuantized", ins, hint, domain=MS, bits=qw.bits, block_size=qw.block, gather_axis=0,
+             quantize_axis=1)
+    if qw.mins is None:
+        return y
+    mins = g.op("Gather", [g.const(hint + "_mins", qw.mins), ids], hint + "_mins")  # [B, T, nb]
+    blocks = g.op("Reshape", [y, g.i64(0, 0, nb, qw.block)], hint + "_blocks")
+    y = g.op("Add", [blocks, g.op("Unsqueeze", [mins, g.i64(-1)])], hint + "_min")
+    return g.op("Reshape", [y, g.i64(0, 0, nb * qw.block)], hint + "_rows")

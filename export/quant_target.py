@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .gguf_import import fallback_message, import_gguf
-from .graph import GraphOptions
+from .graph import GraphOptions, embedding_form
 from .nbits import QUANTIZED, WEIGHT_ONLY, resolve
 from .quantize import QuantWeight
 from .validate import check_decoder
@@ -38,6 +38,9 @@ def prepare(tgt, opts: GraphOptions, echo: Callable[[str], None] | None) -> tupl
             raise ValueError(f"precision gguf imports a GGUF file's blocks; {tgt.src.ref} is not a GGUF source "
                              "(use int4 or int8 for RTN from any source)")
         qw, report = import_gguf(tgt.src.path, tgt.model, tgt.weights, opts.int4_accuracy_level)
+        if (q := embedding_form(tgt.arch, tgt.weights, qw, opts)) is not None:
+            mins = " + per-block mins" if q.mins is not None else ""
+            report["embedding"] = f"GatherBlockQuantized over the file's {q.kind} blocks ({q.bits}-bit, block {q.block}{mins}; exact)"
         if echo and (msg := fallback_message(report)):
             echo(msg)
         return qw, report

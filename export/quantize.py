@@ -96,11 +96,12 @@ class QuantWeight:
             w = w + self.mins[..., None]
         return w.reshape(self.shape)
 
-    def packed_zero_points(self) -> np.ndarray | None:
-        """MatMulNBits' zero_points input (uint8 [N, ceil(n_blocks * bits / 8)], two per byte at
-        4 bits, low nibble first), or None where every one is the default 2^(bits-1)."""
+    def packed_zero_points(self, explicit: bool = False) -> np.ndarray | None:
+        """MatMulNBits' (and GatherBlockQuantized's) zero_points input (uint8 [N, ceil(n_blocks *
+        bits / 8)], two per byte at 4 bits, low nibble first), or None where every one is the
+        default 2^(bits-1) and not `explicit`."""
         zp = self.zero_points
-        if (zp == 1 << (self.bits - 1)).all():
+        if not explicit and (zp == 1 << (self.bits - 1)).all():
             return None
         if self.bits == 8:
             return np.ascontiguousarray(zp)

@@ -64,6 +64,26 @@ def test_gguf_import_is_exact_and_recorded_per_type(quant_bundles):
     assert "accuracy_level 4" in q["types"]["Q6_K"]["form"]
 
 
+def test_gguf_embedding_is_gathered_from_the_files_blocks(quant_bundles):
+    """The untied tiny GGUF's Q8_0 token table: GatherBlockQuantized, no fp32 table in the graph
+    (its rows are the dequantized ones bit for bit: tests/export/test_gather_blocks.py; the
+    parity gate above covers the whole graph)."""
+    for name in ("gguf-l0", "gguf-l4"):
+        assert len(_nodes(quant_bundles[name], "GatherBlockQuantized")) == 1
+        assert not [n for n in _nodes(quant_bundles[name], "Gather") if "embed_tokens" in n.input]
+        assert "GatherBlockQuantized over the file's Q8_0 blocks" in load_manifest(quant_bundles[name]).target.quantization["embedding"]
+
+
+def test_a_tied_float_head_keeps_sharing_the_fp32_table(tmp_path):
+    """Tied, level 0: the Q8_0 head runs as float over the table the Gather reads (one copy)."""
+    src = write_tiny_gguf(tmp_path / "tied.gguf", tie=True)
+    export_bundle(str(src), tmp_path / "b", precision="gguf", accuracy_level=0, draft="none", **KW)
+    assert not _nodes(tmp_path / "b", "GatherBlockQuantized")
+    gemm = _nodes(tmp_path / "b", "Gemm")
+    assert gemm and "embed_tokens" in gemm[0].input
+    assert load_manifest(tmp_path / "b").target.parity["passed"]
+
+
 def test_gguf_level4_is_gated_on_its_level0_twin(quant_bundles):
     t = load_manifest(quant_bundles["gguf-l4"]).target
     p = t.parity
