@@ -96,7 +96,7 @@ def test_four_concurrent_requests_each_get_their_target_only_tokens(pipe):
         t.start()
     for t in threads:
         t.join(600)
-    for it, w, g in zip(items, want, got):
+    for it, w, g in zip(items, want, got, strict=True):
         assert g is not None and g.token_ids == w, it["id"]
     assert sum(g.stats.draft_tokens for g in got) > 0, "no request drafted: speculation went unchecked"
 

@@ -7,11 +7,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+from tiny_gguf import random_blocks
 
 from specrt.export import nbits
 from specrt.export.gguf_blocks import import_blocks
 from specrt.export.graph import _G
-from tiny_gguf import random_blocks
 
 TYPES = ["Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"]
 N, K = 40, 512
