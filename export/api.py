@@ -387,10 +387,8 @@ def _write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, 
 
 def _decoder(folder: Path, entry: ModelEntry, keep_hidden: bool = False) -> SequenceHarness:
     # float graphs unpacked: the checks run tens of calls, and a prepacking session peaks at twice
-    # the weights while it is built (runtime/memory.py). Quantized ones stay packed: MatMulNBits
-    # computes differently without its packed form, and they are small.
-    prepack = entry.precision in WEIGHT_ONLY
-    return SequenceHarness(OrtBackend(folder / entry.graph, entry, prepack=prepack), entry.graph.split("/")[0], keep_hidden)
+    # the weights while it is built (runtime/memory.py); MatMulNBits graphs are packed regardless
+    return SequenceHarness(OrtBackend(folder / entry.graph, entry, prepack=False), entry.graph.split("/")[0], keep_hidden)
 
 
 def _save_tokenizer(tok, config, tmp: Path) -> TokenizerInfo:

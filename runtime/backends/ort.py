@@ -59,6 +59,14 @@ def use_global_pool(threads: int) -> bool:
     return _GLOBAL_POOL == threads
 
 
+# onnxruntime's key (include/onnxruntime/core/session/onnxruntime_session_options_config_keys.h);
+# an unknown key is accepted silently, so tests/runtime/backends/test_ort_backend.py checks its effect
+DISABLE_PREPACKING = "session.disable_prepacking"
+# graphs of MatMulNBits weights (export/nbits.py WEIGHT_ONLY): always packed, since at
+# accuracy_level 4 MatMulNBits computes in fp32 without its packed form (another model)
+PACKED_PRECISIONS = ("int8", "int4", "gguf")
+
+
 def session_options(threads: int | None = None, spin: bool = True, global_pool: bool = False,
                     prepack: bool = True) -> ort.SessionOptions:
     """Draft and target sessions alternate on the same cores. Spinning workers pick up the next
@@ -79,12 +87,13 @@ def session_options(threads: int | None = None, spin: bool = True, global_pool: 
         so.inter_op_num_threads = 1
         so.add_session_config_entry("session.force_spinning_stop", "1")
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-    # Prepacking the fp32 weights is most of building a session; packing them on all threads
-    # loads faster with bit-identical outputs (docs/benchmarks.md §1).
-    so.add_session_config_entry("session.prepack.enable_parallel", "1")
+    # Weights are packed one kernel after another: onnxruntime's parallel prepacking
+    # (`session.prepack.enable_parallel`) loads faster, but an export under load once computed
+    # other numbers from a session built with it (docs/design.md, "Prepacking is serial").
+    so.add_session_config_entry("session.prepack.enable_parallel", "0")
     if not prepack:  # a session that runs a few calls (export checks): packing would hold the raw
         # initializers beside their packed copy while it is built, twice the weights at its peak
-        so.add_session_config_entry("session_state.disable_prepacking", "1")
+        so.add_session_config_entry(DISABLE_PREPACKING, "1")
     return so
 
 
@@ -137,7 +146,7 @@ class OrtModel(FeatureBuffers):
         providers, self.device_type = pick_providers(pool.device)
         if self.device_type != pool.device:
             raise ValueError(f"KV pool on {pool.device!r} but the session runs on {self.device_type!r}")
-        so = session_options(threads, global_pool=global_pool, prepack=prepack)
+        so = session_options(threads, global_pool=global_pool, prepack=prepack or entry.precision in PACKED_PRECISIONS)
         self.session = ort.InferenceSession(str(graph), so, providers=providers)
         self.entry, self.pool, self.track = entry, pool, pool.track(track)
         self.name = track
@@ -239,7 +248,8 @@ class OrtBackend(OrtModel):
                  prepack: bool = True):
         """hugepages: move the memory this session allocates (prepacked weights, KV, buffers) onto
         2 MiB pages once it is built (runtime/hugepages.py; CPU, Linux >= 6.1). prepack=False:
-        weights stay as loaded (half the peak of building the session; slower calls)."""
+        float weights stay as loaded (half the peak of building the session; slower calls);
+        MatMulNBits graphs are packed regardless (PACKED_PRECISIONS)."""
         _, dev = pick_providers(device)
         before = anonymous_pages() if hugepages and dev == "cpu" else None
         super().__init__(graph, entry, KVPool(entry.kv, 1, dev), threads=threads, global_pool=global_pool,
