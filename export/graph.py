@@ -148,17 +148,16 @@ def head_key(arch: Arch, w: dict) -> str:
 
 
 def embedding_form(arch: Arch, w: dict, qw: dict, opts: GraphOptions) -> QuantWeight | None:
-    """The GGUF blocks a gguf target gathers its embedding from (`_Emitter.gather_quantized`),
-    or None for the fp32 table: other precisions, the standard lowering (no contrib ops), an
-    embedding with no exact form, or an LM head that multiplies by the fp32 table itself (tied,
-    float head: the Gemm shares the Gather's initializer)."""
+    """The GGUF blocks a gguf target gathers its embedding from (`nbits.gather`), or None for
+    the fp32 table: other precisions, the standard lowering (no contrib ops), an embedding with
+    no exact form, or an LM head that multiplies by the fp32 table itself (tied, float head: the
+    Gemm shares the Gather's initializer)."""
     q = qw.get(EMBED) if opts.precision == "gguf" and opts.lowering == "ort" else None
     if q is None or q.bits not in (4, 8):
         return None
-    if head_key(arch, w) == EMBED:
-        head = nbits.resolve(q, opts.lm_head_precision or opts.precision, opts.int4_block_size, opts.int4_accuracy_level)
-        if isinstance(head, np.ndarray):
-            return None
+    if head_key(arch, w) == EMBED and nbits.runs_as_float(q, opts.lm_head_precision or opts.precision,
+                                                           opts.int4_accuracy_level):
+        return None
     return q
 
 

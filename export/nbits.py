@@ -29,11 +29,13 @@ def resolve(W: np.ndarray | QuantWeight, precision: str, block: int, level: int)
         if precision not in QUANTIZED:
             return W
         W = rtn(W, block, QUANTIZED[precision])
-    elif precision in ("fp32", "fp16"):  # asked to stay float (an LM head): the exact values
-        return W.dequantize()
-    if W.bits == 8 and level < 4:
-        return W.dequantize()
-    return W
+    return W.dequantize() if runs_as_float(W, precision, level) else W
+
+
+def runs_as_float(W: QuantWeight, precision: str, level: int) -> bool:
+    """Whether `resolve` turns this block-quantized weight into a float MatMul over its exact
+    values: asked to stay float (an LM head at fp32/fp16), or 8-bit at accuracy_level < 4."""
+    return precision in ("fp32", "fp16") or (W.bits == 8 and level < 4)
 
 
 def emit(g, x: str, hint: str, qw: QuantWeight, bias: np.ndarray | None, level: int, sums: dict) -> str:
