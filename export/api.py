@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runtime import genai
-from ..runtime.backends.harness import SequenceHarness
-from ..runtime.backends.ort import OrtBackend
-from ..runtime.manifest import (
+from specrt.runtime.backends.harness import SequenceHarness
+from specrt.runtime.backends.ort import OrtBackend
+from specrt.runtime.bundle import genai
+from specrt.runtime.bundle.manifest import (
     KV_DTYPE,
     SELF_DRAFT_PRECISION,
     KVLayout,
@@ -24,6 +24,7 @@ from ..runtime.manifest import (
     TokenizerInfo,
     load_manifest,
 )
+
 from . import __version__, quant_target, tokcheck
 from .arch import Arch, arch_from_model, numpy_weights
 from .bundle import ExternalData, save_graph, staging
@@ -353,7 +354,7 @@ def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry 
         tokenizer=tok_info,
     )
     man.save(tmp)
-    genai.write(tmp, man)  # onnxruntime-genai reads the same graphs (runtime/genai.py)
+    genai.write(tmp, man)  # onnxruntime-genai reads the same graphs (runtime/bundle/genai.py)
     load_manifest(tmp)
     return man
 
@@ -387,7 +388,7 @@ def _write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, 
 
 def _decoder(folder: Path, entry: ModelEntry, keep_hidden: bool = False) -> SequenceHarness:
     # float graphs unpacked: the checks run tens of calls, and a prepacking session peaks at twice
-    # the weights while it is built (runtime/memory.py); MatMulNBits graphs are packed regardless
+    # the weights while it is built (runtime/bundle/memory.py); MatMulNBits graphs are packed regardless
     return SequenceHarness(OrtBackend(folder / entry.graph, entry, prepack=False), entry.graph.split("/")[0], keep_hidden)
 
 

@@ -30,7 +30,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..runtime.manifest import KV_DTYPE, IONames
+from specrt.runtime.bundle.manifest import KV_DTYPE, IONames
+
 from . import nbits, quantize
 from .arch import Arch
 from .nbits import MS, WEIGHT_ONLY

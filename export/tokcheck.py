@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runtime.manifest import TokenizerInfo
+from specrt.runtime.bundle.manifest import TokenizerInfo
+
 from .sources import SourceError
 
 CONTROL, USER_DEFINED = 3, 4  # gguf TokenType values of special and added tokens

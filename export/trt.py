@@ -11,8 +11,8 @@ from pathlib import Path
 
 import onnx
 
-from ..runtime.backends.trt import gpu_tag
-from ..runtime.manifest import ModelEntry, TRTPlan
+from specrt.runtime.backends.trt import gpu_tag
+from specrt.runtime.bundle.manifest import ModelEntry, TRTPlan
 
 # First TensorRT release whose ONNX parser imports each op the standard lowering emits
 # (TensorRT release notes / onnx-tensorrt operator support; see docs/design.md).

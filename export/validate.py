@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..runtime.drafters.eagle import pair_calls
+from specrt.runtime.drafters.eagle import pair_calls
 
 TOLERANCE = {"fp32": 1e-3, "fp16": 5e-2}  # max |logit diff| allowed for full-precision exports
 # An int4 EAGLE graph cannot match its fp32 torch module's logits; it must still agree on the

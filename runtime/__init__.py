@@ -8,15 +8,15 @@ Any number of threads may call `generate` / `stream` on one pipeline (asyncio: `
 `astream`); the engine batches their work and each gets the output it would get alone.
 """
 
+from .backends.kvpool import ContextOverflow
 from .backends.protocol import NonFiniteLogits
+from .bundle.manifest import BundleError, Manifest, load_manifest
+from .bundle.memory import InsufficientMemory
 from .engine import EngineBusy, EngineClosed, Stats
 from .errors import InvalidRequest
-from .kvpool import ContextOverflow
-from .manifest import BundleError, Manifest, load_manifest
-from .memory import InsufficientMemory
 from .options import RequestOptions
 from .pipeline import Pipeline, Result, load
-from .sampling import InvalidSampling, SamplingConfig
+from .sampling.draws import InvalidSampling, SamplingConfig
 
 # Errors that are the user's to fix: the CLI prints them without a traceback
 # (InsufficientMemory, InvalidRequest and ContextOverflow are ValueErrors).

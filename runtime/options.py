@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from .errors import InvalidRequest
-from .grammar import Constraint
-from .logits import Penalties
-from .sampling import SamplingConfig
+from .sampling.draws import SamplingConfig
+from .sampling.grammar import Constraint
+from .sampling.logits import Penalties
 
 # Penalties' field for each option (logits.py checks each; the option's name is what a caller wrote)
 _PENALTY_FIELDS = (("frequency_penalty", "frequency"), ("presence_penalty", "presence"),
@@ -31,19 +31,19 @@ class RequestOptions:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     seed: int | None = 0  # numpy Generator seed (any int, reduced mod 2**64); None: fresh entropy
-    stop: tuple[str, ...] = ()  # the text ends where one of these begins (runtime/textstream.py); "" ignored
+    stop: tuple[str, ...] = ()  # the text ends where one of these begins (runtime/text/textstream.py); "" ignored
     ignore_eos: bool = False  # run to max_new_tokens (benchmarks)
-    frequency_penalty: float = 0.0  # OpenAI's, [-2, 2], on new tokens (runtime/logits.py)
+    frequency_penalty: float = 0.0  # OpenAI's, [-2, 2], on new tokens (runtime/sampling/logits.py)
     presence_penalty: float = 0.0  # OpenAI's, [-2, 2], on new tokens
     repetition_penalty: float = 1.0  # > 0, 1 = off; prompt and new tokens
     logit_bias: Mapping[int, float] = field(default_factory=dict)  # token id -> bias in [-100, 100]
     min_tokens: int = 0  # EOS masked until this many new tokens
     logprobs: int | None = None  # report each new token's logprob and this many alternatives (0-20); None: off
-    grammar: Constraint | None = None  # the output must match it (runtime/grammar.py); None: free
+    grammar: Constraint | None = None  # the output must match it (runtime/sampling/grammar.py); None: free
     timeout_s: float | None = None  # from submission; a request still running then ends (stop_reason "timeout")
     k: int | None = None  # draft tokens per round (the ceiling with adaptive k); None: the pipeline's default
     draft: str | None = None  # "model" | "none" | "ngram" | "auto"; None: the pipeline's default
-    adaptive: bool | None = None  # choose k per round (runtime/adaptive.py); None: the pipeline's default
+    adaptive: bool | None = None  # choose k per round (runtime/policy/adaptive.py); None: the pipeline's default
 
     def __post_init__(self):
         stop = (self.stop,) if isinstance(self.stop, str) else (self.stop or ())

@@ -1,10 +1,10 @@
 """`specrt.load(bundle)` -> Pipeline: the bundle's models loaded once over a KV pool of
 `max_batch` slots, an engine thread that serves every request, and the client calls
 (`generate`, `stream`, `agenerate`, `astream`) that any number of threads or an asyncio loop
-may use at once. Each request gets the output it would get alone. `runtime/loader.py` builds
-the models and pools; `runtime/engine/` runs the requests; `runtime/policies.py` keeps what
+may use at once. Each request gets the output it would get alone. `runtime/bundle/loader.py` builds
+the models and pools; `runtime/engine/` runs the requests; `runtime/policy/store.py` keeps what
 adaptive k learns across requests; this file checks requests (what they ask for:
-`runtime/options.py`) and turns token streams into text (`runtime/textstream.py`).
+`runtime/options.py`) and turns token streams into text (`runtime/text/textstream.py`).
 """
 
 from __future__ import annotations
@@ -15,19 +15,19 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+from .backends.kvpool import ContextOverflow
+from .bundle.loader import DRAFTS, Parts, load_parts
+from .bundle.manifest import BundleError
+from .bundle.memory import DEFAULT_MEMORY_FRACTION
 from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
 from .engine import Engine, Request, Scheduler, Stats
-from .engine.processing import draft_processor
 from .errors import InvalidRequest
-from .grammar import Grammars
-from .kvpool import ContextOverflow
-from .loader import DRAFTS, Parts, load_parts
-from .manifest import BundleError
-from .memory import DEFAULT_MEMORY_FRACTION
 from .options import RequestOptions, default_draft, request_options
-from .policies import PolicyStore
-from .results import DONE, Events, Result, feed, pieces, result_of
-from .textstream import TextStream
+from .policy.store import PolicyStore
+from .sampling.grammar import Grammars
+from .sampling.processing import draft_processor
+from .text.results import DONE, Events, Result, feed, pieces, result_of
+from .text.textstream import TextStream
 
 DEFAULT_MAX_BATCH = 4  # KV slots allocated at load (`kv_bytes_per_slot` each; docs/benchmarks.md §5)
 
@@ -42,13 +42,13 @@ class Pipeline:
         """draft: "model" | "none" | "ngram" | "auto"; None follows the bundle (its draft model
         if it has one, else none). max_batch: KV slots, i.e. requests decoded at once (allocated now: see
         `kv_bytes_per_slot`), or "auto": as many as fit in `memory_fraction` of the available
-        memory (runtime/memory.py; a count that cannot fit raises InsufficientMemory before
+        memory (runtime/bundle/memory.py; a count that cannot fit raises InsufficientMemory before
         anything is allocated). max_seq_len: tokens per slot, at most the bundle's S_max (None:
         S_max): shorter slots trade context for concurrency. max_queue: requests that may wait
         for a slot, beyond which calls raise EngineBusy. plan_batches: adaptive requests draft
-        only where it pays inside the batch (runtime/engine/plan.py); off, each drafts as it
+        only where it pays inside the batch (runtime/policy/plan.py); off, each drafts as it
         would alone.
-        adaptive: choose k per round (runtime/adaptive.py), capped by the batch plan; None (the
+        adaptive: choose k per round (runtime/policy/adaptive.py), capped by the batch plan; None (the
         default) means on whenever more than one request can run (max_batch > 1) — a fixed k
         loses throughput under load (docs/benchmarks.md §5) — and fixed k for one slot.
         prefix_cache: finished requests' slots keep their KV rows, and a prompt that shares a
@@ -60,8 +60,8 @@ class Pipeline:
         hugepages: put the sessions' memory on 2 MiB pages after loading (CPU; faster steps for
         more load time, docs/benchmarks.md §1: on for services, which embed this class; `specrt
         generate` turns it off). cost_cache: start adaptive k from this bundle's call-cost probe
-        kept on disk for this machine (runtime/cost_cache.py). parts: models already built
-        (runtime/loader.py `Parts`: tests drive fake backends this way); then nothing is loaded
+        kept on disk for this machine (runtime/policy/cost_cache.py). parts: models already built
+        (runtime/bundle/loader.py `Parts`: tests drive fake backends this way); then nothing is loaded
         from `folder` and the loading options do not apply."""
         if draft is not None and draft not in DRAFTS:
             raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
@@ -245,17 +245,17 @@ class Pipeline:
             for gen in gens:
                 gen.close()
 
-    # --- chat with tools (runtime/chat.py) ----------------------------------------------------
+    # --- chat with tools (runtime/text/chat.py) ----------------------------------------------------
     def chat(self, messages: list[dict], **kw):
         """OpenAI-shaped messages (and `tools`, `tool_choice`, `parallel_tool_calls`) -> a
-        ChatResult: content, parsed `tool_calls`, finish_reason (runtime/chat.py)."""
-        from .chat import chat
+        ChatResult: content, parsed `tool_calls`, finish_reason (runtime/text/chat.py)."""
+        from .text.chat import chat
 
         return chat(self, messages, **kw)
 
     def stream_chat(self, messages: list[dict], **kw):
         """As `chat`, yielding Deltas (content and tool-call pieces) as tokens are committed."""
-        from .chat import stream_chat
+        from .text.chat import stream_chat
 
         return stream_chat(self, messages, **kw)
 

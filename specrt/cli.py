@@ -145,7 +145,7 @@ def _read_pair_config(path: str) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="print the manifest as JSON")
 def inspect(path, as_json):
     """Show what a bundle holds: models, IO, KV, limits, parity."""
-    from specrt.runtime.manifest import BundleError, load_manifest
+    from specrt.runtime.bundle.manifest import BundleError, load_manifest
 
     path = Path(path or _engines_default())
     try:
@@ -195,7 +195,7 @@ def inspect(path, as_json):
         for plan in e.trt_plans:
             click.echo(f"    TensorRT plan {plan.file} ({plan.gpu}, TRT {plan.trt_version})")
     t = man.tokenizer
-    from specrt.runtime.toolcalls import template_has_tools  # tool calls: runtime/toolcalls.py
+    from specrt.runtime.text.toolcalls import template_has_tools  # tool calls: runtime/text/toolcalls.py
 
     tools = "yes (<tool_call>)" if template_has_tools(t.chat_template) else "no"
     click.echo(f"  tokenizer: {t.file}, chat template: {'yes' if t.chat_template else 'no'}, tool calls: {tools}, "
@@ -204,9 +204,9 @@ def inspect(path, as_json):
 
 
 def _inspect_memory(path: Path, man) -> None:
-    """What a CPU load of this bundle holds (runtime/memory.py), and what `auto` would take now."""
-    from specrt.runtime import memory
-    from specrt.runtime.loader import memory_plan
+    """What a CPU load of this bundle holds (runtime/bundle/memory.py), and what `auto` would take now."""
+    from specrt.runtime.bundle import memory
+    from specrt.runtime.bundle.loader import memory_plan
 
     plan = memory_plan(path, man, want_draft=man.draft is not None)
     s_max = man.target.kv.max_seq_len
@@ -457,9 +457,9 @@ def _size_serve(o, folder: Path, memory_fraction):
     fails now, and `auto` is resolved once (the load checks that count again against what is
     available then)."""
     from specrt.runtime import USER_ERRORS
-    from specrt.runtime.loader import size_load
-    from specrt.runtime.manifest import load_manifest
-    from specrt.runtime.memory import DEFAULT_MEMORY_FRACTION
+    from specrt.runtime.bundle.loader import size_load
+    from specrt.runtime.bundle.manifest import load_manifest
+    from specrt.runtime.bundle.memory import DEFAULT_MEMORY_FRACTION
 
     fraction = DEFAULT_MEMORY_FRACTION if memory_fraction is None else memory_fraction
     try:

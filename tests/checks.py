@@ -75,7 +75,7 @@ def second_token_dist(pipe, prompt, cfg, prepack: bool = True):
     prepack=False: that second session without prepacking (a big target: half its load peak)."""
     from specrt.runtime.backends.harness import SequenceHarness
     from specrt.runtime.backends.ort import OrtBackend
-    from specrt.runtime.sampling import probs
+    from specrt.runtime.sampling.draws import probs
 
     man = pipe.manifest
     dec = SequenceHarness(OrtBackend(pipe.folder / man.target.graph, man.target, prepack=prepack))

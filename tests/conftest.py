@@ -29,7 +29,7 @@ def tiny_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_cost_cache(tmp_path_factory):
-    """Cost probes (runtime/cost_cache.py) go to a temporary folder, never to ~/.cache; the CLI
+    """Cost probes (runtime/policy/cost_cache.py) go to a temporary folder, never to ~/.cache; the CLI
     subprocesses inherit it."""
     old = os.environ.get("SPECRT_CACHE_DIR")
     os.environ["SPECRT_CACHE_DIR"] = str(tmp_path_factory.mktemp("specrt-cache"))

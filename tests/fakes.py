@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from checks import run_request as _run_request
-from specrt.runtime.kvpool import KVPool
-from specrt.runtime.loader import Parts
-from specrt.runtime.manifest import KVLayout, Manifest, ModelEntry, TokenizerInfo
-from specrt.runtime.tokenizer import Tokenizer
+from specrt.runtime.backends.kvpool import KVPool
+from specrt.runtime.bundle.loader import Parts
+from specrt.runtime.bundle.manifest import KVLayout, Manifest, ModelEntry, TokenizerInfo
+from specrt.runtime.bundle.tokenizer import Tokenizer
 
 VOCAB = 32
 S_MAX = 256  # room for the cost probe's calls at a 128-token context
@@ -204,7 +204,7 @@ def write_json_tokenizer(folder: Path) -> TokenizerInfo:
 def fake_parts(folder: Path, *, draft: str | None = "self", slots: int = 4, seed: int = 0, noise: float = 0.3,
                max_t: int = MAX_T, max_prefill_t: int = 16, batch_rows: bool = True, json_tokens: bool = False,
                tokens=None, one_token_skew: float = 0.0, min_t: int | None = None) -> Parts:
-    """Parts (runtime/loader.py) over fake models. draft: "self" (a second track on the
+    """Parts (runtime/bundle/loader.py) over fake models. draft: "self" (a second track on the
     target's pool, as a self-int8 draft), "separate" (a pool of its own, as another model) or
     None. The draft is the target's table plus noise: it agrees often, not always.
     json_tokens: a tokenizer of JSON characters (grammar tests) instead of words. tokens: a
@@ -239,8 +239,8 @@ def fake_pipeline(folder: Path, *, costs=None, plan_batches: bool = True, adapti
     starts from (default: drafting cheap against verifying, so adaptive requests draft); the
     fake's own call times are microseconds and say nothing about a real pair. adaptive: the
     pipeline's default (False: tests ask per request; None: the library's own default)."""
-    from specrt.runtime.adaptive import Costs
     from specrt.runtime.pipeline import Pipeline
+    from specrt.runtime.policy.adaptive import Costs
 
     parts = fake_parts(folder, **kw)
     pipe = Pipeline(folder, parts=parts, hugepages=False, cost_cache=False, max_batch=parts.target.pool.slots,

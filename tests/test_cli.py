@@ -158,7 +158,7 @@ def test_export_flags_win_over_the_config(tiny_dirs, tmp_path):
     from click.testing import CliRunner
 
     from specrt.cli import main
-    from specrt.runtime.manifest import load_manifest
+    from specrt.runtime.bundle.manifest import load_manifest
 
     cfg = _pair_config(tmp_path, max_seq_len=96, max_draft_tokens=8, precision="fp32", lowering="ort")
     out = tmp_path / "b"
@@ -217,7 +217,7 @@ def test_export_trt_in_the_config_must_be_a_boolean(tiny_dirs, tmp_path):
 
 def _with_memory(available: str, *args, timeout=120):
     """The CLI in a subprocess whose reading of the available memory is `available` (a Python
-    expression over `calls`, the readings so far): the seam of runtime/memory.py."""
+    expression over `calls`, the readings so far): the seam of runtime/bundle/memory.py."""
     script = ("import sys\nfrom specrt.runtime import memory\ncalls = []\n"
               f"memory.available_bytes = lambda device: calls.append(device) or ({available})\n"
               "from specrt.cli import main\nmain()\n")

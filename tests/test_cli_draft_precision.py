@@ -4,7 +4,7 @@
 from click.testing import CliRunner
 
 from specrt.cli import main
-from specrt.runtime.manifest import load_manifest
+from specrt.runtime.bundle.manifest import load_manifest
 
 
 def _config(tmp_path, target, draft, precision):

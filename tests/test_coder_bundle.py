@@ -43,8 +43,8 @@ def test_tokenizer_matches_its_gguf():
     """The tokenizer alone (no model loaded)."""
     from specrt.export import tokcheck
     from specrt.export.sources import resolve_source
-    from specrt.runtime.manifest import load_manifest
-    from specrt.runtime.tokenizer import Tokenizer
+    from specrt.runtime.bundle.manifest import load_manifest
+    from specrt.runtime.bundle.tokenizer import Tokenizer
 
     man = load_manifest(BUNDLE)
     tok = Tokenizer(BUNDLE, man.tokenizer)
@@ -103,7 +103,7 @@ def test_four_concurrent_requests_each_get_their_target_only_tokens(pipe):
 
 def test_sampling_follows_the_target(pipe, monkeypatch):
     from specrt.runtime.engine import Stats
-    from specrt.runtime.sampling import SamplingConfig
+    from specrt.runtime.sampling.draws import SamplingConfig
 
     cfg = SamplingConfig(0.8, top_k=6)
     monkeypatch.setattr(pipe.tokenizer, "eos_ids", set())

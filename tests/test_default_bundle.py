@@ -6,7 +6,7 @@ import pytest
 import specrt
 from checks import assert_same_greedy
 from paths import DEFAULT_BUNDLE
-from specrt.runtime.manifest import load_manifest
+from specrt.runtime.bundle.manifest import load_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -69,7 +69,7 @@ def test_streaming_text_equals_full_decode(pipe):
 
 
 def test_stream_decoder_multibyte_split():
-    from specrt.runtime.tokenizer import Tokenizer
+    from specrt.runtime.bundle.tokenizer import Tokenizer
 
     tok = Tokenizer(DEFAULT_BUNDLE, load_manifest(DEFAULT_BUNDLE).tokenizer)
     text = "naïve café — 日本語 🙂🚀 ok"

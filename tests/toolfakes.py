@@ -1,5 +1,5 @@
 """Fixtures for tool-call tests: the Qwen2.5 chat template (its tools section writes the format
-runtime/toolcalls.py parses) and a byte-level tokenizer of 64 one-character tokens plus the
+runtime/text/toolcalls.py parses) and a byte-level tokenizer of 64 one-character tokens plus the
 `<tool_call>` / `</tool_call>` tags as ordinary (not special) added tokens, as Qwen2.5's
 tokenizer has them, so decoding keeps the tags and llguidance reads their bytes."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specrt.runtime.manifest import TokenizerInfo
+from specrt.runtime.bundle.manifest import TokenizerInfo
 
 # Qwen2.5-Instruct's chat template (tokenizer_config.json of the Qwen2.5 instruct models)
 QWEN25_TEMPLATE = r"""{%- if tools %}

@@ -21,7 +21,7 @@ import numpy as np
 
 import specrt
 from specrt.runtime.engine import Stats
-from specrt.runtime.sampling import Draws
+from specrt.runtime.sampling.draws import Draws
 
 ARMS = ("target", "coupled", "rejection")
 

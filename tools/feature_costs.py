@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 import specrt
-from specrt.runtime.grammar import Constraint, Matcher
+from specrt.runtime.sampling.grammar import Constraint, Matcher
 
 FEATURES = {
     "plain": {},

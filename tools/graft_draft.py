@@ -20,7 +20,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from specrt.runtime.manifest import load_manifest
+from specrt.runtime.bundle.manifest import load_manifest
 
 
 def graft(target_bundle: Path, draft_from: str, recipe: str, out: Path) -> Path:

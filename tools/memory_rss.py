@@ -1,4 +1,4 @@
-"""RSS at load against runtime/memory.py's prediction, one fresh process per (slots, context),
+"""RSS at load against runtime/bundle/memory.py's prediction, one fresh process per (slots, context),
 and a soak: RSS before and after many requests through one loaded Pipeline.
 
     python tools/memory_rss.py table --slots 1,4,16 --seq 2048,512      # markdown rows

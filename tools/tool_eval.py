@@ -3,7 +3,7 @@
     python tools/tool_eval.py --engines engines/coder --tokens 256 --out bench/tool_eval.json
 
 Over configs/workloads/tools.jsonl (prompts with several tools each; `expect`: the function a
-prompt needs, null when it needs none), greedy, through `Pipeline.chat` (runtime/chat.py):
+prompt needs, null when it needs none), greedy, through `Pipeline.chat` (runtime/text/chat.py):
   * "required" and "named" (the expected function): the share of replies whose calls all
     validate against their function's schema (jsonschema) — the goal is 100%;
   * "auto" with the grammar and "auto" without it (`tool_grammar=False`: the model unaided):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..manifest import ModelEntry
+from ..bundle.manifest import ModelEntry
 
 
 class FeatureBuffers:

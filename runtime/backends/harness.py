@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kvpool import KVPool
-from ..manifest import KVLayout
+from ..bundle.manifest import KVLayout
+from .kvpool import KVPool
 
 
 class SequenceHarness:

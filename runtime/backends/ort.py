@@ -1,6 +1,6 @@
 """onnxruntime backend: one InferenceSession whose IO bindings point into buffers allocated once.
 
-`OrtModel` runs one graph over a `KVPool` (runtime/kvpool.py). Buffers, never reallocated:
+`OrtModel` runs one graph over a `KVPool` (runtime/backends/kvpool.py). Buffers, never reallocated:
   KV       the pool's [slots, Hkv, S, D] per layer and K/V (S: the pool's capacity, the
            bundle's S_max or a shorter load-time max_seq_len); a call over slots [lo, lo + b)
            binds rows [lo, lo + b) as both past_key_values.{i}.* and present.{i}.* (in place).
@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..hugepages import anonymous_pages, collapse
-from ..kvpool import KVPool
-from ..manifest import ModelEntry
+from ..bundle.hugepages import anonymous_pages, collapse
+from ..bundle.manifest import ModelEntry
 from .features import FeatureBuffers
+from .kvpool import KVPool
 
 _GLOBAL_POOL: int | None = None
 
@@ -156,7 +156,7 @@ class OrtModel(FeatureBuffers):
         self.max_prefill_t = prefill_width(entry, prefill_tokens)
         self.batch_rows = entry.lowering == "ort"
         self.min_t = numerics_min_t(entry)
-        rows = max(pool.slots, self.max_prefill_t)  # runtime/memory.py counts these buffers
+        rows = max(pool.slots, self.max_prefill_t)  # runtime/bundle/memory.py counts these buffers
         self._init_features(entry, rows)
         self._ids = np.zeros(rows, dtype=np.int64)
         self._mask = np.zeros(pool.slots * pool.capacity, dtype=np.int64)
@@ -247,7 +247,7 @@ class OrtBackend(OrtModel):
                  global_pool: bool = False, prefill_tokens: int = PREFILL_TOKENS, hugepages: bool = False,
                  prepack: bool = True):
         """hugepages: move the memory this session allocates (prepacked weights, KV, buffers) onto
-        2 MiB pages once it is built (runtime/hugepages.py; CPU, Linux >= 6.1). prepack=False:
+        2 MiB pages once it is built (runtime/bundle/hugepages.py; CPU, Linux >= 6.1). prepack=False:
         float weights stay as loaded (half the peak of building the session; slower calls);
         MatMulNBits graphs are packed regardless (PACKED_PRECISIONS)."""
         _, dev = pick_providers(device)

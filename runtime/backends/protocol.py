@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ..kvpool import KVPool
+from .kvpool import KVPool
 
 
 class NonFiniteLogits(RuntimeError):

@@ -6,7 +6,7 @@ buffers serves slot 0 of a bookkeeping-only pool and runs one sequence per call.
 
 from __future__ import annotations
 
-from ..kvpool import KVPool
+from .kvpool import KVPool
 
 
 class SingleSequenceModel:

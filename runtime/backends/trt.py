@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..manifest import ModelEntry
+from ..bundle.manifest import ModelEntry
 from .cudart import ck as _ck
 from .cudart import cudart as _cuda
 from .features import FeatureBuffers

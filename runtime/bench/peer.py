@@ -1,7 +1,7 @@
 """onnxruntime-genai as a peer, on the bundle's own ONNX files (same graphs, other runtime).
 
 Our `ort` graphs use genai's IO names and attention_mask convention; every `ort` bundle carries
-its genai_config.json (runtime/genai.py), which the bench loads as a service would, with an
+its genai_config.json (runtime/bundle/genai.py), which the bench loads as a service would, with an
 overlay for the arm (threads, draft, k). A draft from another bundle (`--peer-draft`) gets a
 generated folder instead.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import genai
-from ..manifest import Manifest
+from ..bundle import genai
+from ..bundle.manifest import Manifest
 
 
 def available() -> bool:
@@ -35,7 +35,7 @@ def write_config(bundle: Path, man: Manifest, out: Path, *, max_draft_tokens: in
     out.mkdir(parents=True, exist_ok=True)
     draft_entry = man.draft
     if draft_bundle is not None:
-        from ..manifest import load_manifest
+        from ..bundle.manifest import load_manifest
 
         draft_entry = load_manifest(draft_bundle).draft
         if draft_entry is None or draft_entry.vocab_size != man.target.vocab_size:

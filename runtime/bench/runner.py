@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cost_cache import cpu_model
 from ..engine import Stats
 from ..pipeline import Pipeline
+from ..policy.cost_cache import cpu_model
 from . import peer
 from .report import command_line
 from .stats import alpha_from_expected, interleave, median_spread, paired_ratio, predicted_speedup

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import adaptive
+from ..policy import adaptive
 
 
 def median_spread(xs) -> dict:
@@ -35,7 +35,7 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 def predicted_speedup(alpha: float, k: int, c: float, v: float) -> float:
     """The adaptive policy's round rate in target steps: c = draft step / target step, v = verify
-    call of k+1 tokens / target step (runtime/adaptive.py)."""
+    call of k+1 tokens / target step (runtime/policy/adaptive.py)."""
     return float(adaptive.round_rate(expected_tokens(alpha, k), k, c, v))
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .base import Proposal
 from .model import ModelDrafter
 from .ngram import NgramDrafter
+from .proposal import Proposal
 
 
 class AutoDrafter:

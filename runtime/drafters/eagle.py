@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DraftCall
 from .model import ModelDrafter
+from .proposal import DraftCall
 
 
 def pair_calls(seq, features: np.ndarray, start: int, end: int, max_t: int) -> list[DraftCall]:

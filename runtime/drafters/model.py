@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sampling import Draws, SamplingConfig, probs
-from .base import DraftCall, Proposal
+from ..sampling.draws import Draws, SamplingConfig, probs
+from .proposal import DraftCall, Proposal
 
 
 class ModelDrafter:
@@ -26,7 +26,7 @@ class ModelDrafter:
         """model: the draft model (runtime/backends/ort.py OrtModel or a one-slot adapter);
         target_track: the target's track when the draft shares its pool (self-draft);
         process(logits [V], proposed so far) -> logits: the request's penalties and grammar mask
-        (runtime/engine/processing.py); proposals are chosen from the processed distribution, which is
+        (runtime/sampling/processing.py); proposals are chosen from the processed distribution, which is
         then the q verification divides by."""
         self.model, self.slot, self.pool = model, slot, model.pool
         self.process = process

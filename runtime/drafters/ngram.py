@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .base import Proposal
+from .proposal import Proposal
 
 
 class NgramDrafter:

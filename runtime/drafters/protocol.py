@@ -12,8 +12,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ..sampling import Draws, SamplingConfig
-from .base import DraftCall, Proposal
+from ..sampling.draws import Draws, SamplingConfig
+from .proposal import DraftCall, Proposal
 
 
 @runtime_checkable
@@ -27,7 +27,7 @@ class Drafter(Protocol):
               policy=None) -> Proposal | DraftCall:
         """Begin a proposal of at most k tokens continuing `seq` (the committed tokens): the
         finished proposal (no model call needed), or the first draft-model call. A policy
-        (runtime/adaptive.py) may end a model draft early (confidence early stop)."""
+        (runtime/policy/adaptive.py) may end a model draft early (confidence early stop)."""
         ...
 
     def take(self, logits: np.ndarray, hidden: np.ndarray | None = None) -> Proposal | DraftCall:

@@ -1,4 +1,4 @@
-"""Many requests at once: KV slots (runtime/kvpool.py), requests as data, a step scheduler and
+"""Many requests at once: KV slots (runtime/backends/kvpool.py), requests as data, a step scheduler and
 the thread that runs it."""
 
 from .engine import Engine, EngineBusy, EngineClosed

@@ -1,6 +1,6 @@
 """Where a new request goes: the KV slot, and how much of its prompt is already computed there.
 
-Slots remember what they hold (runtime/kvpool.py: idle slots keep their rows and token ids; a
+Slots remember what they hold (runtime/backends/kvpool.py: idle slots keep their rows and token ids; a
 running request's committed rows are stable). For a new prompt the placement finds the longest
 prefix any slot holds and reuses those rows instead of prefilling them:
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kvpool import KVPool
+from ..backends.kvpool import KVPool
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from ..logits import Penalties
-from ..sampling import Draws, SamplingConfig
+from ..sampling.draws import Draws, SamplingConfig
+from ..sampling.logits import Penalties
 
 if TYPE_CHECKING:
     from ..drafters import Drafter
-    from ..grammar import Matcher
+    from ..sampling.grammar import Matcher
 
 WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
 _ids = itertools.count()
@@ -35,12 +35,12 @@ class Request:
     draft: str = "none"  # "model" | "none" | "ngram" | "auto"
     adaptive: bool = False
     seed: int | list[int] | None = 0  # the key of its draws; [seed, i] for choice i of a prompt (n > 1); None: fresh
-    coupled: bool = True  # seeded: sampled tokens keyed by output position (runtime/sampling.py `Draws`)
+    coupled: bool = True  # seeded: sampled tokens keyed by output position (runtime/sampling/draws.py `Draws`)
     sink: Callable[[str, object], None] = lambda kind, value: None
     timeout_s: float | None = None  # from submission; then the request ends with stop_reason "timeout"
-    penalties: Penalties | None = None  # runtime/logits.py: applied at every verified position
+    penalties: Penalties | None = None  # runtime/sampling/logits.py: applied at every verified position
     logprobs: int | None = None  # report each new token's logprob and this many alternatives (None: off)
-    grammar: Matcher | None = None  # runtime/grammar.py: the output must match it (None: free)
+    grammar: Matcher | None = None  # runtime/sampling/grammar.py: the output must match it (None: free)
     stats: Stats = None  # filled in place (the caller may pass its own)
     # engine-owned state
     id: int = field(default_factory=lambda: next(_ids))

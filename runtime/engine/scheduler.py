@@ -25,11 +25,11 @@ import time
 import numpy as np
 
 from ..backends.protocol import check_finite
-from ..logits import logprobs
+from ..sampling.logits import logprobs
+from ..sampling.processing import process
 from .calls import ModelCalls
 from .counters import Counters
 from .prefix import common_prefix, place
-from .processing import process
 from .request import DECODE, DONE, PREFILL, Request
 from .speculate import Round, alone, pick
 

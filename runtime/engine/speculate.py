@@ -1,7 +1,7 @@
 """One speculation round over a step's decoding rows: choose k -> propose -> verify -> commit.
 
     ks        = choose_ks(rows)       per row 0 (no draft) .. its k, capped by the batch plan
-                                      (runtime/engine/plan.py `Planner`)
+                                      (runtime/policy/plan.py `Planner`)
     proposals = propose(rows, ks)     drafters run; their one-token calls batched across rows
     rows that do not draft:           one batched target call; next = the target's own pick
     rows that draft d[0..k):          one target call of [last, d0 .. dk-1] each -> k+1 rows;
@@ -10,7 +10,7 @@
                                       n' - 1 (a pointer move: the rows past it are stale and the
                                       next call overwrites them); the drafter follows
 
-Exactness: each target row is processed (penalties, grammar: runtime/engine/processing.py) as a
+Exactness: each target row is processed (penalties, grammar: runtime/sampling/processing.py) as a
 target-only step at that position would be, and verification keeps exactly what target-only
 decoding produces (greedy and seeded sampling: the same tokens). The draft only decides how
 many tokens one target call yields.
@@ -28,12 +28,12 @@ import numpy as np
 
 from ..backends.protocol import check_finite
 from ..drafters import Proposal
-from ..sampling import probs
-from ..verify import verify_greedy, verify_sampling
+from ..policy.plan import Planner
+from ..sampling.draws import probs
+from ..sampling.processing import cut_to_grammar, process
+from ..sampling.verify import verify_greedy, verify_sampling
 from .calls import ModelCalls
 from .counters import Counters
-from .plan import Planner
-from .processing import cut_to_grammar, process
 from .request import DECODE, DONE, Request
 
 NO_DRAFT = Proposal(np.empty(0, np.int64))
@@ -58,7 +58,7 @@ def pick(r: Request, row: np.ndarray) -> int:
 def verify(r: Request, prop: Proposal, rows: np.ndarray) -> tuple[int, int]:
     """rows [k+1, V]: the target's processed rows for [last, d0 .. dk-1]. -> (n_ok, next).
     Greedy: keep proposals while they are the row's argmax. Coupled sampling: the same over
-    p / E (runtime/sampling.py `Draws`): each row's token is the one target-only sampling with
+    p / E (runtime/sampling/draws.py `Draws`): each row's token is the one target-only sampling with
     this seed picks there, so the output is target-only's, token for token. Otherwise exact
     rejection sampling against the draft's q."""
     if r.cfg.greedy:

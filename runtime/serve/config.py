@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..manifest import Manifest, load_manifest
+from ..bundle.manifest import Manifest, load_manifest
 from ..options import default_draft
 
 

@@ -20,8 +20,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
-from ..grammar import Constraint
 from ..options import RequestOptions
+from ..sampling.grammar import Constraint
 from .refusals import refuse_unsupported
 
 log = logging.getLogger("specrt.serve")
@@ -114,7 +114,7 @@ class GenerationRequest(OpenAIBaseModel):
     stream_options: StreamOptions | None = None
     n: integer(ge=1, le=16) | None = Field(default=1, description="choices of the prompt, decoded together")
     ignore_eos: StrictBool | None = Field(default=False, description="extension (vLLM): run to max_tokens")
-    # sampling controls (runtime/logits.py), applied at every verified position
+    # sampling controls (runtime/sampling/logits.py), applied at every verified position
     frequency_penalty: number(ge=-2, le=2) | None = 0.0
     presence_penalty: number(ge=-2, le=2) | None = 0.0
     repetition_penalty: number(gt=0, le=2) | None = Field(default=1.0, description="extension (vLLM)")
@@ -122,7 +122,7 @@ class GenerationRequest(OpenAIBaseModel):
     min_tokens: integer(ge=0) | None = Field(default=0, description="extension (vLLM)")
     min_p: number(ge=0, le=1) | None = Field(default=0.0, description="extension (vLLM, llama.cpp)")
     stop_token_ids: list[integer()] | None = Field(default=None, description="extension (vLLM)")
-    # structured output (runtime/grammar.py, llguidance): at most one of these
+    # structured output (runtime/sampling/grammar.py, llguidance): at most one of these
     response_format: ResponseFormat | None = None
     guided_json: str | dict[str, Any] | None = Field(default=None, description="extension (vLLM)")
     guided_regex: str | None = Field(default=None, description="extension (vLLM)")

@@ -48,7 +48,7 @@ class ContentPart(OpenAIBaseModel):
 
 class ToolCallFunction(OpenAIBaseModel):
     name: str
-    arguments: str  # a JSON object as a string (OpenAI's shape; runtime/toolcalls.py parses it)
+    arguments: str  # a JSON object as a string (OpenAI's shape; runtime/text/toolcalls.py parses it)
 
 
 class MessageToolCall(OpenAIBaseModel):
@@ -62,7 +62,7 @@ class MessageToolCall(OpenAIBaseModel):
 class ChatMessage(OpenAIBaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
-    # tool calls (runtime/toolcalls.py): an assistant's calls, a tool result's call id
+    # tool calls (runtime/text/toolcalls.py): an assistant's calls, a tool result's call id
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
     name: str | None = None
@@ -215,7 +215,7 @@ class ChatCompletionTokenLogprob(TopLogprob):
 
 
 class ChoiceLogprobs(BaseModel):
-    """Chat: one entry per generated token (the target's raw log-softmax, runtime/logits.py)."""
+    """Chat: one entry per generated token (the target's raw log-softmax, runtime/sampling/logits.py)."""
 
     content: list[ChatCompletionTokenLogprob] | None = None
 

@@ -34,10 +34,10 @@ from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
+from ..bundle.manifest import load_manifest
+from ..bundle.tokenizer import Tokenizer
 from ..engine import EngineBusy
 from ..engine.counters import Counters
-from ..manifest import load_manifest
-from ..tokenizer import Tokenizer
 from .affinity import BLOCK, block_hashes, replica_stats
 from .app import make_app
 from .config import ServeOptions, ServerConfig

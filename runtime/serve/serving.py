@@ -18,9 +18,9 @@ from typing import Protocol
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ..grammar import GrammarError
-from ..textstream import TextStream
-from ..toolcalls import ToolError
+from ..sampling.grammar import GrammarError
+from ..text.textstream import TextStream
+from ..text.toolcalls import ToolError
 from .config import ServerConfig
 from .errors import APIError, bad
 from .metrics import Metrics

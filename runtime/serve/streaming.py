@@ -17,7 +17,7 @@ import time
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from ..textstream import TextStream
+from ..text.textstream import TextStream
 from .errors import stream_error
 from .protocol import ErrorResponse, PromptTokensDetails, UsageInfo
 from .responses import dump

@@ -1,5 +1,5 @@
-"""Tool calls over the OpenAI API: the protocol's tools and messages <-> runtime/chat.py and
-runtime/toolstream.py.
+"""Tool calls over the OpenAI API: the protocol's tools and messages <-> runtime/text/chat.py and
+runtime/text/toolstream.py.
 
 `chat_prompt(req, tokenizer)` renders a chat request (its tools through the bundle's template,
 or ToolError: a template without tools refuses them with the 400 it always gave) and returns
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..chat import finish_reason, prepare
 from ..options import RequestOptions
-from ..toolcalls import ToolPlan
-from ..toolstream import CallParser, Delta, parse
+from ..text.chat import finish_reason, prepare
+from ..text.toolcalls import ToolPlan
+from ..text.toolstream import CallParser, Delta, parse
 from .protocol import UsageInfo
 from .protocol_chat import (
     AssistantMessage,

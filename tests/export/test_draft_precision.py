@@ -10,9 +10,9 @@ import pytest
 import specrt
 from checks import assert_follows, second_token_dist
 from specrt.export import export_bundle
+from specrt.runtime.bundle.manifest import load_manifest
 from specrt.runtime.engine import Stats
-from specrt.runtime.manifest import load_manifest
-from specrt.runtime.sampling import SamplingConfig
+from specrt.runtime.sampling.draws import SamplingConfig
 
 KW = dict(max_seq_len=128, max_draft_tokens=8, greedy_steps=8, echo=None)
 PROMPTS = [[1, 5, 9, 33, 7], [1, 100, 4, 4, 4, 90, 12, 60]]

@@ -19,7 +19,7 @@ from specrt.export.eagle import (
 )
 from specrt.export.graph import GraphOptions
 from specrt.export.validate import check_eagle, probe_tokens, reference_greedy
-from specrt.runtime.manifest import load_manifest
+from specrt.runtime.bundle.manifest import load_manifest
 from tiny import tiny_head, tiny_model
 
 

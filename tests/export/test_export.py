@@ -7,7 +7,7 @@ import pytest
 
 from specrt.export import ParityError, SourceError, VocabularyMismatch, export_bundle
 from specrt.export import api as export_api
-from specrt.runtime.manifest import BundleError, load_manifest, manifest_from_dict
+from specrt.runtime.bundle.manifest import BundleError, load_manifest, manifest_from_dict
 
 KW = dict(max_seq_len=128, max_draft_tokens=8, greedy_steps=8, echo=None)
 

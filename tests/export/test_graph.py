@@ -9,7 +9,7 @@ from specrt.export.graph import LOGITS_KEEP, GraphOptions, build_graph
 from specrt.export.validate import reference_logits
 from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.ort import OrtBackend
-from specrt.runtime.manifest import IONames, KVLayout, ModelEntry
+from specrt.runtime.bundle.manifest import IONames, KVLayout, ModelEntry
 from tiny import FAMILIES, tiny_model
 
 S_MAX = 64

@@ -12,7 +12,7 @@ from tiny_gguf import TYPES, write_tiny_gguf
 import specrt
 from specrt.export import export_bundle
 from specrt.export.quant_target import level0_twin
-from specrt.runtime.manifest import load_manifest
+from specrt.runtime.bundle.manifest import load_manifest
 
 KW = dict(max_seq_len=256, max_draft_tokens=8, echo=None)
 

@@ -7,7 +7,7 @@ import pytest
 
 from specrt.export import tokcheck
 from specrt.export.sources import SourceError
-from specrt.runtime.manifest import TokenizerInfo
+from specrt.runtime.bundle.manifest import TokenizerInfo
 from tiny import CHAT_TEMPLATE, VOCAB, tiny_tokenizer
 
 

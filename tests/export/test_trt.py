@@ -7,7 +7,7 @@ import pytest
 from specrt.export.arch import arch_from_model, numpy_weights
 from specrt.export.graph import GraphOptions, build_graph
 from specrt.export.trt import profile_for, unsupported_ops
-from specrt.runtime.manifest import KVLayout, ModelEntry
+from specrt.runtime.bundle.manifest import KVLayout, ModelEntry
 from tiny import tiny_model
 
 HAS_TRT = importlib.util.find_spec("tensorrt") is not None

@@ -9,9 +9,9 @@ import pytest
 
 from fakes import VOCAB, fake_pipeline
 from specrt.runtime import InvalidRequest, InvalidSampling, RequestOptions
-from specrt.runtime.grammar import Constraint
-from specrt.runtime.kvpool import ContextOverflow
+from specrt.runtime.backends.kvpool import ContextOverflow
 from specrt.runtime.options import default_draft, request_options
+from specrt.runtime.sampling.grammar import Constraint
 
 
 @pytest.mark.parametrize("kw,param", [

@@ -3,7 +3,7 @@
 from graft_draft import graft
 
 import specrt
-from specrt.runtime.manifest import load_manifest
+from specrt.runtime.bundle.manifest import load_manifest
 
 
 def test_grafted_draft_loads_and_is_exact(tiny_bundles, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from tool_eval import WORKLOAD, evaluate
 
 from fakes import fake_pipeline
-from specrt.runtime.toolcalls import plan
+from specrt.runtime.text.toolcalls import plan
 from toolfakes import MINI_TEMPLATE, tool_tokens
 
 BOUNDED = {"type": "object", "additionalProperties": False, "required": ["a"],

@@ -6,7 +6,7 @@ import onnxruntime as ort
 from specrt.export.nbits import WEIGHT_ONLY
 from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.ort import PACKED_PRECISIONS, OrtBackend, session_options
-from specrt.runtime.manifest import load_manifest
+from specrt.runtime.bundle.manifest import load_manifest
 
 
 def _logits(graph, so, keep=None):

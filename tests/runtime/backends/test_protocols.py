@@ -14,8 +14,8 @@ from specrt.runtime.backends.ort import OrtBackend, OrtModel
 from specrt.runtime.backends.protocol import Backend, PoolModel
 from specrt.runtime.backends.single import SingleSequenceModel
 from specrt.runtime.backends.trt import TrtBackend
+from specrt.runtime.bundle.loader import load_parts
 from specrt.runtime.drafters import AutoDrafter, Drafter, EagleDrafter, ModelDrafter, NgramDrafter
-from specrt.runtime.loader import load_parts
 
 
 def _params(fn) -> list[str]:

@@ -6,13 +6,13 @@ import pytest
 
 import specrt
 from specrt.runtime.backends.harness import SequenceHarness
+from specrt.runtime.backends.kvpool import KVPool
 from specrt.runtime.backends.ort import OrtBackend, OrtModel
+from specrt.runtime.bundle.manifest import load_manifest
 from specrt.runtime.drafters import AutoDrafter, DraftCall, EagleDrafter, Proposal
 from specrt.runtime.drafters.eagle import pair_calls
 from specrt.runtime.engine.request import DECODE, PREFILL
-from specrt.runtime.kvpool import KVPool
-from specrt.runtime.manifest import load_manifest
-from specrt.runtime.sampling import SamplingConfig
+from specrt.runtime.sampling.draws import SamplingConfig
 
 GREEDY = SamplingConfig(0.0)
 

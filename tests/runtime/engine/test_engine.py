@@ -17,8 +17,8 @@ import pytest
 import specrt
 from checks import assert_same_greedy
 from specrt.runtime import ContextOverflow, EngineBusy, InvalidSampling
-from specrt.runtime.adaptive import Costs
-from specrt.runtime.engine.plan import Row, plan
+from specrt.runtime.policy.adaptive import Costs
+from specrt.runtime.policy.plan import Row, plan
 
 MODES = [("model", False), ("model", True), ("ngram", False), ("ngram", True), ("auto", True)]
 
@@ -255,7 +255,7 @@ def test_batched_sampling_follows_the_target_distribution(tiny_bundles):
 
     from specrt.runtime.backends.harness import SequenceHarness
     from specrt.runtime.backends.ort import OrtBackend
-    from specrt.runtime.sampling import SamplingConfig, probs
+    from specrt.runtime.sampling.draws import SamplingConfig, probs
 
     pipe = specrt.load(tiny_bundles["bad"], max_batch=4, max_queue=2000, adaptive=False)
     try:
@@ -349,7 +349,7 @@ def test_plan_drafts_alone_and_stops_under_load():
 def test_plan_equals_a_brute_force_search():
     """The vectorized plan finds the best (ceiling, drafting rows) of the search it replaces, on
     random rows: mixed k, acceptance, n-gram and model routes."""
-    from specrt.runtime.engine.plan import step_ms
+    from specrt.runtime.policy.plan import step_ms
 
     costs = Costs({1: 19.3, 2: 19.6, 3: 20.5, 5: 21.8, 9: 25.2, 17: 32.8}, draft_ms=7.2,
                   rows_ms={1: 19.3, 2: 20.2, 4: 21.2, 8: 28.5}, draft_rows_ms={1: 7.2, 2: 8.1, 4: 10.8, 8: 18.3})

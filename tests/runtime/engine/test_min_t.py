@@ -96,7 +96,7 @@ def test_widen_places_the_call(make):
 
 
 def test_the_cost_probe_prices_a_plain_row_as_its_widened_call(make):
-    from specrt.runtime.adaptive import measure_costs
+    from specrt.runtime.policy.adaptive import measure_costs
 
     pipe = make(draft="self", slots=4, one_token_skew=SKEW)
     target, draft = pipe.parts.target, pipe.parts.draft

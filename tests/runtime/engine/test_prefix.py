@@ -1,5 +1,5 @@
 """Prefix reuse: slots keep what finished requests held, and a new prompt reuses the longest
-prefix any slot holds (runtime/engine/prefix.py, runtime/kvpool.py).
+prefix any slot holds (runtime/engine/prefix.py, runtime/backends/kvpool.py).
 
 The placement rules on hand-built pools, then the engine on the NumPy fake backend
 (tests/fakes.py), whose KV rows hold each token plus its writer's mark and whose logits read the
@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from fakes import StaleRow, reference_greedy, rows, run_request
+from specrt.runtime.backends.kvpool import KVPool
+from specrt.runtime.bundle.manifest import KVLayout
 from specrt.runtime.engine import Stats
 from specrt.runtime.engine.prefix import Placement, common_prefix, place
 from specrt.runtime.engine.request import DECODE, PREFILL
-from specrt.runtime.kvpool import KVPool
-from specrt.runtime.manifest import KVLayout
 
 MODES = [("none", False), ("model", False), ("ngram", False), ("auto", False), ("model", True), ("auto", True)]
 

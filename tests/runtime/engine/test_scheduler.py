@@ -14,7 +14,7 @@ from fakes import DRAFT_MARK, StaleRow, drive, reference_greedy, rows, run_reque
 from specrt.runtime.drafters import ModelDrafter
 from specrt.runtime.engine import Stats
 from specrt.runtime.engine.request import DECODE
-from specrt.runtime.sampling import SamplingConfig, probs
+from specrt.runtime.sampling.draws import SamplingConfig, probs
 
 MODES = [("model", False), ("ngram", False), ("auto", False), ("model", True), ("ngram", True), ("auto", True)]
 PROMPTS = [[1, 5, 9, 7], [1, 3], [4, 4, 4, 9, 12, 30, 6, 4, 4, 4, 9],

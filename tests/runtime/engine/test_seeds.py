@@ -1,4 +1,4 @@
-"""A seed means one output (runtime/sampling.py `Draws`): seeded sampled output is the same on
+"""A seed means one output (runtime/sampling/draws.py `Draws`): seeded sampled output is the same on
 every repeat, and the same as target-only decoding with that seed, token for token — for every
 drafter, fixed and adaptive k, prefix cache on and off, alone and beside other requests. On the
 NumPy fake (exact logits: equality is exact); the real bundles: tests/runtime/engine/test_speculate.py."""
@@ -10,7 +10,7 @@ import pytest
 
 from checks import assert_follows
 from fakes import drive, run_request
-from specrt.runtime.sampling import Draws, SamplingConfig, probs
+from specrt.runtime.sampling.draws import Draws, SamplingConfig, probs
 
 MODES = [("model", False), ("ngram", False), ("auto", False), ("model", True), ("auto", True)]
 PROMPTS = [[1, 5, 9, 7], [4, 4, 4, 9, 12, 30, 6, 4, 4, 4, 9],

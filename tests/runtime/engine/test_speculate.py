@@ -6,13 +6,13 @@ from scipy import stats as sps
 
 import specrt
 from checks import run_request, second_token_dist
-from specrt.runtime.adaptive import Costs
 from specrt.runtime.backends.harness import SequenceHarness
+from specrt.runtime.backends.kvpool import KVPool
 from specrt.runtime.backends.ort import OrtBackend, OrtModel
+from specrt.runtime.bundle.manifest import load_manifest
 from specrt.runtime.engine import Stats
-from specrt.runtime.kvpool import KVPool
-from specrt.runtime.manifest import load_manifest
-from specrt.runtime.sampling import SamplingConfig
+from specrt.runtime.policy.adaptive import Costs
+from specrt.runtime.sampling.draws import SamplingConfig
 
 PROMPTS = [[1, 5, 9, 33, 7], [1, 100, 4, 4, 4, 90, 12, 60], [1, 3]]
 
@@ -162,7 +162,7 @@ def test_sampling_distribution_matches_target(pipes, bundle, draft, adaptive, cf
 @pytest.mark.parametrize("draft,adaptive", [("model", False), ("ngram", False), ("auto", True)])
 def test_seed_reproduces_sampling_and_equals_target_only(pipes, bundle, draft, adaptive):
     """A seeded sampled request gives one output on every repeat, and it is target-only
-    sampling's with that seed (runtime/sampling.py `Draws`), whatever the drafter."""
+    sampling's with that seed (runtime/sampling/draws.py `Draws`), whatever the drafter."""
     pipe = pipes[bundle]
     kw = dict(max_new_tokens=20, temperature=1.0, top_p=0.95, ignore_eos=True)
     for prompt, seed in ((PROMPTS[0], 5), (REPETITIVE, 6)):

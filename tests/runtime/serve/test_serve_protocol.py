@@ -178,7 +178,7 @@ def test_to_options_defaults_and_does_not_mutate():
 
 
 def test_structured_output_fields_become_one_constraint():
-    from specrt.runtime.grammar import Constraint
+    from specrt.runtime.sampling.grammar import Constraint
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     cases = [

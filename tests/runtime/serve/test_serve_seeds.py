@@ -1,6 +1,6 @@
 """A seed over HTTP means one output: the same reply on every repeat, with the prompt cached or
 not, beside other requests, and the same as target-only sampling with that seed (the server's
-adaptive default; runtime/sampling.py `Draws`)."""
+adaptive default; runtime/sampling/draws.py `Draws`)."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ import uvicorn
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from fakes import fake_pipeline
-from specrt.runtime.chat import prepare
 from specrt.runtime.serve.app import ServerConfig, build_app
+from specrt.runtime.text.chat import prepare
 from toolfakes import MINI_TEMPLATE, OPEN_ID, tool_tokens
 
 ADD = {"type": "object", "additionalProperties": False, "required": ["a", "b"],

@@ -18,7 +18,7 @@ import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from test_structured import _masked_margin
 
-from specrt.runtime.chat import prepare
+from specrt.runtime.text.chat import prepare
 from toolfakes import tool_bundle
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ import numpy as np
 import pydantic
 import pytest
 
-from specrt.runtime.grammar import Constraint, apply_mask
+from specrt.runtime.sampling.grammar import Constraint, apply_mask
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ block, and the model answers a call as
 
 several calls one after the other, separated by "\\n". `plan(tools, tool_choice, parallel)`
 turns OpenAI's request fields into a `ToolPlan`: the tools the template renders (none for
-"none") and the `Constraint` (runtime/grammar.py, a Lark grammar for llguidance) the output
+"none") and the `Constraint` (runtime/sampling/grammar.py, a Lark grammar for llguidance) the output
 follows:
   * "auto": free text until the model writes `<tool_call>` (a lazy lexeme: the shortest text
     that ends in the tag), then a call of an offered function whose arguments follow that
@@ -16,12 +16,12 @@ follows:
   * "required": one or more calls from the first token; a named function: exactly that call;
   * parallel=False: at most one call.
 The grammar rides the same machinery as structured output, so speculative output stays the
-constrained target-only output token for token (runtime/grammar.py's contract).
+constrained target-only output token for token (runtime/sampling/grammar.py's contract).
 
 The arguments use the separators the template's `tojson` writes (", " and ": "), so a call
 reads as the model saw calls in its history. A `strict` function's schema must compile as
 given; other functions' schemas compile leniently (keywords llguidance cannot enforce are
-ignored rather than refused). Parsing the output is runtime/toolstream.py.
+ignored rather than refused). Parsing the output is runtime/text/toolstream.py.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from .grammar import Constraint
+from ..sampling.grammar import Constraint
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
@@ -156,7 +156,7 @@ def _lark_string(s: str) -> str:
     return json.dumps(s)  # a JSON string literal is a Lark string literal
 
 
-# a reply may open with a bare call, optionally fenced (runtime/toolstream.py reads it as one)
+# a reply may open with a bare call, optionally fenced (runtime/text/toolstream.py reads it as one)
 FENCES = ("```json\n", "```\n", "")
 FENCE_END = "\n```"
 

@@ -45,15 +45,15 @@ class Tokenizer:
     @functools.cached_property
     def has_tools(self) -> bool:
         """The chat template renders tools and writes calls this runtime parses (Hermes /
-        Qwen2.5 `<tool_call>`, runtime/toolcalls.py), and the tag survives decoding."""
-        from .toolcalls import OPEN, template_has_tools  # tool calls: runtime/toolcalls.py
+        Qwen2.5 `<tool_call>`, runtime/text/toolcalls.py), and the tag survives decoding."""
+        from ..text.toolcalls import OPEN, template_has_tools  # tool calls: runtime/text/toolcalls.py
 
         return template_has_tools(self.info.chat_template) and self.decode(
             self.tk.encode(OPEN, add_special_tokens=False).ids) == OPEN
 
     def render_messages(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """[{role, content}] through the chat template, with the assistant's turn opened.
-        tools: OpenAI tool dicts the template renders (runtime/toolcalls.py; None: none)."""
+        tools: OpenAI tool dicts the template renders (runtime/text/toolcalls.py; None: none)."""
         return self._template.render(
             messages=messages,
             tools=tools,

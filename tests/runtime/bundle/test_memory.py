@@ -1,4 +1,4 @@
-"""runtime/memory.py: the load's memory arithmetic (hand-computed), the readings of the machine
+"""runtime/bundle/memory.py: the load's memory arithmetic (hand-computed), the readings of the machine
 (fake /proc and cgroup trees), and the loader's check before anything is allocated."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ import sys
 import pytest
 
 import specrt
-from specrt.runtime import ContextOverflow, memory
-from specrt.runtime.kvpool import KVPool
-from specrt.runtime.loader import memory_plan
-from specrt.runtime.manifest import load_manifest
-from specrt.runtime.memory import InsufficientMemory, MemoryPlan, ModelMemory
+from specrt.runtime import ContextOverflow
+from specrt.runtime.backends.kvpool import KVPool
+from specrt.runtime.bundle import memory
+from specrt.runtime.bundle.loader import memory_plan
+from specrt.runtime.bundle.manifest import load_manifest
+from specrt.runtime.bundle.memory import InsufficientMemory, MemoryPlan, ModelMemory
 
 SMALL = MemoryPlan(models=(ModelMemory("target", 1000, 1000, vocab=10, rows=4, features=0),
                            ModelMemory("draft", 600, 400, vocab=10, rows=4, features=0)),
@@ -163,7 +164,7 @@ def test_a_load_that_cannot_fit_is_refused_before_anything_is_built(tiny_bundles
     per_slot, fixed = _per_slot_and_fixed(folder, 256)
     monkeypatch.setattr(memory, "available_bytes", lambda device: fixed + 5 * per_slot + 100)
     built = []
-    monkeypatch.setattr("specrt.runtime.loader.OrtModel", lambda *a, **kw: built.append("session"))
+    monkeypatch.setattr("specrt.runtime.bundle.loader.OrtModel", lambda *a, **kw: built.append("session"))
     monkeypatch.setattr(KVPool, "allocate", lambda self: built.append("pool"))
     with pytest.raises(InsufficientMemory) as e:
         specrt.load(folder, max_batch=6, hugepages=False)

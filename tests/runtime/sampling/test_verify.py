@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from specrt.runtime.sampling import InvalidSampling, SamplingConfig, probs, sample
-from specrt.runtime.verify import verify_greedy, verify_sampling
+from specrt.runtime.sampling.draws import InvalidSampling, SamplingConfig, probs, sample
+from specrt.runtime.sampling.verify import verify_greedy, verify_sampling
 
 ALPHA = 1e-3  # false-alarm rate of each chi-square test (fixed seeds make them deterministic)
 

@@ -10,7 +10,7 @@ Processing order (vLLM's): min_tokens (EOS masked until that many tokens), logit
 token id), repetition_penalty (prompt and output tokens: positive logits divided, negative
 multiplied — the HF / llama.cpp rule), frequency and presence penalties (output tokens only, as
 OpenAI defines them: logit -= frequency · count + presence · [count > 0]), then a grammar's mask
-(runtime/grammar.py). Temperature, top-k and top-p come after, in `sampling.probs`.
+(runtime/sampling/grammar.py). Temperature, top-k and top-p come after, in `sampling.probs`.
 
 Logprobs are the raw log-softmax of the target's logits at each emitted position — before
 temperature, penalties and masks — as vLLM reports them by default: the same numbers with and

@@ -1,9 +1,9 @@
-"""The KV pool's bookkeeping (runtime/kvpool.py): lengths per track and slot, adopt, rewind, spare rows."""
+"""The KV pool's bookkeeping (runtime/backends/kvpool.py): lengths per track and slot, adopt, rewind, spare rows."""
 
 import pytest
 
-from specrt.runtime.kvpool import ContextOverflow, KVPool
-from specrt.runtime.manifest import KVLayout
+from specrt.runtime.backends.kvpool import ContextOverflow, KVPool
+from specrt.runtime.bundle.manifest import KVLayout
 
 
 def test_kv_pool_tracks_per_slot():

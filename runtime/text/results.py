@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .engine import Request, Stats
-from .logits import TokenLogprob
+from ..engine import Request, Stats
+from ..sampling.logits import TokenLogprob
 from .textstream import TextStream
 
 
@@ -16,7 +16,7 @@ class Result:
     text: str
     token_ids: list[int]
     stats: Stats
-    logprobs: list[TokenLogprob] | None = None  # per token of token_ids, when asked (runtime/logits.py)
+    logprobs: list[TokenLogprob] | None = None  # per token of token_ids, when asked (runtime/sampling/logits.py)
 
     def as_dict(self) -> dict:
         d = {"text": self.text, "token_ids": self.token_ids, "stats": self.stats.as_dict()}

@@ -6,7 +6,7 @@ streamed and then retracted; at a stop string the text is cut where it begins.
 
 from __future__ import annotations
 
-from .tokenizer import Tokenizer
+from ..bundle.tokenizer import Tokenizer
 
 
 class TextStream:

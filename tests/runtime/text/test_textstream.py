@@ -1,4 +1,4 @@
-"""Token chunks -> text (runtime/textstream.py, runtime/tokenizer.py `StreamDecoder`): streaming
+"""Token chunks -> text (runtime/text/textstream.py, runtime/bundle/tokenizer.py `StreamDecoder`): streaming
 detokenization that never shows half a character, and stop strings that cut the text without
 retracting anything shown. Tokenizers made by code (torch-free); the pipeline tests run on the
 fake backend (tests/fakes.py)."""
@@ -11,9 +11,9 @@ import time
 import pytest
 
 from fakes import fake_pipeline, write_tokenizer
-from specrt.runtime.manifest import TokenizerInfo
-from specrt.runtime.textstream import TextStream
-from specrt.runtime.tokenizer import Tokenizer
+from specrt.runtime.bundle.manifest import TokenizerInfo
+from specrt.runtime.bundle.tokenizer import Tokenizer
+from specrt.runtime.text.textstream import TextStream
 
 TEXT = "naïve café — 日本語 🙂🚀 ok"
 

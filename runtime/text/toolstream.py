@@ -1,4 +1,4 @@
-"""Tool calls out of the model's text, incrementally (runtime/toolcalls.py has the format).
+"""Tool calls out of the model's text, incrementally (runtime/text/toolcalls.py has the format).
 
 `CallParser.push(text)` takes committed text of any length — one token's, or several tokens' at
 once as a speculative step commits them — and returns a `Delta`: content to show now and

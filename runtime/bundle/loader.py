@@ -4,7 +4,7 @@ The target's pool has `max_batch` slots of `max_seq_len` tokens. A self-draft (a
 of the target, same KV layout, host or device) is a second track on that same pool; any other
 draft (a separate model, an EAGLE head, a TensorRT plan) gets a pool of its own with the same
 slot numbering. Before any session or buffer exists, the load is sized against the memory
-available (runtime/memory.py): a count that cannot fit is refused with the numbers, `auto`
+available (runtime/bundle/memory.py): a count that cannot fit is refused with the numbers, `auto`
 takes as many slots as fit.
 """
 
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backends.kvpool import KVPool
+from ..backends.ort import OrtModel, pick_providers, prefill_width
+from ..backends.protocol import PoolModel
 from . import memory
-from .backends.ort import OrtModel, pick_providers, prefill_width
-from .backends.protocol import PoolModel
 from .hugepages import anonymous_pages, collapse
-from .kvpool import KVPool
 from .manifest import SELF_DRAFT_PRECISION, BundleError, Manifest, ModelEntry, load_manifest
 from .tokenizer import Tokenizer
 
@@ -94,7 +94,7 @@ def _shares_kv(man: Manifest, eagle: bool) -> bool:
 
 
 def memory_plan(folder: Path, man: Manifest, *, want_draft: bool, device: str = "cpu") -> memory.MemoryPlan:
-    """What the parts `load_parts` builds will hold (runtime/memory.py), from the manifest and
+    """What the parts `load_parts` builds will hold (runtime/bundle/memory.py), from the manifest and
     the files' sizes; nothing is loaded."""
     eagle = man.draft is not None and bool(man.draft.io.hidden_in)
     entries = [("target", man.target)] + ([("draft", man.draft)] if want_draft else [])
@@ -135,8 +135,8 @@ def _model(folder: Path, entry: ModelEntry, pool: KVPool, track: str, threads, g
 
 
 def _trt_parts(folder, man, tok, want_draft, eagle, max_batch, max_seq_len) -> Parts:
-    from .backends.single import SingleSequenceModel
-    from .backends.trt import TrtBackend, gpu_tag
+    from ..backends.single import SingleSequenceModel
+    from ..backends.trt import TrtBackend, gpu_tag
 
     if max_batch != 1:
         raise ValueError("the TensorRT backend runs one sequence per engine: use max_batch=1 with device='trt'")
@@ -154,7 +154,7 @@ def _trt_parts(folder, man, tok, want_draft, eagle, max_batch, max_seq_len) -> P
             raise BundleError(f"no TensorRT plan of the {name} matches this GPU ({tag}); plans: {[p.gpu for p in plans]}")
         return SingleSequenceModel(TrtBackend(folder / plan.file, entry), entry, name)
 
-    target = plan_for(man.target, "target")  # one sequence at S_max: not sized (runtime/memory.py)
+    target = plan_for(man.target, "target")  # one sequence at S_max: not sized (runtime/bundle/memory.py)
     d = plan_for(man.draft, "draft") if want_draft else None
     features = None
     if eagle and d is not None:

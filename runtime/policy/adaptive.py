@@ -24,10 +24,10 @@ threshold follows the draft and the machine instead of being hard-coded.
 The acceptance model and the calibration table live as long as the Pipeline (per drafter
 kind, greedy and sampling apart): what earlier requests taught about this draft is the prior
 of the next one. A routing drafter (`auto`: an n-gram copy when the context has one, else the
-model) gets one policy per route (a request's `policies` {route: policy}, runtime/policies.py):
+model) gets one policy per route (a request's `policies` {route: policy}, runtime/policy/store.py):
 the two differ in cost and in how acceptance falls with position, and a shared state chose k
 for neither. Under load the scheduler caps these per-request choices with the batch plan
-(runtime/engine/plan.py).
+(runtime/policy/plan.py).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def measure_costs(target, draft, slot: int, max_t: int, rows: int = 1, busy=(), 
     """Median call times at a mid context, every shape interleaved round-robin so a burst of
     load hits all of them alike. target/draft: pool models (runtime/backends/ort.py); slot: a
     slot nobody is using; busy: slots in use, which batched probes cover at their spare row
-    (runtime/kvpool.py). Rows attend to whatever the buffers hold: only time is measured, and
+    (runtime/backends/kvpool.py). Rows attend to whatever the buffers hold: only time is measured, and
     nothing moves a track's length. rows: batched shapes up to this many rows. context: clipped
     to what the slots hold (a load's max_seq_len may be shorter than 128 + max_t)."""
     context = min(context, target.max_seq_len - max_t)

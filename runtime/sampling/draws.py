@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 NOISE_DOMAIN = 1  # keys [seed, choice, NOISE_DOMAIN, t] of the coupled noise: apart from the uncoupled stream
 
@@ -74,7 +74,7 @@ class Draws:
     same E_t, so a draft proposes argmax q_t / E_t and verification keeps a proposal while it
     equals the target's own pick: the output is token for token what target-only sampling with
     the same seed gives (runtime/engine/speculate.py `verify`). `coupled=False`: the uniforms of
-    one stream, consumed in order (rejection sampling, runtime/verify.py `verify_sampling`).
+    one stream, consumed in order (rejection sampling, runtime/sampling/verify.py `verify_sampling`).
     """
 
     def __init__(self, seed: int | list[int] | None, prompt_len: int, coupled: bool = True):

@@ -1,5 +1,5 @@
-"""A request's own processing of logits — penalties (runtime/logits.py), then its grammar's mask
-(runtime/grammar.py) — for the target's rows and for its draft's.
+"""A request's own processing of logits — penalties (runtime/sampling/logits.py), then its grammar's mask
+(runtime/sampling/grammar.py) — for the target's rows and for its draft's.
 
 Exactness: the target's row i of a verification call is processed as a target-only step at
 that position would be, with the history the tokens before it make (committed output +
@@ -15,9 +15,9 @@ from collections.abc import Callable
 import numpy as np
 
 from ..drafters import Proposal
-from ..grammar import GrammarError, apply_mask
-from ..logits import apply_penalties
-from .request import Request
+from ..engine.request import Request
+from .grammar import GrammarError, apply_mask
+from .logits import apply_penalties
 
 
 def _active(r: Request) -> bool:

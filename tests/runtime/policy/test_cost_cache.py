@@ -1,10 +1,11 @@
-"""The adaptive policy's call-cost probe, kept on disk per bundle and machine (runtime/cost_cache.py)."""
+"""The adaptive policy's call-cost probe, kept on disk per bundle and machine (runtime/policy/cost_cache.py)."""
 
 import pytest
 
 import specrt
-from specrt.runtime import cost_cache, policies
-from specrt.runtime.adaptive import Costs
+from specrt.runtime.policy import cost_cache
+from specrt.runtime.policy import store as policies
+from specrt.runtime.policy.adaptive import Costs
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def test_foreign_or_invalid_entries_are_probed_again(tiny_bundles, cache, monkey
 
 
 def test_the_key_follows_the_setup(tiny_bundles):
-    from specrt.runtime.manifest import load_manifest
+    from specrt.runtime.bundle.manifest import load_manifest
 
     man = load_manifest(tiny_bundles["int8"])
     base = cost_cache.key(tiny_bundles["int8"], man, device="cpu", threads=None)

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import InvalidRequest
-from .manifest import KVLayout
+from ..bundle.manifest import KVLayout
+from ..errors import InvalidRequest
 
 
 class ContextOverflow(InvalidRequest):
@@ -180,7 +180,7 @@ class KVPool:
         if self.device == "cpu":
             return True
         try:
-            from .backends.cudart import cudart
+            from ..backends.cudart import cudart
 
             cudart()
             return True
@@ -205,7 +205,7 @@ class KVPool:
             for a in self.host:
                 a[dst, :, :n] = a[src, :, :n]
             return
-        from .backends.cudart import copy_device_rows, synchronize
+        from ..backends.cudart import copy_device_rows, synchronize
 
         kv_heads, s_max, head_dim = self.slot_shape
         row = head_dim * self.dtype.itemsize

@@ -1,4 +1,4 @@
-"""Grammar-constrained decoding under speculation (runtime/grammar.py, llguidance).
+"""Grammar-constrained decoding under speculation (runtime/sampling/grammar.py, llguidance).
 
 The matcher's contract on a real grammar engine, then the engine on the NumPy fake backend with a
 tokenizer of JSON characters: constrained speculative output equals constrained target-only
@@ -15,8 +15,8 @@ import pytest
 
 from checks import assert_follows
 from fakes import EOS, JSON_CHARS, drive
-from specrt.runtime.grammar import Constraint, GrammarError, apply_mask
-from specrt.runtime.sampling import SamplingConfig, probs
+from specrt.runtime.sampling.draws import SamplingConfig, probs
+from specrt.runtime.sampling.grammar import Constraint, GrammarError, apply_mask
 
 MODES = [("none", False), ("model", False), ("ngram", False), ("auto", False), ("model", True), ("auto", True)]
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["a", "b"],

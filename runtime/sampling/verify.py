@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .sampling import sample
+from .draws import sample
 
 
 def verify_greedy(draft: np.ndarray, target_logits: np.ndarray) -> tuple[int, int]:

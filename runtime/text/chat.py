@@ -2,7 +2,7 @@
 content and parsed tool calls out (`Pipeline.chat` / `Pipeline.stream_chat` call these).
 
 `prepare` is the one place that turns a conversation into prompt ids and a `ToolPlan`
-(runtime/toolcalls.py), used by the HTTP server too: a bundle whose template has no tool
+(runtime/text/toolcalls.py), used by the HTTP server too: a bundle whose template has no tool
 section refuses tools and tool history (ToolError), a template that has one renders them.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from .engine import Stats
+from ..engine import Stats
 from .results import feed
 from .textstream import TextStream
 from .toolcalls import ToolError, ToolPlan, plan, tags_are_tokens, template_messages

@@ -4,9 +4,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from specrt.runtime.adaptive import AcceptanceModel, AdaptivePolicy, Calibration, Costs
-from specrt.runtime.policies import PolicyStore
-from specrt.runtime.sampling import SamplingConfig
+from specrt.runtime.policy.adaptive import AcceptanceModel, AdaptivePolicy, Calibration, Costs
+from specrt.runtime.policy.store import PolicyStore
+from specrt.runtime.sampling.draws import SamplingConfig
 
 COSTS = Costs({1: 30.0, 2: 31.0, 3: 32.0, 5: 34.0, 9: 42.0, 17: 48.0}, draft_ms=3.0)  # c = 0.1
 
@@ -86,9 +86,9 @@ def test_observed_call_times_rescale_every_width():
 
 def _store(base: Costs, monkeypatch) -> PolicyStore:
     """A PolicyStore over stand-in parts whose cost probe returns `base` (no models, no cache)."""
-    from specrt.runtime import policies
-    from specrt.runtime.kvpool import KVPool
-    from specrt.runtime.manifest import KVLayout
+    from specrt.runtime.backends.kvpool import KVPool
+    from specrt.runtime.bundle.manifest import KVLayout
+    from specrt.runtime.policy import store as policies
 
     pool = KVPool(KVLayout(layers=1, kv_heads=1, head_dim=1, dtype="float32", max_seq_len=8), 1, allocate=False)
     parts = SimpleNamespace(draft=SimpleNamespace(pool=pool), target=SimpleNamespace(pool=pool))

@@ -1,10 +1,10 @@
-"""Reading `specrt.json` (runtime/manifest.py): older schema versions stay readable."""
+"""Reading `specrt.json` (runtime/bundle/manifest.py): older schema versions stay readable."""
 
 import json
 import shutil
 
 import specrt
-from specrt.runtime.manifest import READABLE_VERSIONS, load_manifest
+from specrt.runtime.bundle.manifest import READABLE_VERSIONS, load_manifest
 
 
 def _as_schema_1(src, dst):

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..adaptive import Costs
-from .request import Request
+from ..engine.request import Request
+from .adaptive import Costs
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""2 MiB pages for session memory (runtime/hugepages.py)."""
+"""2 MiB pages for session memory (runtime/bundle/hugepages.py)."""
 
 import json
 import mmap
@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from specrt.runtime import hugepages
+from specrt.runtime.bundle import hugepages
 
 
 def _fresh_buffer(n: int) -> np.ndarray:
@@ -48,7 +48,7 @@ def test_collapse_stops_at_its_time_budget():
 PIPELINES = """
 import json, sys
 import specrt
-from specrt.runtime import loader
+from specrt.runtime.bundle import loader
 
 collapsed = []  # bytes the loader moved onto 2 MiB pages, per pipeline
 real = loader.collapse

@@ -1,4 +1,4 @@
-"""Penalties, logit bias, min_tokens and logprobs (runtime/logits.py): hand-computed cases, then
+"""Penalties, logit bias, min_tokens and logprobs (runtime/sampling/logits.py): hand-computed cases, then
 the engine on the NumPy fake backend, where speculative output must equal target-only output
 with the same settings — greedy token for token, sampling in distribution (chi-square), logprobs
 number for number — for every drafter, fixed and adaptive k."""
@@ -10,8 +10,8 @@ import pytest
 
 from checks import assert_follows
 from fakes import EOS, drive
-from specrt.runtime.logits import Penalties, apply_penalties, logprobs
-from specrt.runtime.sampling import SamplingConfig, probs
+from specrt.runtime.sampling.draws import SamplingConfig, probs
+from specrt.runtime.sampling.logits import Penalties, apply_penalties, logprobs
 
 MODES = [("model", False), ("ngram", False), ("auto", False), ("model", True), ("auto", True)]
 

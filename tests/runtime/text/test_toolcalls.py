@@ -1,4 +1,4 @@
-"""Tool calls (runtime/toolcalls.py, toolstream.py, chat.py) on the Qwen2.5 chat template and a
+"""Tool calls (runtime/text/toolcalls.py, toolstream.py, chat.py) on the Qwen2.5 chat template and a
 byte-level tokenizer whose tags are added tokens (tests/toolfakes.py): rendering of tools and
 tool history, the grammar of each tool_choice on a real llguidance matcher, parsing and
 streaming reassembly under any split of the text, and the engine on the NumPy fake: greedy
@@ -15,8 +15,8 @@ import jsonschema
 import pytest
 from test_grammar import constrained_reference
 
-from specrt.runtime.chat import prepare
-from specrt.runtime.toolcalls import (
+from specrt.runtime.text.chat import prepare
+from specrt.runtime.text.toolcalls import (
     Function,
     ToolError,
     plan,
@@ -24,7 +24,7 @@ from specrt.runtime.toolcalls import (
     template_messages,
     tool_grammar,
 )
-from specrt.runtime.toolstream import CallParser, parse
+from specrt.runtime.text.toolstream import CallParser, parse
 from toolfakes import EOS, MINI_TEMPLATE, OPEN_ID, QWEN25_TEMPLATE, ids, tool_tokens
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city"],
@@ -161,8 +161,8 @@ def test_each_tool_choice_constrains_the_output(make, choice, parallel, accepted
 def test_tags_spelled_as_text_open_a_constrained_call_too(default_bundle):
     """A tokenizer without tag tokens (the default bundle's): the tag is text, the call starts
     at its first occurrence (a lazy lexeme), and free text cannot hold it otherwise."""
-    from specrt.runtime.grammar import Constraint, Grammars
-    from specrt.runtime.manifest import load_manifest
+    from specrt.runtime.bundle.manifest import load_manifest
+    from specrt.runtime.sampling.grammar import Constraint, Grammars
 
     man = load_manifest(default_bundle)
     g = Grammars(default_bundle / man.tokenizer.file, man.target.vocab_size, man.tokenizer.eos_token_ids)
