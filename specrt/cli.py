@@ -195,7 +195,9 @@ def inspect(path, as_json):
         for plan in e.trt_plans:
             click.echo(f"    TensorRT plan {plan.file} ({plan.gpu}, TRT {plan.trt_version})")
     t = man.tokenizer
-    from specrt.runtime.text.toolcalls import template_has_tools  # tool calls: runtime/text/toolcalls.py
+    from specrt.runtime.text.toolcalls import (
+        template_has_tools,  # tool calls: runtime/text/toolcalls.py
+    )
 
     tools = "yes (<tool_call>)" if template_has_tools(t.chat_template) else "no"
     click.echo(f"  tokenizer: {t.file}, chat template: {'yes' if t.chat_template else 'no'}, tool calls: {tools}, "

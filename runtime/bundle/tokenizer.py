@@ -46,7 +46,10 @@ class Tokenizer:
     def has_tools(self) -> bool:
         """The chat template renders tools and writes calls this runtime parses (Hermes /
         Qwen2.5 `<tool_call>`, runtime/text/toolcalls.py), and the tag survives decoding."""
-        from ..text.toolcalls import OPEN, template_has_tools  # tool calls: runtime/text/toolcalls.py
+        from ..text.toolcalls import (  # tool calls: runtime/text/toolcalls.py
+            OPEN,
+            template_has_tools,
+        )
 
         return template_has_tools(self.info.chat_template) and self.decode(
             self.tk.encode(OPEN, add_special_tokens=False).ids) == OPEN
