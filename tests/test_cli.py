@@ -218,7 +218,7 @@ def test_export_trt_in_the_config_must_be_a_boolean(tiny_dirs, tmp_path):
 def _with_memory(available: str, *args, timeout=120):
     """The CLI in a subprocess whose reading of the available memory is `available` (a Python
     expression over `calls`, the readings so far): the seam of runtime/bundle/memory.py."""
-    script = ("import sys\nfrom specrt.runtime import memory\ncalls = []\n"
+    script = ("import sys\nfrom specrt.runtime.bundle import memory\ncalls = []\n"
               f"memory.available_bytes = lambda device: calls.append(device) or ({available})\n"
               "from specrt.cli import main\nmain()\n")
     r = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout)

@@ -47,15 +47,21 @@ def one(bundle: str, slots: int, seq: int) -> dict:
             "predicted": plan.steady(slots, seq), "predicted_peak": plan.peak(slots, seq), "load_s": load_s}
 
 
+def fresh(bundle: str, slots: int, seq: int) -> dict:
+    """`one` in a process of its own: what a load adds is measured over a bare interpreter, not
+    over whatever the calling process already holds (or frees meanwhile)."""
+    out = subprocess.run([sys.executable, __file__, "one", "--bundle", bundle, "--slots", str(slots), "--seq", str(seq)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def table(bundle: str, slots: list[int], seqs: list[int]) -> None:
     print("| slots | context | predicted (GB) | RSS after load (GB) | predicted / RSS | peak RSS (GB) | "
           "predicted peak (GB) | RSS after a request (GB) |")
     print("|---|---|---|---|---|---|---|---|")
     for seq in seqs:
         for n in slots:
-            out = subprocess.run([sys.executable, __file__, "one", "--bundle", bundle, "--slots", str(n), "--seq", str(seq)],
-                                 capture_output=True, text=True, check=True)
-            r = json.loads(out.stdout.splitlines()[-1])
+            r = fresh(bundle, n, seq)
             # the prediction counts what the load adds: compare with RSS above the interpreter's own
             added = r["loaded"] - r["base"]
             print(f"| {n} | {seq} | {r['predicted'] / 1e9:.2f} | {added / 1e9:.2f} | {r['predicted'] / added:.3f} | "

@@ -178,7 +178,7 @@ def test_the_check_runs_before_the_weights_and_the_pool_take_memory(default_bund
     interpreter with the tokenizer (the load would take > 0.9 GB)."""
     script = (
         "import json, specrt\n"
-        "from specrt.runtime import memory\n"
+        "from specrt.runtime.bundle import memory\n"
         "memory.available_bytes = lambda device: 1_500_000_000\n"
         "try:\n"
         f"    specrt.load({str(default_bundle)!r}, max_batch=16)\n"
