@@ -15,6 +15,7 @@ import numpy as np
 from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.ort import OrtBackend
 from specrt.runtime.bundle import genai
+from specrt.runtime.bundle.tokenizer import find_fim_tokens
 from specrt.runtime.bundle.manifest import (
     KV_DTYPE,
     SELF_DRAFT_PRECISION,
@@ -409,5 +410,6 @@ def _save_tokenizer(tok, config, tmp: Path) -> TokenizerInfo:
         bos_token_id=tok.bos_token_id,
         eos_token_ids=sorted(int(e) for e in eos),
         pad_token_id=tok.pad_token_id,
+        fim=find_fim_tokens(vocab),
     )
 
