@@ -15,7 +15,6 @@ import numpy as np
 from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.ort import OrtBackend
 from specrt.runtime.bundle import genai
-from specrt.runtime.bundle.tokenizer import find_fim_tokens
 from specrt.runtime.bundle.manifest import (
     KV_DTYPE,
     SELF_DRAFT_PRECISION,
@@ -25,6 +24,7 @@ from specrt.runtime.bundle.manifest import (
     TokenizerInfo,
     load_manifest,
 )
+from specrt.runtime.bundle.tokenizer import find_fim_tokens
 
 from . import __version__, quant_target, tokcheck
 from .arch import Arch, arch_from_model, numpy_weights
