@@ -7,12 +7,12 @@ import dataclasses
 import json
 
 import pytest
-from tiny import FIM, tiny_tokenizer
 
 from specrt.runtime.bundle.manifest import FimTokens, TokenizerInfo, load_manifest
 from specrt.runtime.bundle.tokenizer import Tokenizer, find_fim_tokens
 from specrt.runtime.text.fim import EditorText, ExtraFile, NoFim, fim_parts
 from specrt.runtime.text.textstream import TextStream
+from tiny import FIM, tiny_tokenizer
 
 P, M, S, PAD, REPO, SEP = (122 + FIM.index(t) for t in FIM)  # the tiny FIM tokenizer's ids
 
