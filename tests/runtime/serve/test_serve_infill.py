@@ -12,10 +12,10 @@ import time
 import httpx
 import pytest
 from test_serve import KEY, Server
-from tiny import save_tiny
 
 from specrt.runtime.bundle.manifest import FimTokens, load_manifest
 from specrt.runtime.text.fim import ExtraFile, fim_parts
+from tiny import save_tiny
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 PREFIX, SUFFIX = "w10 w11 w12\nw13 w14\nw15", "w16 w17\nw18 w19"
