@@ -7,6 +7,7 @@ import json
 import queue
 
 import fim_bench
+
 from tiny import save_tiny
 
 
