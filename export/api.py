@@ -24,6 +24,7 @@ from specrt.runtime.bundle.manifest import (
     TokenizerInfo,
     load_manifest,
 )
+from specrt.runtime.bundle.tokenizer import find_fim_tokens
 
 from . import __version__, quant_target, tokcheck
 from .arch import Arch, arch_from_model, numpy_weights
@@ -409,5 +410,6 @@ def _save_tokenizer(tok, config, tmp: Path) -> TokenizerInfo:
         bos_token_id=tok.bos_token_id,
         eos_token_ids=sorted(int(e) for e in eos),
         pad_token_id=tok.pad_token_id,
+        fim=find_fim_tokens(vocab),
     )
 

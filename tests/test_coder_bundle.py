@@ -122,9 +122,10 @@ def test_sampling_follows_the_target(pipe, monkeypatch):
     assert_follows(counts, want, n)
 
 
-def test_server_answers_the_openai_client_with_the_targets_text(pipe):
+@pytest.fixture(scope="module")
+def url(pipe):
+    """A real server over the pipeline on 127.0.0.1, stopped after the module."""
     import httpx
-    import openai
     import uvicorn
 
     from specrt.runtime.serve.app import ServerConfig, build_app
@@ -136,24 +137,84 @@ def test_server_answers_the_openai_client_with_the_targets_text(pipe):
                                            host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_server_answers_the_openai_client_with_the_targets_text(pipe, url):
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x")
+    prompt = WORKLOAD[1]["prompt"]
+    solo = pipe.generate(prompt, max_new_tokens=NEW, draft="none", k=0)
+    want = solo.text
+    r = client.chat.completions.create(model="coder", messages=[{"role": "user", "content": prompt}],
+                                       max_tokens=NEW, temperature=0)
+    assert r.choices[0].message.content == want and r.usage.completion_tokens == len(solo.token_ids)
+    chunks = client.chat.completions.create(model="coder", messages=[{"role": "user", "content": prompt}],
+                                            max_tokens=NEW, temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+
+
+FIM_PREFIX = '''import json
+
+
+def load_config(path: str) -> dict:
+    """Read a JSON config file; a missing file is an empty config."""
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
-        prompt = WORKLOAD[1]["prompt"]
-        solo = pipe.generate(prompt, max_new_tokens=NEW, draft="none", k=0)
-        want = solo.text
-        r = client.chat.completions.create(model="coder", messages=[{"role": "user", "content": prompt}],
-                                           max_tokens=NEW, temperature=0)
-        assert r.choices[0].message.content == want and r.usage.completion_tokens == len(solo.token_ids)
-        chunks = client.chat.completions.create(model="coder", messages=[{"role": "user", "content": prompt}],
-                                                max_tokens=NEW, temperature=0, stream=True)
-        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
-    finally:
-        server.should_exit = True
-        thread.join(10)
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+def merge(a: dict, b: dict) -> dict:
+    """b's keys win; nested dicts are merged."""
+    out = dict(a)
+    for key, value in b.items():
+        '''
+FIM_SUFFIX = '''
+    return out
+
+
+def main():
+    cfg = merge(load_config("base.json"), load_config("local.json"))
+    print(json.dumps(cfg, indent=2))
+'''
+
+
+def test_fim_on_the_real_pair_is_the_targets_own_through_both_endpoints(pipe, url):
+    """Qwen's FIM tokens are found; the FIM prompt (user text as text) gets the target-only greedy
+    tokens through /v1/completions suffix and /infill; a keystroke later the file is cached."""
+    import httpx
+    import openai
+
+    from specrt.runtime.text.fim import fim_parts
+
+    tok = pipe.tokenizer
+    fim = tok.fim
+    assert (fim.prefix, fim.middle, fim.suffix, fim.repo_name, fim.file_sep) == (151659, 151660, 151661, 151663,
+                                                                                     151664)
+    assert tok.encode_text(FIM_PREFIX) == tok.tk.encode(FIM_PREFIX, add_special_tokens=False).ids
+    assert 151659 not in tok.encode_text("s = '<|fim_prefix|>'")
+    parts = fim_parts(tok, FIM_PREFIX, FIM_SUFFIX)
+    ids = parts.ids
+    want_ids = [t for c in pipe.stream_ids(ids, max_new_tokens=NEW, draft="none", k=0) for t in c]
+    want = tok.decode([t for t in want_ids if t not in tok.eos_ids])
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x")
+    r = client.completions.create(model="coder", prompt=FIM_PREFIX, suffix=FIM_SUFFIX, max_tokens=NEW, temperature=0)
+    assert r.choices[0].text == want and r.usage.prompt_tokens == len(ids)
+    body = dict(input_prefix=FIM_PREFIX, input_suffix=FIM_SUFFIX, n_predict=NEW, temperature=0)
+    got = httpx.post(url + "/infill", json=body, timeout=600).json()
+    assert got["content"] == want and got["tokens_cached"] >= len(ids) - 1
+    # a keystroke: the cursor's line grows; everything before <|fim_middle|> is reused
+    typed = httpx.post(url + "/infill", json={**body, "prompt": "if"}, timeout=600).json()
+    assert typed["tokens_cached"] >= len(ids) - len(parts.middle) + 1 and typed["timings"]["prompt_n"] <= 4

@@ -48,25 +48,33 @@ def tiny_model(family: str, seed: int = 0):
     return model.eval()
 
 
-def tiny_tokenizer(shift: int = 0):
-    """Word-level tokenizer over VOCAB tokens; `shift` renames words (a different vocabulary)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+# Qwen2.5-Coder's FIM tokens, as it marks them: added tokens, not special
+FIM = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+
+
+def tiny_tokenizer(shift: int = 0, fim: bool = False):
+    """Word-level tokenizer over VOCAB tokens; `shift` renames words (a different vocabulary);
+    `fim`: the last six ids are Qwen's FIM tokens (added tokens, not in the word vocabulary, so
+    their text written in user text is not a word)."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for i in range(3, VOCAB):
+    for i in range(3, VOCAB - (len(FIM) if fim else 0)):
         vocab[f"w{i + shift}"] = i
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if fim:
+        tk.add_tokens([AddedToken(t, special=False, normalized=False) for t in FIM])
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     tok.chat_template = CHAT_TEMPLATE
     return tok
 
 
-def save_tiny(folder: Path, family: str = "llama", seed: int = 0, shift: int = 0) -> Path:
+def save_tiny(folder: Path, family: str = "llama", seed: int = 0, shift: int = 0, fim: bool = False) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tiny_model(family, seed).save_pretrained(folder)
-    tiny_tokenizer(shift).save_pretrained(folder)
+    tiny_tokenizer(shift, fim).save_pretrained(folder)
     return folder
 
 

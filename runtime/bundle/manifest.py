@@ -90,6 +90,23 @@ class ModelEntry:
 
 
 @dataclass
+class FimTokens:
+    """Fill-in-the-middle token ids (docs/bundle.md); None where the vocabulary has no such token.
+    A FIM prompt needs prefix, suffix and middle; repo_name / file_sep lay out extra files."""
+
+    prefix: int | None = None  # <|fim_prefix|>: the code before the cursor follows
+    suffix: int | None = None  # <|fim_suffix|>: the code after the cursor follows
+    middle: int | None = None  # <|fim_middle|>: the model writes what goes between
+    pad: int | None = None  # <|fim_pad|>
+    repo_name: int | None = None  # <|repo_name|>: the repository's name follows (repo-level layout)
+    file_sep: int | None = None  # <|file_sep|>: a file's path and text follow
+
+    @property
+    def usable(self) -> bool:
+        return None not in (self.prefix, self.suffix, self.middle)
+
+
+@dataclass
 class TokenizerInfo:
     file: str = "tokenizer.json"
     config: str = "tokenizer_config.json"
@@ -97,6 +114,9 @@ class TokenizerInfo:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)  # generation stops on any of these
     pad_token_id: int | None = None
+    # recorded at export (all None: the vocabulary has none); None: a bundle exported before
+    # FIM support, whose tokenizer the runtime searches at load (runtime/bundle/tokenizer.py)
+    fim: FimTokens | None = None
 
 
 @dataclass
@@ -144,6 +164,7 @@ _NESTED = {
     (Manifest, "target"): ModelEntry,
     (Manifest, "draft"): ModelEntry,
     (Manifest, "tokenizer"): TokenizerInfo,
+    (TokenizerInfo, "fim"): FimTokens,
 }
 
 

@@ -7,7 +7,27 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as _HFTokenizer
 
-from .manifest import BundleError, TokenizerInfo
+from .manifest import BundleError, FimTokens, TokenizerInfo
+
+# each FIM role's token as each family names it: Qwen2.5-Coder / CodeGemma, StarCoder / SmolLM,
+# DeepSeek-Coder (all prefix-suffix-middle); the first name the vocabulary has is taken
+FIM_NAMES = {
+    "prefix": ("<|fim_prefix|>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>"),
+    "suffix": ("<|fim_suffix|>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>"),
+    "middle": ("<|fim_middle|>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>"),
+    "pad": ("<|fim_pad|>", "<fim_pad>"),
+    "repo_name": ("<|repo_name|>", "<repo_name>", "<reponame>"),
+    "file_sep": ("<|file_sep|>", "<file_sep>"),
+}
+
+
+def find_fim_tokens(vocab: dict[str, int]) -> FimTokens:
+    """The FIM token ids of a vocabulary (token text -> id; added tokens included); a role the
+    vocabulary has no token for is None. The exporter records this in the manifest."""
+    def first(names):
+        return next((int(vocab[n]) for n in names if n in vocab), None)
+
+    return FimTokens(**{role: first(names) for role, names in FIM_NAMES.items()})
 
 
 class Tokenizer:
@@ -30,6 +50,30 @@ class Tokenizer:
             env.globals["raise_exception"] = _raise
             env.filters["tojson"] = _tojson
             self._template = env.from_string(info.chat_template)
+
+    @functools.cached_property
+    def fim(self) -> FimTokens:
+        """The FIM token ids: the manifest's, or for a bundle exported before they were recorded,
+        found in this tokenizer's vocabulary (the same search the exporter makes)."""
+        if self.info.fim is not None:
+            return self.info.fim
+        return find_fim_tokens(self.tk.get_vocab(with_added_tokens=True))
+
+    @functools.cached_property
+    def _added(self) -> list[str]:
+        return [t.content for t in self.tk.get_added_tokens_decoder().values() if t.content]
+
+    def encode_text(self, text: str) -> list[int]:
+        """User text as text (llama.cpp's parse_special = false): no added token (special or not)
+        is read out of it, so a literal `<|fim_prefix|>` in a file stays characters; no BOS.
+        Text without any added token's string takes the tokenizer's own path (the same ids)."""
+        tk = self.tk
+        if not any(a in text for a in self._added):
+            return tk.encode(text, add_special_tokens=False).ids
+        # the pipeline without the added-token split: normalize, pre-tokenize, the model per piece
+        norm = tk.normalizer.normalize_str(text) if tk.normalizer is not None else text
+        pieces = tk.pre_tokenizer.pre_tokenize_str(norm) if tk.pre_tokenizer is not None else [(norm, None)]
+        return [t.id for piece, _ in pieces for t in tk.model.tokenize(piece)]
 
     @property
     def is_chat(self) -> bool:

@@ -1,6 +1,6 @@
 """`specrt serve`: an OpenAI-compatible HTTP API (FastAPI + uvicorn) over a serving object.
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health (503
+Routes: POST /v1/chat/completions, POST /v1/completions, POST /infill (llama.cpp's), GET /v1/models, GET /health (503
 while the bundle loads), GET /metrics (Prometheus), GET /openapi.json (the schema of the
 protocol models). Layers, as in the OpenAI reference servers:
 - this file: routes that only take a checked body and hand it on (FastAPI validates it against
@@ -32,6 +32,7 @@ from .metrics import CONTENT_TYPE
 from .protocol import ErrorResponse, ModelList
 from .protocol_chat import ChatCompletionRequest, ChatCompletionResponse
 from .protocol_completion import CompletionRequest, CompletionResponse
+from .protocol_infill import InfillRequest, InfillResponse
 from .responses import dump
 from .serving import LocalBackend, OpenAIServing
 
@@ -107,6 +108,7 @@ _ERRORS = {
 v1 = APIRouter(prefix="/v1", route_class=_Route, dependencies=[Depends(_authorized), Depends(_ready)],
                responses=_ERRORS)
 ops = APIRouter()
+llama = APIRouter(route_class=_Route, dependencies=[Depends(_authorized), Depends(_ready)], responses=_ERRORS)
 
 
 @v1.post("/chat/completions", response_model=ChatCompletionResponse)
@@ -117,6 +119,11 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request, s
 @v1.post("/completions", response_model=CompletionResponse)
 async def create_completion(req: CompletionRequest, request: Request, serving: Serving):
     return await serving.complete(req, request)
+
+
+@llama.post("/infill", response_model=InfillResponse)
+async def create_infill(req: InfillRequest, request: Request, serving: Serving):
+    return await serving.infill(req, request)  # llama.cpp's fill-in-the-middle (serve/infill.py)
 
 
 @v1.get("/models", response_model=ModelList)
@@ -170,5 +177,6 @@ def make_app(serving: OpenAIServing, lifespan=None) -> FastAPI:
     for cls in (RequestValidationError, StarletteHTTPException, EngineBusy, EngineClosed, ReplicaFailed, Exception):
         app.add_exception_handler(cls, _error)
     app.include_router(v1)
+    app.include_router(llama)
     app.include_router(ops)
     return app

@@ -41,7 +41,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported("audio", lambda v: True, "the model writes text only"),
     Unsupported("modalities", lambda v: "audio" in v, "the model writes text only"),
     Unsupported("echo", bool, "echoing the prompt is not implemented"),
-    Unsupported("suffix", bool, "the model has no fill-in-the-middle format"),
 )
 
 

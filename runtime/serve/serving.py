@@ -23,10 +23,12 @@ from ..text.textstream import TextStream
 from ..text.toolcalls import ToolError
 from .config import ServerConfig
 from .errors import APIError, bad
+from .infill import completion_ids, infill_prompt
 from .metrics import Metrics
 from .protocol import GenerationRequest, ModelCard, ModelList
 from .protocol_chat import ChatCompletionRequest
 from .protocol_completion import CompletionRequest
+from .protocol_infill import InfillRequest
 from .responses import CompletionOutput, dump
 from .streaming import SSE_HEADERS, Job, Reply, Stream
 from .tools import chat_prompt, tool_grammar_field, with_tool_grammar
@@ -49,7 +51,8 @@ class Backend(Protocol):
     async def respond(self, req: GenerationRequest, ids: list[int], prompt_param: str, out,
                       request: Request | None) -> Response:
         """Run the request (prompt token ids `ids`; `prompt_param`: the field a too-long prompt
-        is blamed on; `out`: the response shapes of responses.py) -> JSON or SSE."""
+        is blamed on; `out`: the response shapes of responses.py, or infill.py's, which also
+        makes each choice's text stream: `out.text_stream(tokenizer, stop)`) -> JSON or SSE."""
 
     def close(self) -> None: ...
 
@@ -98,8 +101,13 @@ class OpenAIServing:
 
     async def complete(self, req: CompletionRequest, request: Request) -> Response:
         front = self._served(req.model)
-        ids = front.tokenizer.encode(req.prompt, chat=False)
+        ids = completion_ids(front, req)  # a FIM prompt when the request has a suffix (infill.py)
         return await self.backend.respond(req, ids, "prompt", CompletionOutput(req.model), request)
+
+    async def infill(self, req: InfillRequest, request: Request) -> Response:
+        front = self._served(req.model if req.model is not None else self.cfg.model_id)
+        ids, out = infill_prompt(front, req)
+        return await self.backend.respond(req, ids, "input_prefix", out, request)
 
     def _served(self, model: str):
         if model != self.cfg.model_id:
@@ -174,7 +182,8 @@ class LocalBackend:
         jobs: list[Job] = []
         try:  # all choices go in together: the later ones wait for the first one's prefill and copy it
             for i, r in enumerate(rs):
-                jobs.append(Job(pipe, r, pipe.asubmit(r), TextStream(pipe.tokenizer, list(opts.stop)), i))
+                text = getattr(out, "text_stream", TextStream)(pipe.tokenizer, list(opts.stop))  # /infill's cuts more
+                jobs.append(Job(pipe, r, pipe.asubmit(r), text, i))
         except Exception:  # EngineBusy / EngineClosed (503, errors.py): the choices already in stop
             for job in jobs:
                 job.cancel()

@@ -113,7 +113,6 @@ REFUSED = [
     (chat, {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     (chat, {"modalities": ["text", "audio"]}, "modalities"),
     (completion, {"echo": True}, "echo"),
-    (completion, {"suffix": "}"}, "suffix"),
 ]
 
 

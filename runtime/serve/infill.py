@@ -1,0 +1,113 @@
+"""Fill-in-the-middle over HTTP: `/v1/completions` with `suffix` and llama.cpp's `/infill`.
+
+Both build their prompt with runtime/text/fim.py from the bundle's own FIM tokens (a bundle
+without them answers 400 naming `suffix` / `input_prefix`), so the same prefix and suffix give
+the same token ids, hence the same tokens, through either endpoint. The prompt is trimmed to
+leave room for the completion (`FimParts.fit`: extra files first, then the prefix's start, then
+the suffix's end); /infill reports that as `truncated`. /infill's answer is llama.cpp's shape
+(`InfillOutput`), and its text is cut by the editor stops (`n_indent`, `t_max_predict_ms`:
+`EditorText`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import RootModel
+
+from ..errors import InvalidRequest
+from ..text.fim import EditorText, FimParts, fim_parts
+from ..text.textstream import TextStream
+from .errors import bad
+from .protocol import UsageInfo
+from .protocol_completion import CompletionRequest
+from .protocol_infill import InfillRequest, InfillResponse, InfillTimings
+
+RESERVE = 128  # tokens kept free for a completion that names no length (llama.vscode's n_predict)
+
+
+def _fim(front, req, prefix: str, suffix: str, extra=(), field: str = "suffix") -> tuple[FimParts, FimParts]:
+    """(the whole FIM prompt, the prompt trimmed to leave the completion its tokens). A bundle
+    without FIM tokens is a 400 naming `field`; a cursor line that leaves no room names the
+    request's length field."""
+    try:
+        full = fim_parts(front.tokenizer, prefix, suffix, extra, field=field)
+        want = min(req._requested_max_tokens() or RESERVE, front.max_seq_len - 1)
+        return full, full.fit(front.max_seq_len - want)
+    except InvalidRequest as e:
+        raise bad(str(e), field if e.param == field else req.field_of(e.param)) from None
+
+
+def completion_ids(front, req: CompletionRequest) -> list[int]:
+    """The prompt's token ids: with a non-empty `suffix`, the FIM prompt for `prompt` before the
+    cursor and `suffix` after it (user text, no special tokens read from it); otherwise the
+    prompt as it is written (special tokens in it are read: clients such as Continue write the
+    FIM tokens themselves). An empty suffix (nothing after the insertion) is a plain completion."""
+    if not req.suffix:
+        return front.tokenizer.encode(req.prompt, chat=False)
+    return _fim(front, req, req.prompt, req.suffix)[1].ids
+
+
+def infill_prompt(front, req: InfillRequest) -> tuple[list[int], InfillOutput]:
+    """/infill's prompt ids and response shapes."""
+    full, parts = _fim(front, req, req.prefix, req.input_suffix, req.extra, "input_prefix")
+    return parts.ids, InfillOutput(req, truncated=len(parts.ids) < len(full.ids))
+
+
+class InfillOutput:
+    """/infill's response shapes (llama.cpp's non-OpenAI form; plain data like the other
+    outputs of responses.py), and the text stream its editor stops cut."""
+
+    def __init__(self, req: InfillRequest, truncated: bool = False):
+        self.model, self.warmup, self.truncated = req.model, req.warmup, truncated
+        self.n_indent, self.t_max_s, self.fields = req.n_indent, req.t_max_s, req.response_fields
+        self.t0 = time.perf_counter()
+
+    def text_stream(self, tokenizer, stop: list[str]) -> EditorText:
+        return EditorText(TextStream(tokenizer, stop), self.n_indent, self.t_max_s)
+
+    def first(self, index: int) -> list:
+        return []
+
+    def piece(self, index: int, text: str, lp=None) -> InfillResponse:
+        return InfillResponse(index=index, content="" if self.warmup else text, stop=False)
+
+    def last(self, index: int, finish: str) -> InfillResponse:
+        return InfillResponse(index=index, content="", stop=True, model=self.model, truncated=self.truncated,
+                              stop_type=_stop_type(finish))
+
+    def usage(self, usage: UsageInfo) -> InfillResponse:
+        return self._counts(InfillResponse(content="", stop=True), usage)
+
+    def whole(self, choices: list[tuple[str, str, list | None]], usage: UsageInfo):
+        text, finish, _ = choices[0]
+        body = self._counts(InfillResponse(content="" if self.warmup else text, stop=True, model=self.model,
+                                           truncated=self.truncated, stop_type=_stop_type(finish)), usage)
+        if self.fields is None:
+            return body
+        return RootModel[dict](_pick(body.model_dump(mode="json"), self.fields))
+
+    def _counts(self, r: InfillResponse, usage: UsageInfo) -> InfillResponse:
+        cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
+        predicted = 0 if self.warmup else usage.completion_tokens
+        r.tokens_predicted, r.tokens_evaluated, r.tokens_cached = predicted, usage.prompt_tokens, cached
+        r.timings = InfillTimings(prompt_n=usage.prompt_tokens - cached, predicted_n=predicted,
+                                  predicted_ms=round((time.perf_counter() - self.t0) * 1000, 3))
+        return r
+
+
+def _stop_type(finish: str) -> str:
+    return "limit" if finish in ("length", "timeout") else "eos"
+
+
+def _pick(body: dict, fields: list[str]) -> dict:
+    """llama.cpp's `response_fields`: only these fields, a nested one named by its path
+    ("timings/prompt_n") and keyed by it; a path that names nothing is left out."""
+    out = {}
+    for path in fields:
+        node = body
+        for key in path.split("/"):
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None:
+            out[path] = node
+    return out

@@ -1,0 +1,184 @@
+"""Fill-in-the-middle (FIM) for editors: the prompt layout from a bundle's own FIM tokens, and
+the stops editors ask for (an indentation floor, a time budget that ends at a line end).
+
+Layout (prefix-suffix-middle, Qwen2.5-Coder's repo-level form; docs/design.md "Editors"):
+
+    [<|repo_name|>project\\n] (<|file_sep|>path\\ntext)* [<|file_sep|>path\\n]     extra files, if any
+    <|fim_prefix|>{prefix up to its last line break}<|fim_suffix|>{suffix}<|fim_middle|>{cursor line}
+
+Extra files come first, so a file's next request (a keystroke later) shares every row up to the
+cursor's line with the last one. The text typed on the cursor's line goes after <|fim_middle|>,
+as the start of the middle the model writes, not at the end of the prefix: a keystroke then
+changes only the tokens after <|fim_middle|>, and the prefix cache keeps the suffix's rows
+(in the plain layout every keystroke recomputes the whole suffix). The prompt is just token ids,
+so this is exact: the output is the target's own for these ids, cached or not.
+
+User text is tokenized as text (`Tokenizer.encode_text`): a literal `<|fim_prefix|>` in a file
+stays characters.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..bundle.tokenizer import Tokenizer
+from ..errors import InvalidRequest
+from .textstream import TextStream
+
+PROJECT = "project"  # the repository name written after <|repo_name|> (no client sends one)
+CURRENT = "filename"  # the cursor's file path when the client names none (llama.cpp's)
+
+
+class NoFim(InvalidRequest):
+    """The bundle's vocabulary has no FIM tokens (prefix, suffix and middle)."""
+
+
+@dataclass(frozen=True)
+class ExtraFile:
+    """A file given as context (llama.cpp's input_extra chunk)."""
+
+    path: str
+    text: str
+
+
+@dataclass(frozen=True)
+class FimParts:
+    """A FIM prompt's token ids in its four parts (the prompt is their concatenation); `fit`
+    trims it to a budget."""
+
+    extra: list[int]  # BOS (if the tokenizer adds one) and the extra files
+    prefix: list[int]  # <|fim_prefix|> + the prefix's whole lines
+    suffix: list[int]  # <|fim_suffix|> + the suffix
+    middle: list[int]  # <|fim_middle|> + the cursor's line so far
+
+    @property
+    def ids(self) -> list[int]:
+        return self.extra + self.prefix + self.suffix + self.middle
+
+    def fit(self, budget: int) -> FimParts:
+        """Trimmed to at most `budget` tokens where it is over: the extra files from their
+        start, then the prefix from its start (after its FIM token), then the suffix from its
+        end. The cursor's line and the three FIM tokens are never cut (InvalidRequest if even
+        they do not fit)."""
+        over = len(self.ids) - budget
+        if over <= 0:
+            return self
+        if len(self.middle) + 2 > budget:
+            raise InvalidRequest(f"the cursor's line ({len(self.middle)} tokens) leaves no room in the context "
+                                 f"({budget} tokens after the completion's)", "max_new_tokens")
+        extra, over = self.extra[over:], over - min(over, len(self.extra))
+        cut = min(over, len(self.prefix) - 1)
+        prefix, over = self.prefix[:1] + self.prefix[1 + cut :], over - cut
+        suffix = self.suffix[: len(self.suffix) - over]
+        return FimParts(extra, prefix, suffix, self.middle)
+
+
+def fim_parts(tok: Tokenizer, prefix: str, suffix: str, extra: tuple[ExtraFile, ...] | list = (),
+              path: str | None = None, field: str = "suffix") -> FimParts:
+    """The FIM prompt for the code before (`prefix`) and after (`suffix`) the cursor, extra files
+    first (docstring above). Raises NoFim naming `field` when the bundle has no FIM tokens."""
+    fim = tok.fim
+    if not fim.usable:
+        raise NoFim("this model has no fill-in-the-middle tokens (its vocabulary lacks <|fim_prefix|>, "
+                    "<|fim_suffix|> and <|fim_middle|> or their equivalents)", field)
+    head, nl, line = prefix.rpartition("\n")
+    ids = list(tok.tk.encode("", add_special_tokens=True).ids)  # BOS, where the tokenizer adds one
+    if extra or path:
+        ids += _files(tok, list(extra), path or CURRENT)
+    return FimParts(ids, [fim.prefix] + tok.encode_text(head + nl), [fim.suffix] + tok.encode_text(suffix),
+                    [fim.middle] + tok.encode_text(line))
+
+
+def _files(tok: Tokenizer, extra: list[ExtraFile], current: str) -> list[int]:
+    """The repo-level preamble: the repository name, each extra file, the cursor's file path.
+    Without a file separator token each file is set off by a marker line."""
+    fim, enc = tok.fim, tok.encode_text
+    ids = [fim.repo_name] + enc(PROJECT + "\n") if fim.repo_name is not None else []
+    for f in extra:
+        ids += [fim.file_sep] + enc(f.path + "\n" + f.text) if fim.file_sep is not None else enc(
+            f"\n\n--- {f.path} ---\n\n{f.text}")
+    if fim.file_sep is not None:
+        ids += [fim.file_sep] + enc(current + "\n")
+    return ids
+
+
+class EditorText:
+    """A TextStream (stop strings) with the stops editors ask for, in llama.cpp's terms:
+    - `n_indent` > 0: a line indented by fewer columns (spaces or tabs) ends the text before it
+      (the line break that opened it is not part of the text); the whitespace that starts a line
+      is held back until the line shows whether it stays;
+    - `t_max_s`: once this long has passed since the first token, the text ends at the next line
+      break (not included): the completion is whole lines.
+    Same interface as TextStream (push, flush, tail, ids, stopped). `ids` ends at the token that
+    triggered a stop, as with stop strings."""
+
+    def __init__(self, text: TextStream, n_indent: int = 0, t_max_s: float | None = None, clock=time.perf_counter):
+        self.text, self.n_indent, self.t_max_s, self.clock = text, n_indent, t_max_s, clock
+        self.t_start: float | None = None
+        self.end: int | None = None  # where a stop of ours cut the text
+        self.emitted = 0
+        self.lines_done = 0  # characters of full text whose lines were checked
+
+    @property
+    def ids(self) -> list[int]:
+        return self.text.ids
+
+    @property
+    def stopped(self) -> bool:
+        return self.end is not None or self.text.stopped
+
+    @property
+    def full(self) -> str:
+        return self.text.full if self.end is None else self.text.full[: self.end]
+
+    def push(self, chunk: list[int]) -> str:
+        if self.t_start is None:
+            self.t_start = self.clock()
+        for t in chunk:  # token by token: `ids` must end where a stop fell
+            self.text.push([t])
+            if self.text.stopped or self._stop() is not None:
+                break
+        return self._release()
+
+    def flush(self) -> None:
+        self.text.flush()
+        if self.end is None:
+            self._stop()
+
+    def tail(self) -> str:
+        piece, self.emitted = self.full[self.emitted :], len(self.full)
+        return piece
+
+    def _stop(self) -> int | None:
+        """Check the lines completed since the last call; -> where the text ends, or None."""
+        full = self.text.full
+        late = self.t_max_s is not None and self.clock() - self.t_start > self.t_max_s
+        while (nl := full.find("\n", self.lines_done)) >= 0:
+            if late:
+                self.end = nl
+                return nl
+            rest = full[nl + 1 :]
+            body = rest.lstrip(" \t")
+            if self.n_indent > 0 and body and len(rest) - len(body) < self.n_indent:
+                self.end = nl
+                return nl
+            if self.n_indent > 0 and not body:
+                return None  # the next line's indentation is not known yet
+            self.lines_done = nl + 1
+        return None
+
+    def _release(self) -> str:
+        """The text that no pending rule can take back: the TextStream's hold for stop strings,
+        and with n_indent a line break plus the whitespace after it."""
+        safe = len(self.full) if self.end is not None else len(self.text.full) - self.text.hold
+        if self.n_indent > 0 and self.end is None:
+            nl = self.text.full.rfind("\n")
+            if nl >= 0 and not self.text.full[nl + 1 :].strip(" \t"):
+                safe = min(safe, nl)
+        if self.end is not None:
+            return ""  # the rest goes out with tail()
+        if safe > self.emitted:
+            piece, self.emitted = self.full[self.emitted : safe], safe
+            return piece
+        return ""
