@@ -30,9 +30,12 @@ def test_a_windowed_draft_gives_the_target_only_output(tiny_bundles, window):
             specrt.load(folder, max_batch=2, adaptive=False, draft_window=window) as warm:
         prompt = _prompt(0)
         for turn in range(3):  # a conversation: the next turn reuses the target's rows
-            lengths = []
-            got, st = run_request(warm, prompt, lambda r: lengths.append(
-                warm.parts.draft.pool.length(warm.parts.draft.track, r.slot)),
+            lengths: list[int] = []
+
+            def rows(r, lengths=lengths):
+                lengths.append(warm.parts.draft.pool.length(warm.parts.draft.track, r.slot))
+
+            got, st = run_request(warm, prompt, rows,
                 max_new_tokens=N, draft="model", k=3, ignore_eos=True)
             _exact(cold, prompt, got)
             assert st.draft_tokens > 0
