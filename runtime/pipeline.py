@@ -91,7 +91,8 @@ class Pipeline:
         self.default_k = k if k is not None else (man.draft.default_k if man.draft and man.draft.default_k else 4)
         self.default_adaptive = adaptive if adaptive is not None else p.target.pool.slots > 1
         self.store = PolicyStore(p, self.max_k, threads=threads, device=device, global_pool=global_pool,
-                                 hugepages=hugepages, cost_cache=cost_cache)
+                                 hugepages=hugepages, cost_cache=cost_cache,
+                                 draft_window=None if p.shared_kv or p.eagle else draft_window)
         self.scheduler = Scheduler(p.target, p.draft, features=p.features, make_drafter=self._drafter,
                                    policies=self.store.policies, plan_batches=plan_batches,
                                    prefix_cache=prefix_cache)
