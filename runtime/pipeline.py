@@ -29,6 +29,8 @@ from .sampling.processing import draft_processor
 from .text.results import DONE, Events, Result, feed, pieces, result_of
 from .text.textstream import TextStream
 
+# a separate draft catching up on a long prompt reads only its last tokens (docs/benchmarks.md §18)
+DEFAULT_DRAFT_WINDOW = 512
 DEFAULT_MAX_BATCH = 4  # KV slots allocated at load (`kv_bytes_per_slot` each; docs/benchmarks.md §5)
 
 
@@ -38,7 +40,7 @@ class Pipeline:
                  adaptive: bool | None = None, hugepages: bool = True, cost_cache: bool = True,
                  max_batch: int | str = DEFAULT_MAX_BATCH, max_queue: int = 64, plan_batches: bool = True,
                  prefix_cache: bool = True, parts: Parts | None = None, max_seq_len: int | None = None,
-                 memory_fraction: float = DEFAULT_MEMORY_FRACTION):
+                 memory_fraction: float = DEFAULT_MEMORY_FRACTION, draft_window: int | None = DEFAULT_DRAFT_WINDOW):
         """draft: "model" | "none" | "ngram" | "auto"; None follows the bundle (its draft model
         if it has one, else none). max_batch: KV slots, i.e. requests decoded at once (allocated now: see
         `kv_bytes_per_slot`), or "auto": as many as fit in `memory_fraction` of the available
@@ -62,7 +64,10 @@ class Pipeline:
         generate` turns it off). cost_cache: start adaptive k from this bundle's call-cost probe
         kept on disk for this machine (runtime/policy/cost_cache.py). parts: models already built
         (runtime/bundle/loader.py `Parts`: tests drive fake backends this way); then nothing is loaded
-        from `folder` and the loading options do not apply."""
+        from `folder` and the loading options do not apply.
+        draft_window: the most committed tokens a draft with its own KV pool reads to catch up
+        (a long prompt): it reads the last `draft_window` and drafts from those
+        (runtime/drafters/model.py); None: all. Verification keeps the output exact either way."""
         if draft is not None and draft not in DRAFTS:
             raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
         if max_queue < 0:
@@ -78,12 +83,16 @@ class Pipeline:
         self.max_seq_len = p.target.max_seq_len  # the load's context: the bundle's S_max or less
         self.max_k = p.manifest.target.max_tokens_per_call - 1
         self.default_draft = draft
+        if draft_window is not None and draft_window < 1:
+            raise ValueError(f"draft_window must be >= 1 token or None, got {draft_window}")
+        self.draft_window = draft_window
         man = p.manifest
         # k: the caller's, else what the exporter recommends for this draft, else 4
         self.default_k = k if k is not None else (man.draft.default_k if man.draft and man.draft.default_k else 4)
         self.default_adaptive = adaptive if adaptive is not None else p.target.pool.slots > 1
         self.store = PolicyStore(p, self.max_k, threads=threads, device=device, global_pool=global_pool,
-                                 hugepages=hugepages, cost_cache=cost_cache)
+                                 hugepages=hugepages, cost_cache=cost_cache,
+                                 draft_window=None if p.shared_kv or p.eagle else draft_window)
         self.scheduler = Scheduler(p.target, p.draft, features=p.features, make_drafter=self._drafter,
                                    policies=self.store.policies, plan_batches=plan_batches,
                                    prefix_cache=prefix_cache)
@@ -101,7 +110,8 @@ class Pipeline:
         if p.eagle:  # `request` checked that a draft model is loaded
             model = EagleDrafter(p.draft, r.slot, p.features[r.slot], process=draft_processor(r))
         else:
-            model = ModelDrafter(p.draft, r.slot, "target" if p.shared_kv else None, process=draft_processor(r))
+            model = ModelDrafter(p.draft, r.slot, "target" if p.shared_kv else None, process=draft_processor(r),
+                                 window=self.draft_window)
         return model if r.draft == "model" else AutoDrafter(model, NgramDrafter(max_proposal=self.max_k))
 
     def _before_admit(self, r: Request) -> None:

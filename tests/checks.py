@@ -21,6 +21,22 @@ def assert_same_greedy(got: list[int], want: list[int], margins=None, tie: float
     return None
 
 
+def target_margins(pipe, prompt, tokens) -> list[float]:
+    """Top-2 logit gap of a from-scratch target at each position of `tokens` after `prompt`
+    (where a difference could be a near-tie)."""
+    from specrt.runtime.backends.harness import SequenceHarness
+    from specrt.runtime.backends.ort import OrtBackend
+
+    man = pipe.manifest
+    dec = SequenceHarness(OrtBackend(pipe.folder / man.target.graph, man.target))
+    out, logits = [], dec.prefill(list(prompt))
+    for t in tokens:
+        top = np.sort(logits)[-2:]
+        out.append(float(top[1] - top[0]))
+        logits = dec.forward([t])[0]
+    return out
+
+
 def assert_follows(counts, exact, n: int) -> None:
     """Sampled token counts [V] from n draws follow the distribution `exact` [V]: chi-square
     (expected counts under 5 pooled into one cell), p > 1e-3."""

@@ -34,3 +34,6 @@ class AutoDrafter:
 
     def commit(self, seq_len: int) -> None:
         self.model.commit(seq_len)
+
+    def release(self) -> None:
+        self.model.release()

@@ -8,7 +8,14 @@ target's exact context. It writes only rows at or past the target's length — i
 the last committed token, which the target has not consumed yet — and the next verification
 call rewrites those rows before attending to them: that is what keeps the target exact.
 Own pool (another model): the draft catches up on the committed tokens it lacks, in chunks.
-Proposals stay proposals either way: verification checks every token against the target.
+A window bounds that: when more than `window` tokens are missing (a long prompt, a long run of
+n-gram rounds), the draft drops its rows and reads only the last `window` committed tokens, at
+positions counted from there (rotary attention sees the same relative positions); its row i
+then holds token `offset + i`. Reading a 2k-token prompt cost the 0.5B coder draft 9.3 s on
+this CPU, more than its drafting saved (docs/benchmarks.md §18). At the request's end
+(`release`) a windowed draft's rows are dropped: they are no prefix a later prompt can reuse.
+Proposals stay proposals either way: verification checks every token against the target, so a
+window changes acceptance, never the output.
 """
 
 from __future__ import annotations
@@ -22,13 +29,19 @@ from .proposal import DraftCall, Proposal
 class ModelDrafter:
     name = "model"
 
-    def __init__(self, model, slot: int, target_track: str | None = None, process=None):
+    def __init__(self, model, slot: int, target_track: str | None = None, process=None,
+                 window: int | None = None):
         """model: the draft model (runtime/backends/ort.py OrtModel or a one-slot adapter);
         target_track: the target's track when the draft shares its pool (self-draft);
         process(logits [V], proposed so far) -> logits: the request's penalties and grammar mask
         (runtime/sampling/processing.py); proposals are chosen from the processed distribution, which is
-        then the q verification divides by."""
+        then the q verification divides by. window: the most committed tokens a draft with its own
+        pool reads to catch up (None: all of them)."""
+        if window is not None and window < 1:
+            raise ValueError(f"a draft window must be at least 1 token, got {window}")
         self.model, self.slot, self.pool = model, slot, model.pool
+        self.window = window if target_track is None else None  # a shared pool adopts, never reads
+        self.offset = 0  # the committed token at the draft's row 0 (> 0 once windowed)
         self.process = process
         self.track = model.track
         self.target_track = target_track
@@ -55,7 +68,10 @@ class ModelDrafter:
         self._n0 = len(seq)  # proposal j is the token after len(seq) + j
         self._want_conf = policy is not None and policy.early_stop
         self._toks, self._q, self._confs = [], [], []
-        lag = np.asarray(seq[self.length :], dtype=np.int64)
+        if self.window is not None and len(seq) - self.offset - self.length > self.window:
+            self.pool.rewind(self.track, self.slot, 0)
+            self.offset = len(seq) - self.window
+        lag = np.asarray(seq[self.offset + self.length :], dtype=np.int64)
         c = self.model.max_prefill_t
         self._pending = [lag[s : s + c] for s in range(0, len(lag), c)]
         return DraftCall(self._pending.pop(0), keep=1)
@@ -90,7 +106,13 @@ class ModelDrafter:
     def commit(self, seq_len: int) -> None:
         # cache rows hold seq[:n] + proposals[:k-1]; the valid prefix is the committed part
         # (shared: the target's rows from here on; the next start adopts them)
-        self.pool.rewind(self.track, self.slot, min(self.length, seq_len - 1))
+        self.pool.rewind(self.track, self.slot, min(self.length, seq_len - 1 - self.offset))
+
+    def release(self) -> None:
+        """The request ends: a windowed draft's rows are no prefix of the sequence, so nothing of
+        them is left for a later prompt to reuse."""
+        if self.offset:
+            self.pool.rewind(self.track, self.slot, 0)
 
 
 def _margin(logits: np.ndarray, top: int) -> float:

@@ -44,3 +44,6 @@ class NgramDrafter:
 
     def commit(self, seq_len: int) -> None:
         pass
+
+    def release(self) -> None:
+        pass

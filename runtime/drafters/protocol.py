@@ -39,3 +39,8 @@ class Drafter(Protocol):
         """The committed sequence now has seq_len tokens (the round's verified prefix + the
         target's token): drop what the draft cache holds beyond what it can keep."""
         ...
+
+    def release(self) -> None:
+        """The request ends (its slot is parked or freed next): leave the draft cache holding
+        only rows that are a prefix of the committed sequence, which a later prompt may reuse."""
+        ...

@@ -98,6 +98,8 @@ class Scheduler:
         if r.slot >= 0:
             # an error may have left rows half written or non-finite: nothing of it is kept
             keep = self.prefix_cache and error is None
+            if keep and r.drafter is not None:
+                r.drafter.release()  # what the draft's rows hold must be a prefix of r.seq
             for pool in self.pools:
                 if keep:
                     pool.park(r.slot, r.seq)

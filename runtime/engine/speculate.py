@@ -151,7 +151,7 @@ class Round:
                 continue
             pol = r.policies.get(r.route)
             if pol is not None and learn:
-                pol.costs.observe(0, 0.0, verify_ms)
+                pol.costs.observe(0, 0.0, verify_ms, context=len(r.seq))
             tokens += self.commit(r, NO_DRAFT, 0, nxt, draft_ms, verify_ms, logits[None])
         return tokens
 

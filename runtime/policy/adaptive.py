@@ -52,19 +52,43 @@ def round_rate(expected, k, draft_cost, verify_cost):
 
 @dataclass
 class Costs:
-    target_ms: dict[int, float]  # T -> ms of one target call of T tokens, as probed
-    draft_ms: float  # one draft step (T = 1)
+    target_ms: dict[int, float]  # T -> ms of one target call of T tokens, as probed at `context`
+    draft_ms: float  # one draft step (T = 1) at `context`
     scale: float = 1.0  # online correction of the probed target times (EMA of observed / probed)
     rows_ms: dict[int, float] = field(default_factory=dict)  # b -> one target call of b rows x 1 token
     draft_rows_ms: dict[int, float] = field(default_factory=dict)  # b -> one draft call of b rows x 1 token
+    context: int = 128  # positions the curves above were probed at
+    slope: dict[int, float] = field(default_factory=dict)  # T -> ms a target call of T tokens adds per
+    #                                                        position of context past `context` (attention)
+    draft_slope: float = 0.0  # the same for one draft step, per position of the draft's own context
+    draft_window: int | None = None  # the draft reads at most this many positions (a windowed
+    #                                  separate draft, runtime/drafters/model.py); None: all
 
-    def target_rows_ms(self, b: int) -> float:
-        """One batched target call of b rows (one token each); b = 1 is a plain step."""
-        return self.scale * _interp(self.rows_ms or {1: self.target_ms[1]}, b)
+    def extra_ms(self, T: int, context: int | None) -> float:
+        """What attending to `context` positions adds to a target call of T tokens (0 at or
+        below the probe's context; linear in the positions beyond, as attention is)."""
+        if not self.slope or context is None or context <= self.context:
+            return 0.0
+        return (context - self.context) * _interp(self.slope, T)
 
-    def draft_step_ms(self, b: int) -> float:
+    def draft_extra_ms(self, context: int | None) -> float:
+        if not self.draft_slope or context is None:
+            return 0.0
+        seen = context if self.draft_window is None else min(context, self.draft_window)
+        return self.draft_slope * max(0, seen - self.context)
+
+    def target_rows_ms(self, b: int, contexts=None) -> float:
+        """One batched target call of b rows (one token each); b = 1 is a plain step.
+        contexts: the rows' lengths (their attention's share), None: the probe's."""
+        base = self.scale * _interp(self.rows_ms or {1: self.target_ms[1]}, b)
+        if contexts is None:
+            return base
+        return base + self.scale * sum(self.extra_ms(1, c) for c in contexts)
+
+    def draft_step_ms(self, b: int, contexts=None) -> float:
         """One batched draft call of b rows; without a batched probe, b single steps."""
-        return _interp(self.draft_rows_ms, b) if self.draft_rows_ms else b * self.draft_ms
+        base = _interp(self.draft_rows_ms, b) if self.draft_rows_ms else b * self.draft_ms
+        return base + (sum(self.draft_extra_ms(c) for c in contexts) if contexts is not None else 0.0)
 
     @property
     def c(self) -> float:
@@ -73,30 +97,39 @@ class Costs:
     def v(self, T: int) -> float:
         return self.verify_ms(T) / self.verify_ms(1)
 
-    def verify_curve(self, n: int) -> np.ndarray:
+    def verify_curve(self, n: int, context: int | None = None) -> np.ndarray:
         """verify_ms(T) for T = 1..n as an array (the probed curve is interpolated once)."""
         base = getattr(self, "_curve", None)
         if base is None or len(base) < n:
             known = sorted(self.target_ms)
             base = self._curve = np.interp(np.arange(1, n + 1), known, [self.target_ms[t] for t in known])
-        return self.scale * base[:n]
+        out = self.scale * base[:n]
+        if self.slope and context is not None and context > self.context:
+            out = out + self.scale * np.array([self.extra_ms(T, context) for T in range(1, n + 1)])
+        return out
 
-    def verify_ms(self, T: int) -> float:
+    def verify_ms(self, T: int, context: int | None = None) -> float:
         if T in self.target_ms:
-            return self.scale * self.target_ms[T]
-        known = sorted(self.target_ms)
-        return self.scale * float(np.interp(T, known, [self.target_ms[t] for t in known]))
+            base = self.target_ms[T]
+        else:
+            known = sorted(self.target_ms)
+            base = float(np.interp(T, known, [self.target_ms[t] for t in known]))
+        return self.scale * (base + self.extra_ms(T, context))
 
-    def observe(self, proposed: int, draft_ms: float, verify_ms: float, weight: float = 0.1):
+    def observe(self, proposed: int, draft_ms: float, verify_ms: float, weight: float = 0.1,
+                context: int | None = None):
         """Fold one round's measured call times in (EMA): the probe at load is only a start;
         the machine's load changes while a request runs. A round observes one call width; the
         observation rescales the whole probed curve, so widths the policy is not using follow
         the machine too (a per-width correction left them at a stale probe, and a probe that
-        happened to catch a burst of load kept k from ever moving there)."""
-        probed = self.verify_ms(proposed + 1) / self.scale
+        happened to catch a burst of load kept k from ever moving there). context: the row's
+        length, whose attention share the probe's slope already prices, so a long request
+        does not read as a loaded machine."""
+        probed = self.verify_ms(proposed + 1, context) / self.scale
         self.scale = (1 - weight) * self.scale + weight * verify_ms / probed
         if proposed > 0 and draft_ms > 0:
-            self.draft_ms = (1 - weight) * self.draft_ms + weight * draft_ms / proposed
+            step = max(draft_ms / proposed - self.draft_extra_ms(context), 0.05 * self.draft_ms)
+            self.draft_ms = (1 - weight) * self.draft_ms + weight * step
 
 
 def _interp(curve: dict[int, float], x: int) -> float:
@@ -111,39 +144,27 @@ def _interp(curve: dict[int, float], x: int) -> float:
 
 
 def measure_costs(target, draft, slot: int, max_t: int, rows: int = 1, busy=(), context: int = 128,
-                  reps: int = 7) -> Costs:
-    """Median call times at a mid context, every shape interleaved round-robin so a burst of
-    load hits all of them alike. target/draft: pool models (runtime/backends/ort.py); slot: a
-    slot nobody is using; busy: slots in use, which batched probes cover at their spare row
-    (runtime/backends/kvpool.py). Rows attend to whatever the buffers hold: only time is measured, and
-    nothing moves a track's length. rows: batched shapes up to this many rows. context: clipped
-    to what the slots hold (a load's max_seq_len may be shorter than 128 + max_t)."""
+                  reps: int = 7, far: int | None = None) -> Costs:
+    """Median call times at a short context, and the target's widths and the draft step again at
+    a far one (`far`, default: as long as the slot holds) for the attention's growth per position;
+    every shape interleaved round-robin so a burst of load hits all of them alike. target/draft:
+    pool models (runtime/backends/ort.py); slot: a slot nobody is using; busy: slots in use,
+    which batched probes cover at their spare row (runtime/backends/kvpool.py). Rows attend to
+    whatever the buffers hold: only time is measured, and nothing moves a track's length. rows:
+    batched shapes up to this many rows. context: clipped to what the slots hold (a load's
+    max_seq_len may be shorter than 128 + max_t)."""
     context = min(context, target.max_seq_len - max_t)
+    far = min(target.max_seq_len - max_t if far is None else far, target.max_seq_len - max_t)
+    far = far if far >= context + 128 else None  # too close to tell a slope from noise
     widths = sorted({1, 2, 3, 5, 9, max_t} & set(range(1, max_t + 1)))
     # a target with min_t > 1 runs its plain rows one widened call each (runtime/engine/calls.py)
     batch = sorted({1, 2, 4, 8, 16, rows} & set(range(1, rows + 1))) if target.batch_rows and target.min_t == 1 else []
-    busy = set(busy)
-
-    def pasts(model, b):
-        return np.array([model.pool.spare_row(s) if s in busy else context for s in range(b)])
-
     shapes = [("t", T) for T in widths] + [("tb", b) for b in batch if b > 1]
+    shapes += [("tf", T) for T in widths] if far else []
     if draft is not None:
         shapes += [("d", 1)] + ([("db", b) for b in batch if b > 1] if draft.batch_rows else [])
-    times: dict = {sh: [] for sh in shapes}
-    for _ in range(reps + 1):  # the first pass warms up
-        for sh in shapes:
-            kind, n = sh
-            ids = np.arange(n) % (target.vocab - 10) + 5
-            t0 = time.perf_counter()
-            if kind == "t":
-                target.run(slot, ids, context)
-            elif kind == "d":
-                draft.run(slot, ids, context)
-            else:
-                model = target if kind == "tb" else draft
-                model.run_rows(0, ids, pasts(model, n))
-            times[sh].append(1000 * (time.perf_counter() - t0))
+        shapes += [("df", 1)] if far and draft.max_seq_len > far else []
+    times = _probe(target, draft, slot, shapes, context, far, set(busy), reps)
 
     def med(sh):
         return float(np.median(times[sh][1:]))
@@ -156,7 +177,38 @@ def measure_costs(target, draft, slot: int, max_t: int, rows: int = 1, busy=(), 
     rows_ms = {1: target_ms[1], **{b: med(("tb", b)) for b in batch if b > 1}}
     draft_ms = med(("d", 1)) if draft is not None else 0.0
     draft_rows = {1: draft_ms, **{b: med(("db", b)) for b in batch if b > 1}} if draft is not None and draft.batch_rows else {}
-    return Costs(target_ms, draft_ms, rows_ms=_monotone(rows_ms), draft_rows_ms=_monotone(draft_rows))
+    slope, draft_slope = {}, 0.0
+    if far:
+        fm = np.maximum.accumulate([med(("tf", T)) for T in widths])
+        slope = {T: max(0.0, float(f) - target_ms[T]) / (far - context) for T, f in zip(widths, fm, strict=True)}
+        slope.update({T: slope[narrowest] for T in widths if T < narrowest})
+        if ("df", 1) in times:
+            draft_slope = max(0.0, med(("df", 1)) - draft_ms) / (far - context)
+    return Costs(target_ms, draft_ms, rows_ms=_monotone(rows_ms), draft_rows_ms=_monotone(draft_rows),
+                 context=context, slope=slope, draft_slope=draft_slope)
+
+
+def _probe(target, draft, slot: int, shapes: list, context: int, far: int | None, busy: set, reps: int) -> dict:
+    """Each shape's call times (ms), reps + 1 passes round-robin (the first warms up)."""
+
+    def pasts(model, b):
+        return np.array([model.pool.spare_row(s) if s in busy else context for s in range(b)])
+
+    times: dict = {sh: [] for sh in shapes}
+    for _ in range(reps + 1):
+        for sh in shapes:
+            kind, n = sh
+            ids = np.arange(n) % (target.vocab - 10) + 5
+            t0 = time.perf_counter()
+            if kind in ("t", "tf"):
+                target.run(slot, ids, context if kind == "t" else far)
+            elif kind in ("d", "df"):
+                draft.run(slot, ids, context if kind == "d" else far)
+            else:
+                model = target if kind == "tb" else draft
+                model.run_rows(0, ids, pasts(model, n))
+            times[sh].append(1000 * (time.perf_counter() - t0))
+    return times
 
 
 def _monotone(curve: dict[int, float]) -> dict[int, float]:
@@ -241,11 +293,16 @@ class AdaptivePolicy:
         self.early_stop = early_stop
         self.rate = 0.0  # predicted tokens per ms of the chosen k
         self.k = max_k  # the chosen k: early stop looks ahead up to it
+        self.context: int | None = None  # the request's length at the last choose_k
 
-    def choose_k(self) -> int:
+    def choose_k(self, context: int | None = None) -> int:
+        """context: the request's length now (its calls' attention grows with it; None: the
+        probe's context)."""
         c = self.costs
+        self.context = context
         ks = np.arange(self.max_k + 1)
-        rates = round_rate(self.acc.expected(), ks, c.draft_ms, c.verify_curve(self.max_k + 1))  # tokens per ms; k = 0 is a plain target step
+        draft = c.draft_ms + c.draft_extra_ms(context)
+        rates = round_rate(self.acc.expected(), ks, draft, c.verify_curve(self.max_k + 1, context))  # tokens per ms; k = 0 is a plain target step
         k = int(np.argmax(rates))
         acc = self.acc  # the plain-round count lives with the learned state: short requests add up
         if k == 0:
@@ -268,12 +325,13 @@ class AdaptivePolicy:
             return j + 1 < horizon
         a = self.acc.rates()
         p = float(np.prod([self.cal.p(s, a[i]) for i, s in enumerate(confs[: j + 1])]))  # P(reach j+1)
-        c = self.costs
-        gain, v0 = 0.0, c.verify_ms(j + 2)
+        c, at = self.costs, self.context
+        gain, v0 = 0.0, c.verify_ms(j + 2, at)
+        draft = c.draft_ms + c.draft_extra_ms(at)
         for m in range(j + 1, horizon):  # continue through token m
             p *= a[m]
             gain += p
-            if gain >= self.rate * ((m - j) * c.draft_ms + c.verify_ms(m + 2) - v0):
+            if gain >= self.rate * ((m - j) * draft + c.verify_ms(m + 2, at) - v0):
                 return True
         return False
 
@@ -283,4 +341,4 @@ class AdaptivePolicy:
         if confs:
             self.cal.update(confs, accepted)
         if verify_ms is not None:
-            self.costs.observe(proposed, draft_ms or 0.0, verify_ms)
+            self.costs.observe(proposed, draft_ms or 0.0, verify_ms, context=self.context)

@@ -60,7 +60,8 @@ def _file(path: Path) -> str:
         return path.name
 
 
-PROBE = 2  # what `measure_costs` records; 2: a min_t target's narrow widths priced as its widened call
+PROBE = 3  # what `measure_costs` records; 2: a min_t target's narrow widths priced as its widened call;
+#           3: the growth per position of context (slope, draft_slope) beside the curves
 
 
 def key(folder: Path, manifest, *, device: str, threads: int | None, extra: str = "") -> str:
@@ -93,7 +94,12 @@ def load(k: str) -> Costs | None:
         if (1 not in target_ms or not all(math.isfinite(v) and v > 0 for v in curves)
                 or not (math.isfinite(draft_ms) and draft_ms >= 0)):
             return None
-        return Costs(target_ms, draft_ms, rows_ms=rows_ms, draft_rows_ms=draft_rows_ms)
+        slope = {int(t): float(v) for t, v in data.get("slope", {}).items()}
+        draft_slope, context = float(data.get("draft_slope", 0.0)), int(data.get("context", 128))
+        if not all(math.isfinite(v) and v >= 0 for v in [*slope.values(), draft_slope]):
+            return None
+        return Costs(target_ms, draft_ms, rows_ms=rows_ms, draft_rows_ms=draft_rows_ms, context=context,
+                     slope=slope, draft_slope=draft_slope)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -108,7 +114,8 @@ def save(k: str, costs: Costs) -> None:
         with tempfile.NamedTemporaryFile("w", dir=d, prefix=f".costs-{k}.", suffix=".tmp", delete=False) as f:
             tmp = Path(f.name)
             json.dump({"key": k, "target_ms": costs.target_ms, "draft_ms": costs.draft_ms,
-                       "rows_ms": costs.rows_ms, "draft_rows_ms": costs.draft_rows_ms}, f)
+                       "rows_ms": costs.rows_ms, "draft_rows_ms": costs.draft_rows_ms, "context": costs.context,
+                       "slope": costs.slope, "draft_slope": costs.draft_slope}, f)
         tmp.replace(d / f"costs-{k}.json")  # atomic: readers see the old file or the new one
     except (OSError, TypeError, ValueError):
         if tmp is not None:

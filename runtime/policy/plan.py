@@ -31,17 +31,18 @@ class Row:
     k: int  # the most this row would draft (its own policy's choice)
     expected: np.ndarray  # E(j), j = 0..k: tokens a round with j proposals commits
     lookup: bool = False  # an n-gram proposal: no draft-model calls
+    context: int | None = None  # the row's length: its calls attend over it (None: the probe's)
 
 
 def step_ms(rows: list[Row], ks: list[int], costs: Costs) -> float:
     """The time model of one step (the docstring's formula), for one choice of k per row."""
-    plain = sum(1 for k in ks if k == 0)
-    ms = costs.target_rows_ms(plain) if plain else 0.0
-    ms += sum(costs.verify_ms(k + 1) for k in ks if k > 0)
+    plain = [r.context for r, k in zip(rows, ks, strict=True) if k == 0]
+    ms = costs.target_rows_ms(len(plain), plain) if plain else 0.0
+    ms += sum(costs.verify_ms(k + 1, r.context) for r, k in zip(rows, ks, strict=True) if k > 0)
     for j in range(1, max(ks, default=0) + 1):
-        b = sum(1 for r, k in zip(rows, ks, strict=True) if k >= j and not r.lookup)
-        if b:
-            ms += costs.draft_step_ms(b)
+        at = [r.context for r, k in zip(rows, ks, strict=True) if k >= j and not r.lookup]
+        if at:
+            ms += costs.draft_step_ms(len(at), at)
     return ms
 
 
@@ -53,7 +54,7 @@ def plan(rows: list[Row], costs: Costs) -> list[int]:
     K = max((r.k for r in rows), default=0)
     if n == 0 or K == 0:
         return [0] * n
-    plain_all = n / costs.target_rows_ms(n)
+    plain_all = n / costs.target_rows_ms(n, [r.context for r in rows])
     caps = np.arange(1, K + 1)  # [C]
     k_row = np.array([r.k for r in rows])  # [n]
     E = np.ones((n, K + 1))
@@ -69,13 +70,19 @@ def plan(rows: list[Row], costs: Costs) -> list[int]:
     exp_s = np.take_along_axis(exp, order, 1)
     valid = np.take_along_axis(gain, order, 1) > -np.inf  # [C, m]
     model = np.array([not r.lookup for r in rows])[order]  # [C, m]
-    v = np.array([costs.verify_ms(k + 1) for k in range(K + 1)])
+    # each row's verification curve at its own length; what attention adds to a plain row and to
+    # each draft step of a drafting row, at their lengths
+    v = np.array([costs.verify_curve(K + 1, r.context) for r in rows])[order]  # [C, m, K + 1]: verify_ms(k + 1) at k
+    plain_extra = np.array([costs.scale * costs.extra_ms(1, r.context) for r in rows])
+    draft_extra = np.array([0.0 if r.lookup else costs.draft_extra_ms(r.context) for r in rows])
     r_ms = np.array([0.0] + [costs.target_rows_ms(b) for b in range(1, n + 1)])
     d_ms = np.array([0.0] + [costs.draft_step_ms(b) for b in range(1, n + 1)])
     m = np.arange(1, n + 1)  # drafting rows
     js = np.arange(1, K + 1)
     depth = np.cumsum((ks_s[:, :, None] >= js) & model[:, :, None], axis=1)  # [C, m, j] rows drafting step j
-    t = r_ms[n - m][None, :] + np.cumsum(v[ks_s], axis=1) + d_ms[depth].sum(axis=2)
+    verify = np.take_along_axis(v, ks_s[:, :, None], 2)[:, :, 0]  # [C, m]
+    attention = plain_extra.sum() - np.cumsum(plain_extra[order], axis=1) + np.cumsum(ks_s * draft_extra[order], axis=1)
+    t = r_ms[n - m][None, :] + np.cumsum(verify, axis=1) + d_ms[depth].sum(axis=2) + attention
     tokens = (n - m)[None, :] + np.cumsum(exp_s, axis=1)
     rate = np.where(valid, tokens / t, -np.inf)
     c, mm = np.unravel_index(int(np.argmax(rate)), rate.shape)
@@ -141,8 +148,8 @@ class Planner:
             return 0, None
         r.route = r.drafter.route(r.seq)
         pol = r.policies.get(r.route)
-        k = pol.choose_k() if pol is not None else r.k
+        k = pol.choose_k(len(r.seq)) if pol is not None else r.k
         row = None
         if pol is not None:
-            row = Row(min(k, r.remaining - 1), pol.acc.expected()[: k + 1], r.route == "ngram")
+            row = Row(min(k, r.remaining - 1), pol.acc.expected()[: k + 1], r.route == "ngram", len(r.seq))
         return max(0, min(k, r.remaining - 1)), row

@@ -4,13 +4,19 @@ position and P(accept | confidence) learned from earlier requests (their best pr
 
 from __future__ import annotations
 
+import dataclasses
+
 from . import cost_cache as probe_cache
 from .adaptive import AcceptanceModel, AdaptivePolicy, Calibration, Costs, measure_costs
 
 
 class PolicyStore:
-    def __init__(self, parts, max_k: int, *, threads, device, global_pool, hugepages, cost_cache: bool = True):
+    def __init__(self, parts, max_k: int, *, threads, device, global_pool, hugepages, cost_cache: bool = True,
+                 draft_window: int | None = None):
+        """draft_window: the draft reads at most this many positions (a windowed separate draft):
+        its step's cost stops growing there."""
         self.parts, self.max_k = parts, max_k
+        self.draft_window = draft_window
         self._key_extra = (f"draft={parts.draft is not None} pool={global_pool} hugepages={hugepages} "
                            f"slots={parts.target.pool.slots}")
         self.threads, self.device, self.cost_cache = threads, device, cost_cache
@@ -51,6 +57,7 @@ class PolicyStore:
                     pool.free(slot)
                 if key:
                     probe_cache.save(key, self._costs)  # never raises: no cache then
+        self._costs.draft_window = self.draft_window
         return self._costs
 
     def policies(self, r) -> dict[str, AdaptivePolicy]:
@@ -65,8 +72,9 @@ class PolicyStore:
         base = self.costs()
         # a copy per request (it is updated online); a lookup costs next to nothing
         draft_ms = 0.01 * base.target_ms[1] if lookup else base.draft_ms
-        costs = Costs(dict(base.target_ms), draft_ms=draft_ms, rows_ms=dict(base.rows_ms),
-                      draft_rows_ms={} if lookup else dict(base.draft_rows_ms))
+        costs = dataclasses.replace(base, target_ms=dict(base.target_ms), draft_ms=draft_ms, rows_ms=dict(base.rows_ms),
+                                    draft_rows_ms={} if lookup else dict(base.draft_rows_ms), slope=dict(base.slope),
+                                    draft_slope=0.0 if lookup else base.draft_slope, draft_window=self.draft_window)
         if (key, greedy) not in self._learned:
             self._learned[(key, greedy)] = (AcceptanceModel(self.max_k), Calibration())
         acc, cal = self._learned[(key, greedy)]

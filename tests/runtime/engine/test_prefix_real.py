@@ -12,27 +12,12 @@ import numpy as np
 import pytest
 
 import specrt
-from checks import assert_same_greedy
-
-
-def _margins(pipe, prompt, tokens):
-    """Top-2 logit gap of a from-scratch target at each position of `tokens` (near-tie check)."""
-    from specrt.runtime.backends.harness import SequenceHarness
-    from specrt.runtime.backends.ort import OrtBackend
-
-    man = pipe.manifest
-    dec = SequenceHarness(OrtBackend(pipe.folder / man.target.graph, man.target))
-    out, logits = [], dec.prefill(list(prompt))
-    for t in tokens:
-        top = np.sort(logits)[-2:]
-        out.append(float(top[1] - top[0]))
-        logits = dec.forward([t])[0]
-    return out
+from checks import assert_same_greedy, target_margins
 
 
 def _check(cold, prompt, got, n):
     want = [t for c in cold.stream_ids(prompt, max_new_tokens=n, draft="none", ignore_eos=True) for t in c]
-    diff = assert_same_greedy(got, want, _margins(cold, prompt, want) if got != want else None)
+    diff = assert_same_greedy(got, want, target_margins(cold, prompt, want) if got != want else None)
     assert diff is None, f"near-tie at token {diff}: the test cannot tell reuse from float noise there"
 
 
@@ -89,7 +74,7 @@ def test_default_bundle_chat_turns_reuse_their_history(default_bundle):
             st = specrt.runtime.Stats()
             got = [t for c in warm.stream_ids(ids, max_new_tokens=40, stats=st) for t in c]
             want = [t for c in cold.stream_ids(ids, max_new_tokens=40, draft="none") for t in c]
-            diff = assert_same_greedy(got, want, _margins(cold, ids, want) if got != want else None)
+            diff = assert_same_greedy(got, want, target_margins(cold, ids, want) if got != want else None)
             assert diff is None, f"turn {i}: near-tie at token {diff}"
             assert (st.cached_tokens > len(ids) // 2) == (i > 0), (i, st.cached_tokens, len(ids))
             msgs.append({"role": "assistant", "content": warm.tokenizer.decode(got)})

@@ -1,0 +1,110 @@
+"""Costs at a request's length (issue 38): the probe prices attention's growth with context, and
+the per-request policy and the batch plan use the cost at each row's own length, so drafting
+stops where verification over a long context does not pay and goes on where it does."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from fakes import drive, fake_parts, fake_pipeline
+from specrt.runtime.policy.adaptive import AdaptivePolicy, Costs, measure_costs
+from specrt.runtime.policy.plan import Row, plan, step_ms
+
+# a plain step 10 ms; a 9-token verification 12 ms at the probe's 16 positions, +0.1 ms per
+# position beyond (a plain step +0.002): drafting pays short, not at a few hundred positions
+STEEP = Costs({1: 10.0, 2: 10.3, 5: 11.0, 9: 12.0}, draft_ms=0.5, rows_ms={1: 10.0, 2: 10.5, 4: 11.5},
+              context=16, slope={1: 0.002, 2: 0.05, 5: 0.08, 9: 0.1})
+
+
+def _learned(costs, rate=0.7, max_k=8):
+    p = AdaptivePolicy(costs, max_k=max_k, early_stop=False)
+    for _ in range(40):
+        p.update(4, int(4 * rate), [])
+    return p
+
+
+def test_costs_grow_with_context_past_the_probe():
+    assert STEEP.verify_ms(9, 16) == STEEP.verify_ms(9) == 12.0
+    assert STEEP.verify_ms(9, 8) == 12.0  # below the probe's context: as probed
+    assert STEEP.verify_ms(9, 116) == pytest.approx(12.0 + 100 * 0.1)
+    assert STEEP.verify_curve(9, 116)[8] == pytest.approx(STEEP.verify_ms(9, 116))
+    assert STEEP.target_rows_ms(2, [116, 16]) == pytest.approx(10.5 + 100 * 0.002)
+
+
+def test_the_policy_stops_drafting_where_verification_over_the_context_does_not_pay():
+    p = _learned(STEEP)
+    assert p.choose_k(20) > 0
+    assert p.choose_k(400) == 0
+    assert p.choose_k(20) > 0  # and resumes where it pays
+
+
+def test_a_windowed_draft_step_stays_cheap_at_any_length():
+    c = Costs({1: 10.0, 5: 11.0}, draft_ms=1.0, context=16, draft_slope=0.01)
+    assert c.draft_extra_ms(1016) == pytest.approx(10.0)
+    c.draft_window = 116
+    assert c.draft_extra_ms(1016) == pytest.approx(1.0)
+
+
+def test_a_long_request_does_not_read_as_a_loaded_machine():
+    c = Costs(dict(STEEP.target_ms), 0.5, context=16, slope=dict(STEEP.slope))
+    c.observe(4, 2.0, c.verify_ms(5, 300), context=300)  # exactly as priced at its length
+    assert c.scale == pytest.approx(1.0)
+
+
+def test_the_batch_plan_prices_each_row_at_its_own_length():
+    # plain rows batch for nothing here (a target that runs each row alone): drafting pays short
+    alone = Costs(dict(STEEP.target_ms), 0.5, rows_ms={1: 10.0, 2: 20.0}, context=16, slope=dict(STEEP.slope))
+    e = np.array([1.0, 1.7, 2.2, 2.5, 2.7])
+    short, long = Row(4, e, context=20), Row(4, e, context=600)
+    ks = plan([short, long], alone)
+    assert ks[0] > 0 and ks[1] == 0
+    assert plan([short, Row(4, e, context=20)], alone) == [ks[0]] * 2
+    assert step_ms([short, long], [0, 0], alone) == pytest.approx(alone.target_rows_ms(2, [20, 600]))
+    assert step_ms([short, long], ks, alone) == pytest.approx(
+        alone.verify_ms(ks[0] + 1, 20) + ks[0] * 0.5 + alone.target_rows_ms(1, [600]))
+
+
+class Slow:
+    """A fake model whose calls take longer the more context they attend to (and a verification
+    call more than a plain step), as attention does: 1 ms + 0.02 ms per position per token past 1."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def run(self, slot, tokens, past_len, hidden=None, keep=None):
+        time.sleep((1.0 + 0.02 * past_len * (len(tokens) - 1)) / 1000)
+        return self.model.run(slot, tokens, past_len, hidden, keep)
+
+
+def test_the_probe_measures_the_growth_and_the_policy_follows_it(tmp_path):
+    parts = fake_parts(tmp_path, draft="separate", slots=2)
+    costs = measure_costs(Slow(parts.target), parts.draft, 0, 9, reps=3, context=16, far=240)
+    assert costs.context == 16
+    assert costs.slope[9] > costs.slope[1] >= 0  # measured, not told
+    p = _learned(costs)
+    assert p.choose_k(20) > 0 and p.choose_k(230) == 0
+
+
+def test_a_long_prompt_is_decoded_plain_and_a_short_one_drafts(tmp_path):
+    # the fake's draft agrees with its target nearly always: drafting pays until verification
+    # over the context costs several plain steps
+    steeper = Costs(dict(STEEP.target_ms), 0.5, rows_ms=dict(STEEP.rows_ms), context=16,
+                    slope={1: 0.002, 2: 0.5, 5: 0.5, 9: 0.6})
+    pipe = fake_pipeline(tmp_path, draft="self", costs=steeper, slots=2)
+    try:
+        short = pipe.request(list(range(5, 15)), max_new_tokens=12, draft="model", adaptive=True, ignore_eos=True)
+        long = pipe.request([int(t) for t in np.arange(200) % 20 + 5], max_new_tokens=12, draft="model", adaptive=True,
+                            ignore_eos=True)
+        drive(pipe, [short])
+        drive(pipe, [long])
+        assert sum(short.stats.k_history) > 0
+        ks = long.stats.k_history  # plain steps, but for the policy's probe round (k = 2) every 8th
+        assert set(ks) <= {0, 2} and ks.count(0) >= 7, ks
+    finally:
+        pipe.close()
