@@ -1,5 +1,6 @@
-"""What one request asks for, as one frozen value: sampling, penalties, logprobs, a grammar,
-stop strings, the seed, the length, a timeout, and how to speculate.
+"""The options, each as one frozen value checked once: what one request asks for
+(`RequestOptions`: sampling, penalties, logprobs, a grammar, stop strings, the seed, the length,
+a timeout, and how to speculate) and how a bundle is loaded and served (`LoadOptions`, below).
 
 Every entry point builds one: `Pipeline.request` / `generate` / `stream` / `choices` take it
 (their keyword arguments build it), the HTTP protocol converts a request body into it
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from .bundle.memory import AUTO, DEFAULT_MEMORY_FRACTION
 from .errors import InvalidRequest
 from .sampling.draws import SamplingConfig
 from .sampling.grammar import Constraint
@@ -113,3 +115,71 @@ def default_draft(asked: str | None, has_draft_model: bool) -> str:
     """The drafter a load or request uses: the one asked for, else the bundle's draft model if it
     has one, else none."""
     return asked or ("model" if has_draft_model else "none")
+
+
+DRAFTS = ("model", "none", "ngram", "auto")  # drafters: the bundle's draft model, none, prompt lookup, either
+DEVICES = ("cpu", "cuda", "trt")  # onnxruntime's CPU / CUDA provider, or the bundle's TensorRT plans
+DEFAULT_MAX_BATCH = 4  # KV slots allocated at load (`kv_bytes_per_slot` each; docs/benchmarks.md §5)
+DEFAULT_DRAFT_WINDOW = 512  # a separate draft reads at most this much of a long prompt (docs/benchmarks.md §18)
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a bundle is loaded and run: the one list of these options. `specrt.load` and
+    `Pipeline` take it (or its fields as keywords), the server's and Ray's options hold one
+    (runtime/serve/config.py), and the CLI's flags are declared from its fields
+    (specrt/cli/common.py). Checked here, once; what needs the bundle (S_max, the widest call,
+    whether it has a draft model) is checked at load."""
+
+    draft: str | None = None  # one of DRAFTS; None: the bundle's draft model if it has one, else none
+    device: str = "cpu"  # one of DEVICES
+    threads: int | None = None  # intra-op threads (None: onnxruntime's default, all cores)
+    k: int | None = None  # draft tokens per round (None: the bundle's default_k, else 4)
+    adaptive: bool | None = None  # k per round (runtime/policy/adaptive.py); None: on when max_batch > 1
+    max_batch: int | str = DEFAULT_MAX_BATCH  # KV slots (requests decoded at once), or "auto": as many as fit
+    max_seq_len: int | None = None  # tokens per slot, at most the bundle's S_max (None: S_max)
+    memory_fraction: float = DEFAULT_MEMORY_FRACTION  # share of the available memory "auto" fills
+    max_queue: int = 64  # requests that may wait for a slot; beyond, calls raise EngineBusy
+    prefix_cache: bool = True  # reuse the KV rows of prompt prefixes that slots hold (runtime/engine/prefix.py)
+    plan_batches: bool = True  # adaptive rows draft only where it pays in the batch (runtime/policy/plan.py)
+    global_pool: bool = False  # one onnxruntime thread pool for the process (then every session must share it)
+    hugepages: bool = True  # the sessions' memory on 2 MiB pages after loading (CPU; docs/benchmarks.md §1)
+    cost_cache: bool = True  # adaptive k starts from this machine's cached call-cost probe (runtime/policy/cost_cache.py)
+    draft_window: int | None = DEFAULT_DRAFT_WINDOW  # committed tokens a separate draft reads to catch up
+    #                                                  (runtime/drafters/model.py); None: all of them
+
+    def __post_init__(self):
+        if self.draft is not None and self.draft not in DRAFTS:
+            raise ValueError(f"draft must be one of {DRAFTS}, got {self.draft!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        mb = self.max_batch
+        if mb != AUTO and (not isinstance(mb, int) or isinstance(mb, bool) or mb < 1):
+            raise ValueError(f"max_batch must be a positive integer or 'auto', got {mb!r}")
+        self._check_counts()
+        if not 0 < self.memory_fraction <= 1:
+            raise ValueError(f"memory fraction must be in (0, 1], got {self.memory_fraction}")
+
+    def _check_counts(self) -> None:
+        for name, least in (("threads", 0), ("k", 0)):  # max_seq_len: the bundle bounds it (at load)
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+                raise ValueError(f"{name} must be an integer >= {least} or None, got {value!r}")
+        w = self.draft_window
+        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
+            raise ValueError(f"draft_window must be an integer >= 1 or None, got {w!r}")
+        if not isinstance(self.max_queue, int) or self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+
+    @property
+    def want_draft(self) -> bool:
+        """Whether the load builds the bundle's draft model (if it has one)."""
+        return self.draft in (None, "model", "auto")
+
+
+def load_options(options: LoadOptions | None = None, **overrides) -> LoadOptions:
+    """`options` with `overrides` (LoadOptions' field names) replaced; no options: the defaults.
+    `specrt.load(folder, max_batch=8)` lands here."""
+    if options is None:
+        return LoadOptions(**overrides)
+    return replace(options, **overrides) if overrides else options

@@ -16,87 +16,65 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from .backends.kvpool import ContextOverflow
-from .bundle.loader import DRAFTS, Parts, load_parts
+from .bundle.loader import LoadedModels, load_models
 from .bundle.manifest import BundleError
-from .bundle.memory import DEFAULT_MEMORY_FRACTION
 from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
 from .engine import Engine, Request, Scheduler, Stats
 from .errors import InvalidRequest
-from .options import RequestOptions, default_draft, request_options
+from .options import (
+    DRAFTS,
+    LoadOptions,
+    RequestOptions,
+    default_draft,
+    load_options,
+    request_options,
+)
 from .policy.store import PolicyStore
 from .sampling.grammar import Grammars
 from .sampling.processing import draft_processor
 from .text.results import DONE, Events, Result, feed, pieces, result_of
 from .text.textstream import TextStream
 
-# a separate draft catching up on a long prompt reads only its last tokens (docs/benchmarks.md §18)
-DEFAULT_DRAFT_WINDOW = 512
-DEFAULT_MAX_BATCH = 4  # KV slots allocated at load (`kv_bytes_per_slot` each; docs/benchmarks.md §5)
+__all__ = ["Pipeline", "Result", "load"]
 
 
 class Pipeline:
-    def __init__(self, folder: str | Path, *, draft: str | None = None, device: str = "cpu",
-                 threads: int | None = None, k: int | None = None, global_pool: bool = False,
-                 adaptive: bool | None = None, hugepages: bool = True, cost_cache: bool = True,
-                 max_batch: int | str = DEFAULT_MAX_BATCH, max_queue: int = 64, plan_batches: bool = True,
-                 prefix_cache: bool = True, parts: Parts | None = None, max_seq_len: int | None = None,
-                 memory_fraction: float = DEFAULT_MEMORY_FRACTION, draft_window: int | None = DEFAULT_DRAFT_WINDOW):
-        """draft: "model" | "none" | "ngram" | "auto"; None follows the bundle (its draft model
-        if it has one, else none). max_batch: KV slots, i.e. requests decoded at once (allocated now: see
-        `kv_bytes_per_slot`), or "auto": as many as fit in `memory_fraction` of the available
-        memory (runtime/bundle/memory.py; a count that cannot fit raises InsufficientMemory before
-        anything is allocated). max_seq_len: tokens per slot, at most the bundle's S_max (None:
-        S_max): shorter slots trade context for concurrency. max_queue: requests that may wait
-        for a slot, beyond which calls raise EngineBusy. plan_batches: adaptive requests draft
-        only where it pays inside the batch (runtime/policy/plan.py); off, each drafts as it
-        would alone.
-        adaptive: choose k per round (runtime/policy/adaptive.py), capped by the batch plan; None (the
-        default) means on whenever more than one request can run (max_batch > 1) — a fixed k
-        loses throughput under load (docs/benchmarks.md §5) — and fixed k for one slot.
-        prefix_cache: finished requests' slots keep their KV rows, and a prompt that shares a
-        prefix with what any slot holds (a conversation's history, a system prompt) reuses those
-        rows instead of computing them (runtime/engine/prefix.py); `Stats.cached_tokens` says
-        how many.
-        global_pool: one onnxruntime thread pool for the whole process (faster; but every other
-        onnxruntime session in the process must then disable per-session threads).
-        hugepages: put the sessions' memory on 2 MiB pages after loading (CPU; faster steps for
-        more load time, docs/benchmarks.md §1: on for services, which embed this class; `specrt
-        generate` turns it off). cost_cache: start adaptive k from this bundle's call-cost probe
-        kept on disk for this machine (runtime/policy/cost_cache.py). parts: models already built
-        (runtime/bundle/loader.py `Parts`: tests drive fake backends this way); then nothing is loaded
-        from `folder` and the loading options do not apply.
-        draft_window: the most committed tokens a draft with its own KV pool reads to catch up
-        (a long prompt): it reads the last `draft_window` and drafts from those
-        (runtime/drafters/model.py); None: all. Verification keeps the output exact either way."""
-        if draft is not None and draft not in DRAFTS:
-            raise ValueError(f"draft must be one of {DRAFTS}, got {draft!r}")
-        if max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+    def __init__(self, folder: str | Path, options: LoadOptions | None = None, *, parts: LoadedModels | None = None,
+                 **kw):
+        """options: how to load and run the bundle (runtime/options.py `LoadOptions`: each
+        field's default and meaning); keyword arguments (its field names) build them, or replace
+        fields of `options`: `Pipeline(folder, max_batch=8)`. In short: draft "model" | "none" |
+        "ngram" | "auto" (None follows the bundle); max_batch KV slots, allocated now (see
+        `kv_bytes_per_slot`), or "auto" (as many as fit in `memory_fraction` of the available
+        memory; a count that cannot fit raises InsufficientMemory before anything is
+        allocated); max_seq_len tokens per slot (<= the bundle's S_max); adaptive k on by
+        default whenever more than one request can run (a fixed k loses throughput under load,
+        docs/benchmarks.md §5); max_queue requests waiting beyond which calls raise EngineBusy.
+        parts: models already built (runtime/bundle/loader.py `LoadedModels`: tests drive fake
+        backends this way); then nothing is loaded from `folder` and the loading fields do not
+        apply."""
+        self.options = o = load_options(options, **kw)
         # None loads the bundle's draft model if it has one, and then drafts with it
-        self.parts = p = parts if parts is not None else load_parts(
-            folder, draft=draft or "model", device=device, threads=threads, global_pool=global_pool,
-            hugepages=hugepages, max_batch=max_batch, max_seq_len=max_seq_len, memory_fraction=memory_fraction)
-        draft = default_draft(draft, p.draft is not None)
+        self.parts = p = parts if parts is not None else load_models(folder, o)
+        draft = default_draft(o.draft, p.draft is not None)
         self._check_draft(draft)
         self.folder, self.manifest, self.tokenizer = p.folder, p.manifest, p.tokenizer
-        self.hugepages = hugepages
+        self.hugepages = o.hugepages
         self.max_seq_len = p.target.max_seq_len  # the load's context: the bundle's S_max or less
         self.max_k = p.manifest.target.max_tokens_per_call - 1
         self.default_draft = draft
-        if draft_window is not None and draft_window < 1:
-            raise ValueError(f"draft_window must be >= 1 token or None, got {draft_window}")
-        self.draft_window = draft_window
+        self.draft_window = o.draft_window
         man = p.manifest
         # k: the caller's, else what the exporter recommends for this draft, else 4
-        self.default_k = k if k is not None else (man.draft.default_k if man.draft and man.draft.default_k else 4)
-        self.default_adaptive = adaptive if adaptive is not None else p.target.pool.slots > 1
-        self.store = PolicyStore(p, self.max_k, threads=threads, device=device, global_pool=global_pool,
-                                 hugepages=hugepages, cost_cache=cost_cache,
-                                 draft_window=None if p.shared_kv or p.eagle else draft_window)
+        self.default_k = o.k if o.k is not None else (man.draft.default_k if man.draft and man.draft.default_k else 4)
+        self.default_adaptive = o.adaptive if o.adaptive is not None else p.target.pool.slots > 1
+        self.store = PolicyStore(p, self.max_k, threads=o.threads, device=o.device, global_pool=o.global_pool,
+                                 hugepages=o.hugepages, cost_cache=o.cost_cache,
+                                 draft_window=None if p.shared_kv or p.eagle else o.draft_window)
         self.scheduler = Scheduler(p.target, p.draft, features=p.features, make_drafter=self._drafter,
-                                   policies=self.store.policies, plan_batches=plan_batches,
-                                   prefix_cache=prefix_cache)
-        self.engine = Engine(self.scheduler, max_queue=max_queue, before_admit=self._before_admit)
+                                   policies=self.store.policies, plan_batches=o.plan_batches,
+                                   prefix_cache=o.prefix_cache)
+        self.engine = Engine(self.scheduler, max_queue=o.max_queue, before_admit=self._before_admit)
         self._local = threading.local()
         self.grammars = Grammars(p.folder / man.tokenizer.file, man.target.vocab_size, self.tokenizer.eos_ids)
 
@@ -346,6 +324,7 @@ class Pipeline:
 
     @property
     def kv_bytes_per_slot(self) -> int:
+        """KV bytes one slot holds, every pool (the engine's counters report the same)."""
         return self.parts.kv_bytes_per_slot
 
     @property
@@ -363,5 +342,6 @@ class Pipeline:
         self.close()
 
 
-def load(folder: str | Path = "engines/default", **kw) -> Pipeline:
-    return Pipeline(folder, **kw)
+def load(folder: str | Path = "engines/default", options: LoadOptions | None = None, **kw) -> Pipeline:
+    """A Pipeline over the bundle at `folder`; options / kw: `Pipeline`'s."""
+    return Pipeline(folder, options, **kw)

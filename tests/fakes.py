@@ -21,7 +21,7 @@ import numpy as np
 
 from checks import run_request as _run_request
 from specrt.runtime.backends.kvpool import KVPool
-from specrt.runtime.bundle.loader import Parts
+from specrt.runtime.bundle.loader import LoadedModels
 from specrt.runtime.bundle.manifest import KVLayout, Manifest, ModelEntry, TokenizerInfo
 from specrt.runtime.bundle.tokenizer import Tokenizer
 
@@ -203,8 +203,8 @@ def write_json_tokenizer(folder: Path) -> TokenizerInfo:
 
 def fake_parts(folder: Path, *, draft: str | None = "self", slots: int = 4, seed: int = 0, noise: float = 0.3,
                max_t: int = MAX_T, max_prefill_t: int = 16, batch_rows: bool = True, json_tokens: bool = False,
-               tokens=None, one_token_skew: float = 0.0, min_t: int | None = None) -> Parts:
-    """Parts (runtime/bundle/loader.py) over fake models. draft: "self" (a second track on the
+               tokens=None, one_token_skew: float = 0.0, min_t: int | None = None) -> LoadedModels:
+    """LoadedModels (runtime/bundle/loader.py) over fake models. draft: "self" (a second track on the
     target's pool, as a self-int8 draft), "separate" (a pool of its own, as another model) or
     None. The draft is the target's table plus noise: it agrees often, not always.
     json_tokens: a tokenizer of JSON characters (grammar tests) instead of words. tokens: a
@@ -230,7 +230,7 @@ def fake_parts(folder: Path, *, draft: str | None = "self", slots: int = 4, seed
                    draft=None if d is None else ModelEntry(graph="draft.onnx", recipe="self-int8" if draft == "self"
                                                            else "model", **entry),
                    tokenizer=write(folder))
-    return Parts(folder, man, Tokenizer(folder, man.tokenizer), target, d, False, draft == "self", None, "cpu")
+    return LoadedModels(folder, man, Tokenizer(folder, man.tokenizer), target, d, False, draft == "self", None, "cpu")
 
 
 def fake_pipeline(folder: Path, *, costs=None, plan_batches: bool = True, adaptive: bool | None = False,

@@ -119,6 +119,58 @@ def test_non_finite_logits_is_reported(tiny_bundles, monkeypatch):
     pipe.close()
 
 
+def test_non_finite_logits_are_a_model_fault_not_a_user_error(tiny_bundles):
+    """NaN logits say the model or its export is broken: not in USER_ERRORS (exit 2, "fix your
+    input"), but reported as clearly, with exit 1."""
+    from specrt.runtime import MODEL_ERRORS, USER_ERRORS, NonFiniteLogits
+
+    err = NonFiniteLogits("x")
+    assert not isinstance(err, USER_ERRORS) and isinstance(err, MODEL_ERRORS)
+    script = ("import sys\nimport numpy as np\nfrom specrt.runtime.backends.ort import OrtModel\nreal = OrtModel.run\n"
+              "OrtModel.run = lambda self, *a, **k: real(self, *a, **k) * np.float32('nan')\n"
+              "from specrt.cli import main\nmain()\n")
+    r = subprocess.run([sys.executable, "-c", script, "generate", "--engines", str(tiny_bundles["none"]), "--raw",
+                        "--max-new-tokens", "4", "w5"], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 1 and "specrt: error: " in r.stderr and "non-finite logits" in r.stderr, r.stderr
+
+
+def _bench_load_config(tmp_path, monkeypatch, *flags):
+    """`specrt bench --concurrency` in process up to the run: the LoadConfig it would run (or
+    the CLI's result when it refuses first)."""
+    from click.testing import CliRunner
+
+    from specrt.cli import main
+    from specrt.runtime.bench import load
+
+    seen = []
+
+    def fake_run_load(cfg, progress):
+        seen.append(cfg)
+        return {}
+
+    monkeypatch.setattr(load, "run_load", fake_run_load)
+    monkeypatch.setattr(load, "table", lambda results: "")
+    wl = tmp_path / "w.jsonl"
+    wl.write_text('{"prompt": "w5 w6"}\n')
+    res = CliRunner().invoke(main, ["bench", "--engines", str(tmp_path / "no-bundle"), "--workload", str(wl),
+                                    "--concurrency", "1,2", "--out", str(tmp_path / "out"), *flags])
+    return res, seen
+
+
+def test_bench_concurrency_honours_one_k_and_refuses_a_list(tmp_path, monkeypatch):
+    """With --concurrency, --k is the fixed-k arm's: one value is used, none means the
+    bundle's, and a list is refused (it used to become None, silently)."""
+    res, seen = _bench_load_config(tmp_path, monkeypatch, "--k", "3")
+    assert res.exit_code == 0, res.output
+    assert seen[0].k == 3 and seen[0].levels == [1, 2]
+    res, seen = _bench_load_config(tmp_path, monkeypatch)
+    assert res.exit_code == 0 and seen[0].k is None, res.output
+    res, seen = _bench_load_config(tmp_path, monkeypatch, "--k", "4,5")
+    assert res.exit_code == 2 and not seen
+    assert "with --concurrency, --k takes one value (the fixed-k arm's), got '4,5'" in res.output
+
+
 def test_inspect_eagle_bundle(tiny_bundles):
     r = run("inspect", str(tiny_bundles["eagle"]))
     assert r.returncode == 0

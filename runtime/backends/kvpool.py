@@ -260,3 +260,10 @@ class KVPool:
         if pos >= self.capacity:  # the context checks keep every track below S_max
             raise ContextOverflow(f"slot {slot} has no spare row (all {self.capacity} in use)")
         return pos
+
+
+def kv_bytes_per_slot(pools) -> int:
+    """KV bytes one slot holds over `pools`, each counted once (a self-draft is a track on the
+    target's pool; a separate draft's pool follows the target's slots). The one definition:
+    `Pipeline.kv_bytes_per_slot` and the engine's counters both use it."""
+    return sum(p.bytes_per_slot() for p in {id(p): p for p in pools}.values())

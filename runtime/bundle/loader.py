@@ -15,19 +15,22 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends.kvpool import KVPool
+from ..backends.kvpool import KVPool, kv_bytes_per_slot
 from ..backends.ort import OrtModel, pick_providers, prefill_width
 from ..backends.protocol import PoolModel
+from ..options import DRAFTS, LoadOptions, load_options
 from . import memory
 from .hugepages import anonymous_pages, collapse
 from .manifest import SELF_DRAFT_PRECISION, BundleError, Manifest, ModelEntry, load_manifest
 from .tokenizer import Tokenizer
 
-DRAFTS = ("model", "none", "ngram", "auto")
+__all__ = ["DRAFTS", "LoadedModels", "load_models", "memory_plan", "size_load"]
 
 
 @dataclass
-class Parts:
+class LoadedModels:
+    """What a load built (export/parts.py `Parts` is the exporter's, a different thing)."""
+
     folder: Path
     manifest: Manifest
     tokenizer: Tokenizer
@@ -40,33 +43,37 @@ class Parts:
     sizing: memory.Sizing | None = None  # what the load was sized to (None: not sized, e.g. TensorRT)
 
     @property
+    def pools(self) -> list:
+        """Every KV pool the models write (a self-draft's is the target's)."""
+        return [self.target.pool] + ([self.draft.pool] if self.draft is not None else [])
+
+    @property
     def kv_bytes_per_slot(self) -> int:
-        n = self.target.pool.bytes_per_slot()
-        if self.draft is not None and not self.shared_kv:
-            n += self.draft.pool.bytes_per_slot()
-        return n
+        """KV bytes one slot holds over every pool (backends/kvpool.py `kv_bytes_per_slot`, as the
+        engine's counters report it)."""
+        return kv_bytes_per_slot(self.pools)
 
 
-def load_parts(folder: str | Path, *, draft: str = "model", device: str = "cpu", threads: int | None = None,
-               global_pool: bool = False, hugepages: bool = False, max_batch: int | str = 1,
-               max_seq_len: int | None = None, memory_fraction: float = memory.DEFAULT_MEMORY_FRACTION) -> Parts:
-    """max_batch: KV slots, or "auto" (as many as fit in `memory_fraction` of the available
-    memory, at most memory.AUTO_MAX_SLOTS); max_seq_len: tokens per slot (None: the bundle's
-    S_max). Raises memory.InsufficientMemory before building anything when the load cannot fit."""
+def load_models(folder: str | Path, options: LoadOptions | None = None, **kw) -> LoadedModels:
+    """The models, tokenizer and KV pools of a load. options (or its fields as keywords):
+    `draft`, `device`, `threads`, `global_pool`, `hugepages`, `max_batch`, `max_seq_len` and
+    `memory_fraction` apply here (runtime/options.py). Raises memory.InsufficientMemory before
+    building anything when the load cannot fit."""
+    o = load_options(options, **kw)
     folder = Path(folder)
     man = load_manifest(folder)
-    if max_batch != memory.AUTO and (not isinstance(max_batch, int) or max_batch < 1):
-        raise ValueError(f"max_batch must be a positive integer or 'auto', got {max_batch!r}")
     tok = Tokenizer(folder, man.tokenizer)
     eagle = man.draft is not None and bool(man.draft.io.hidden_in)
-    want_draft = man.draft is not None and draft in ("model", "auto")
-    if device == "trt":
-        return _trt_parts(folder, man, tok, want_draft, eagle, 1 if max_batch == memory.AUTO else max_batch, max_seq_len)
-    _, dev = pick_providers(device)
-    sizing = size_load(folder, man, want_draft=want_draft, device=dev, max_batch=max_batch, max_seq_len=max_seq_len,
-                       memory_fraction=memory_fraction)
+    want_draft = man.draft is not None and o.want_draft
+    if o.device == "trt":
+        return _trt_models(folder, man, tok, want_draft, eagle, 1 if o.max_batch == memory.AUTO else o.max_batch,
+                           o.max_seq_len)
+    _, dev = pick_providers(o.device)
+    sizing = size_load(folder, man, want_draft=want_draft, device=dev, max_batch=o.max_batch,
+                       max_seq_len=o.max_seq_len, memory_fraction=o.memory_fraction)
     slots, seq = sizing.slots, sizing.seq
-    before = anonymous_pages() if hugepages and dev == "cpu" else None
+    threads, global_pool = o.threads, o.global_pool
+    before = anonymous_pages() if o.hugepages and dev == "cpu" else None
     pool = KVPool(man.target.kv, slots, dev, allocate=False, max_seq_len=seq)  # after the sessions: lower peak RSS
     target = _model(folder, man.target, pool, "target", threads, global_pool)
     d = None
@@ -85,7 +92,7 @@ def load_parts(folder: str | Path, *, draft: str = "model", device: str = "cpu",
         features = np.zeros((slots, seq, target.hidden_size), dtype=np.float32)
     if before is not None:
         collapse(anonymous_pages() - before)
-    return Parts(folder, man, tok, target, d, eagle and d is not None, shared, features, dev, sizing)
+    return LoadedModels(folder, man, tok, target, d, eagle and d is not None, shared, features, dev, sizing)
 
 
 def _shares_kv(man: Manifest, eagle: bool) -> bool:
@@ -94,7 +101,7 @@ def _shares_kv(man: Manifest, eagle: bool) -> bool:
 
 
 def memory_plan(folder: Path, man: Manifest, *, want_draft: bool, device: str = "cpu") -> memory.MemoryPlan:
-    """What the parts `load_parts` builds will hold (runtime/bundle/memory.py), from the manifest and
+    """What the models `load_models` builds will hold (runtime/bundle/memory.py), from the manifest and
     the files' sizes; nothing is loaded."""
     eagle = man.draft is not None and bool(man.draft.io.hidden_in)
     entries = [("target", man.target)] + ([("draft", man.draft)] if want_draft else [])
@@ -134,7 +141,7 @@ def _model(folder: Path, entry: ModelEntry, pool: KVPool, track: str, threads, g
         raise BundleError(f"cannot load {track} graph {folder / entry.graph}: {str(e)[:300]}") from None
 
 
-def _trt_parts(folder, man, tok, want_draft, eagle, max_batch, max_seq_len) -> Parts:
+def _trt_models(folder, man, tok, want_draft, eagle, max_batch, max_seq_len) -> LoadedModels:
     from ..backends.single import SingleSequenceModel
     from ..backends.trt import TrtBackend, gpu_tag
 
@@ -159,4 +166,4 @@ def _trt_parts(folder, man, tok, want_draft, eagle, max_batch, max_seq_len) -> P
     features = None
     if eagle and d is not None:
         features = np.zeros((1, man.target.kv.max_seq_len, target.hidden_size), dtype=np.float32)
-    return Parts(folder, man, tok, target, d, eagle and d is not None, False, features, "trt")
+    return LoadedModels(folder, man, tok, target, d, eagle and d is not None, False, features, "trt")

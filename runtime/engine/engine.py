@@ -12,6 +12,7 @@ import threading
 import time
 from collections import deque
 
+from ..backends.kvpool import kv_bytes_per_slot
 from .request import Request
 from .scheduler import Scheduler, end_unstarted
 
@@ -63,12 +64,14 @@ class Engine:
             self._cv.notify()
 
     def counters(self) -> dict:
-        """A snapshot: running / waiting requests and the scheduler's totals."""
+        """A snapshot: running / waiting requests, the slots and their KV bytes (every pool),
+        and the scheduler's totals."""
         with self._cv:
             waiting = len(self._waiting) + len(self.sched.deferred)
         c = self.sched.counters.snapshot()
+        per_slot = kv_bytes_per_slot(self.sched.pools)
         c.update(running=len(self.sched.running), waiting=waiting, slots=self.sched.pool.slots,
-                 kv_bytes_per_slot=self.sched.pool.bytes_per_slot())
+                 kv_bytes_per_slot=per_slot, kv_bytes=per_slot * self.sched.pool.slots)
         return c
 
     def alive(self) -> bool:

@@ -6,11 +6,11 @@ the CLI's flags). Plain data: no web framework is imported here.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from ..bundle.manifest import Manifest, load_manifest
-from ..options import default_draft
+from ..options import LoadOptions, default_draft
 
 
 @dataclass
@@ -29,24 +29,34 @@ class ServerConfig:
         return dict(draft=self.draft, adaptive=self.adaptive, timeout_s=self.request_timeout_s)
 
 
-@dataclass
+# what the server loads unless told otherwise: 8 slots, adaptive k, one onnxruntime thread pool
+SERVE_LOADING = LoadOptions(max_batch=8, adaptive=True, global_pool=True)
+
+
+@dataclass(frozen=True)
 class ServeOptions:
-    """The bundle to load, how to load it, and the server's settings (the CLI's flags)."""
+    """The bundle to load, how to load it (`LoadOptions`, runtime/options.py) and the server's
+    settings. The CLI's flags and a Ray config file's `args` are flat (`from_args`)."""
 
     engines: str | None = None  # bundle folder (None: $SPECRT_ENGINES, else engines/default)
-    max_batch: int | str = 8  # KV slots ("auto": the CLI sizes it before loading)
-    max_seq_len: int | None = None  # context per slot (None: the bundle's S_max)
-    max_queue: int = 64  # requests waiting for a slot before 503
-    draft: str | None = None  # None: the bundle's draft model if it has one, else none
-    adaptive: bool = True
-    k: int | None = None
-    threads: int | None = None  # intra-op threads (None: onnxruntime's default, all cores)
-    hugepages: bool = True
-    prefix_cache: bool = True
+    loading: LoadOptions = SERVE_LOADING  # max_batch "auto": the CLI sizes it before loading
     api_key: str | None = None  # None: $SPECRT_API_KEY if set
-    request_timeout: float | None = None
-    max_body_mb: float = 1.0
+    request_timeout: float | None = None  # seconds; a request still running then ends
+    max_body_mb: float = 1.0  # larger request bodies get 413
     grace: float = 30.0  # seconds in-flight requests get to finish at a stop
+
+    @classmethod
+    def from_args(cls, **args):
+        """From flat arguments: this class's fields and LoadOptions' (the CLI's flags, a config
+        file's `args`); the load's start from SERVE_LOADING."""
+        base = args.pop("loading", SERVE_LOADING)
+        load_kw = {k: args.pop(k) for k in list(args) if k in _LOAD_FIELDS}
+        return cls(**args, loading=replace(base, **load_kw))
+
+    def args(self) -> dict:
+        """The flat form `from_args` takes (what the Ray deployment sends its replicas)."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "loading"}
+        return own | {f.name: getattr(self.loading, f.name) for f in fields(LoadOptions)}
 
     @property
     def folder(self) -> Path:
@@ -55,19 +65,21 @@ class ServeOptions:
     def draft_for(self, man: Manifest | None = None) -> str:
         """The drafter served: the one asked for, else the bundle's (its manifest: read if not given)."""
         man = man if man is not None else load_manifest(self.folder)
-        return default_draft(self.draft, man.draft is not None)
+        return default_draft(self.loading.draft, man.draft is not None)
 
     def server_config(self, man: Manifest | None = None) -> ServerConfig:
         """The HTTP layer's config for this bundle (raises BundleError if its manifest does not read)."""
         draft = self.draft_for(man)
+        adaptive = self.loading.adaptive is not False  # None: on, as a load of more than one slot
         return ServerConfig(model_id=self.folder.name, api_key=self.api_key or os.environ.get("SPECRT_API_KEY"),
                             max_body_bytes=int(self.max_body_mb * 2**20), request_timeout_s=self.request_timeout,
-                            draft=draft, adaptive=self.adaptive and draft != "none")
+                            draft=draft, adaptive=adaptive and draft != "none")
 
     def load(self):
         """-> the Pipeline (max_batch must be a count by now)."""
         from .. import load
 
-        return load(self.folder, draft=self.draft_for(), threads=self.threads, k=self.k, global_pool=True,
-                    hugepages=self.hugepages, adaptive=self.adaptive, max_batch=self.max_batch,
-                    max_seq_len=self.max_seq_len, max_queue=self.max_queue, prefix_cache=self.prefix_cache)
+        return load(self.folder, replace(self.loading, draft=self.draft_for()))
+
+
+_LOAD_FIELDS = {f.name for f in fields(LoadOptions)}

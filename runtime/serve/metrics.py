@@ -18,8 +18,8 @@ _E2E = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 
 
 class _EngineCollector:
-    def __init__(self, counters, model: str, kv_bytes: int):
-        self.counters, self.model, self.kv_bytes = counters, model, kv_bytes
+    def __init__(self, counters, model: str):
+        self.counters, self.model = counters, model
 
     def collect(self):
         c = self.counters()
@@ -38,7 +38,7 @@ class _EngineCollector:
         yield gauge("num_requests_running", "Requests in KV slots (prefill or decode).", c["running"])
         yield gauge("num_requests_waiting", "Requests waiting for a slot.", c["waiting"])
         yield gauge("num_slots", "KV slots allocated at load.", c["slots"])
-        yield gauge("kv_cache_bytes", "Bytes of the KV pools allocated at load (every slot and pool).", self.kv_bytes)
+        yield gauge("kv_cache_bytes", "Bytes of the KV pools allocated at load (every slot and pool).", c["kv_bytes"])
         yield counter("spec_decode_num_drafts", "Verification rounds with at least one draft token.", c["drafts"])
         yield counter("spec_decode_num_draft_tokens", "Draft tokens proposed.", c["draft_tokens"])
         yield counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.", c["accepted_tokens"])
@@ -56,9 +56,9 @@ class _EngineCollector:
 
 
 class Metrics:
-    def __init__(self, model: str, counters, kv_bytes: int = 0):
-        """counters() -> the engine's snapshot (read at scrape time); kv_bytes: the KV pools'
-        size, fixed at load."""
+    def __init__(self, model: str, counters):
+        """counters() -> the engine's snapshot (read at scrape time; its `kv_bytes`: the KV
+        pools' size, fixed at load)."""
         self.model = model
         self.registry = r = CollectorRegistry()
         lab = ["model_name"]
@@ -73,7 +73,7 @@ class Metrics:
                               buckets=_TPOT, registry=r)
         self.e2e = Histogram("specrt:e2e_request_latency_seconds", "End-to-end request latency.", lab, buckets=_E2E,
                              registry=r)
-        r.register(_EngineCollector(counters, model, kv_bytes))
+        r.register(_EngineCollector(counters, model))
 
     def finished(self, prompt_tokens: int, new_tokens: int, reason: str, ttft_s: float | None, tpot_s: float | None,
                  e2e_s: float) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastapi.responses import JSONResponse
@@ -35,6 +35,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from ..bundle.manifest import load_manifest
+from ..bundle.memory import AUTO
 from ..bundle.tokenizer import Tokenizer
 from ..engine import EngineBusy
 from ..engine.counters import Counters
@@ -59,16 +60,15 @@ ROUTERS = {"prefix": PrefixAffinityRouter, "pow2": PowerOfTwoRouter}
 _REPLICA_GONE = (RayActorError, ActorUnavailableError)  # a replica died under a request
 
 
-@dataclass
+@dataclass(frozen=True)
 class RayOptions(ServeOptions):
-    """What `specrt serve --replicas` and a config file's `args` set (same names as the CLI's):
-    the single-process server's options (config.py; max_batch a count: KV slots per replica)
-    and the deployment's."""
+    """What `specrt serve --replicas` and a config file's `args` set (flat, the CLI's names:
+    `from_args`): the single-process server's options (config.py; loading.max_batch a count: KV
+    slots per replica, loading.threads: intra-op threads per replica) and the deployment's."""
 
     replicas: int | None = None  # fixed count (with min/max: the initial count)
     min_replicas: int | None = None  # autoscaling between min and max (both needed)
     max_replicas: int | None = None
-    threads: int | None = None  # intra-op threads per replica (None: onnxruntime's default, all cores)
     replica_cpus: float | None = None  # CPUs each engine replica reserves (None: threads, else 1)
     router: str = "prefix"  # "prefix" (affinity) or "pow2" (Ray's default)
     imbalance: int = 2  # prefix router: requests more than the least loaded replica past which affinity yields
@@ -80,12 +80,14 @@ class RayOptions(ServeOptions):
             raise ValueError("min_replicas and max_replicas go together")
         if self.min_replicas is not None and not 0 < self.min_replicas <= self.max_replicas:
             raise ValueError(f"need 0 < min_replicas <= max_replicas, got {self.min_replicas}, {self.max_replicas}")
-        if self.max_batch < 1 or self.max_queue < 0:
-            raise ValueError("max_batch must be >= 1 and max_queue >= 0")
+        if self.replicas is not None and self.replicas < 1:
+            raise ValueError("replicas must be >= 1")
+        if self.loading.max_batch == AUTO:  # each replica would size itself to the whole machine's memory
+            raise ValueError("max_batch 'auto' sizes one process: give replicas a slot count")
 
     @property
     def cpus(self) -> float:
-        return self.replica_cpus if self.replica_cpus is not None else float(self.threads or 1)
+        return self.replica_cpus if self.replica_cpus is not None else float(self.loading.threads or 1)
 
 
 # ---- what travels between the ingress and an engine replica ---------------------------------
@@ -187,7 +189,7 @@ class SpecrtEngine:
     """An engine replica: loads the bundle once and serves `generate` calls."""
 
     def __init__(self, opts: dict):
-        o = RayOptions(**opts)
+        o = RayOptions.from_args(**opts)
         replica = serve.get_replica_context().replica_id.unique_id
         self.server = EngineServer(o.server_config(), o.load, replica)
 
@@ -220,12 +222,15 @@ class _Frontend:
 
 
 def sum_counters(snapshots: list[dict]) -> dict:
-    """Engine counters of several replicas summed (per-position lists element-wise); zeros
-    for none, so /metrics names every series before the first request."""
-    out = Counters().snapshot() | {"running": 0, "waiting": 0, "slots": 0, "kv_bytes_per_slot": 0}
+    """Engine counters of several replicas summed (per-position lists element-wise; a slot's
+    KV bytes, the same in every replica, are not a total: the largest); zeros for none, so
+    /metrics names every series before the first request."""
+    out = Counters().snapshot() | {"running": 0, "waiting": 0, "slots": 0, "kv_bytes_per_slot": 0, "kv_bytes": 0}
     for c in snapshots:
         for k, v in c.items():
-            if isinstance(v, list):
+            if k == "kv_bytes_per_slot":
+                out[k] = max(out[k], v)
+            elif isinstance(v, list):
                 acc = out.setdefault(k, [])
                 acc.extend([0] * (len(v) - len(acc)))
                 out[k] = [a + b for a, b in zip(acc, v + [0] * (len(acc) - len(v)), strict=True)]
@@ -341,9 +346,9 @@ class SpecrtIngress:
     """The HTTP API (app.py's routes) over `OpenAIServing` with the engine replicas as its backend."""
 
     def __init__(self, engine: DeploymentHandle, opts: dict):
-        o = RayOptions(**opts)
+        o = RayOptions.from_args(**opts)
         cfg = o.server_config()
-        self.serving = OpenAIServing(cfg, RayBackend(cfg, o.folder, engine, max_seq_len=o.max_seq_len))
+        self.serving = OpenAIServing(cfg, RayBackend(cfg, o.folder, engine, max_seq_len=o.loading.max_seq_len))
 
     def __serve_build_asgi_app__(self):
         return make_app(self.serving)
@@ -356,7 +361,8 @@ def engine_options(o: RayOptions) -> dict:
     slots (`max_ongoing_requests`): the rest wait in the router, which can still choose where
     they go, and a replica that dies loses only requests it was running. Autoscaling targets
     the slots too: a deployment whose replicas are full and whose router holds more grows."""
-    opts = dict(max_ongoing_requests=o.max_batch, max_queued_requests=o.max_queue,
+    slots = o.loading.max_batch
+    opts = dict(max_ongoing_requests=slots, max_queued_requests=o.loading.max_queue,
                 ray_actor_options={"num_cpus": o.cpus}, graceful_shutdown_timeout_s=o.grace,
                 health_check_period_s=2.0, health_check_timeout_s=30.0,
                 request_router_config=RequestRouterConfig(
@@ -367,7 +373,7 @@ def engine_options(o: RayOptions) -> dict:
         opts["autoscaling_config"] = AutoscalingConfig(
             min_replicas=o.min_replicas, max_replicas=o.max_replicas,
             initial_replicas=o.replicas if o.replicas is not None else o.min_replicas,
-            target_ongoing_requests=o.max_batch, upscale_delay_s=5.0, downscale_delay_s=60.0)
+            target_ongoing_requests=slots, upscale_delay_s=5.0, downscale_delay_s=60.0)
     else:
         opts["num_replicas"] = o.replicas or 1
     return opts
@@ -375,10 +381,11 @@ def engine_options(o: RayOptions) -> dict:
 
 def build(args: dict):
     """Ray Serve application builder (`import_path: specrt.runtime.serve.ray_deploy:build`):
-    `args` are `RayOptions` fields. The bundle is checked here, before any replica starts."""
-    o = RayOptions(**args)
+    `args` are `RayOptions.from_args`'s (flat: the CLI's names). The bundle is checked here,
+    before any replica starts."""
+    o = RayOptions.from_args(**args)
     o.server_config()  # the bundle's manifest reads, or the deploy fails now with its error
-    opts = asdict(o) | {"engines": str(o.folder)}
+    opts = o.args() | {"engines": str(o.folder)}
     engine = SpecrtEngine.options(**engine_options(o)).bind(opts)
     # the ingress only relays: it takes every request (Ray's default of 5 would queue them at
     # the proxy, unbounded) and the engine's router queue is the bound that answers 503

@@ -8,9 +8,10 @@ busier than the least loaded one (SGLang's router policy, `affinity.rank`). What
 holds is known two ways: the prompts this router sent there, and the block hashes the replica
 reports of its idle slots (`record_routing_stats`), which also covers what other routers sent.
 
-`PowerOfTwoRouter` is Ray's default policy (two random replicas, the shorter queue), here only
-so that both routers publish the replicas' routing stats to this process
-(`affinity.replica_stats`): the ingress reads them for /metrics. Ray pickles a router's module
+`PowerOfTwoRouter` is Ray's default policy (two random replicas, preferring this node's; Ray
+probes their queues and takes the shorter), written over Ray's public router API
+(`ray.serve.request_router`) so that both routers publish the replicas' routing stats to this
+process (`affinity.replica_stats`): the ingress reads them for /metrics. Ray pickles a router's module
 by value into every process that routes, so state shared with the ingress lives in another
 module (affinity.py), reached through its module object.
 """
@@ -19,9 +20,9 @@ from __future__ import annotations
 
 import random
 
-from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter  # Ray's default router
 from ray.serve.request_router import (
     FIFOMixin,
+    LocalityMixin,
     PendingRequest,
     ReplicaID,
     RequestRouter,
@@ -39,11 +40,23 @@ def _prompt_ids(pending: PendingRequest | None) -> list[int] | None:
     return getattr(pending.args[0], "ids", None)
 
 
-class PowerOfTwoRouter(PowerOfTwoChoicesRequestRouter):
-    """Ray's default policy; publishes the replicas' routing stats to this process."""
+def two_choices(candidates: list[RunningReplica]) -> list[list[RunningReplica]]:
+    """One rank of (at most) two random replicas: Ray asks both for their queue length and
+    sends the request to the shorter (power of two choices)."""
+    return [random.sample(candidates, min(2, len(candidates)))] if candidates else []
+
+
+class PowerOfTwoRouter(FIFOMixin, LocalityMixin, RequestRouter):
+    """Ray's default policy (`PowerOfTwoChoicesRequestRouter`, not public: the same steps
+    here); publishes the replicas' routing stats to this process."""
 
     def initialize_state(self, **kwargs):
         affinity.ROUTERS.add(self)  # through the module: Ray ships this one by value
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        local = self.apply_locality_routing(pending_request)  # this node's first, then all
+        return two_choices([r for r in candidate_replicas if r.replica_id in local] or candidate_replicas)
 
 
 class PrefixAffinityRouter(FIFOMixin, RequestRouter):
@@ -70,11 +83,9 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         if pending_request is not None:
             pending_request.routing_context.should_backoff = True  # every replica is considered each time
-        if not candidate_replicas:
-            return []
         ids = _prompt_ids(pending_request)
-        if ids is None:  # not a generation call (health, stats): Ray's two random choices
-            return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+        if ids is None or not candidate_replicas:  # not a generation call (health, stats): Ray's two choices
+            return two_choices(candidate_replicas)
         by_id = {r.replica_id: r for r in candidate_replicas}
         match = self.table.match(block_hashes(ids, self.block), list(by_id))
         load = {rid: self._load(r) for rid, r in by_id.items()}

@@ -130,7 +130,7 @@ class LocalBackend:
         """Run in a thread at startup; /health says 503 until it returns."""
         try:
             pipe = self._load()
-            self.metrics = Metrics(self.cfg.model_id, pipe.counters, pipe.kv_bytes)
+            self.metrics = Metrics(self.cfg.model_id, pipe.counters)
             self.pipe = pipe
             log.info("specrt: %s ready (%d slots, %d KV bytes)", self.cfg.model_id, pipe.counters()["slots"],
                      pipe.kv_bytes)

@@ -1,5 +1,6 @@
-"""RequestOptions (runtime/options.py): what it checks alone and the option each refusal names,
-the forms it normalises, and the pipeline taking it in place of keyword arguments."""
+"""RequestOptions and LoadOptions (runtime/options.py): what each checks alone and the option
+each refusal names, the forms RequestOptions normalises, and the pipeline taking either in place
+of keyword arguments."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from fakes import VOCAB, fake_pipeline
+from fakes import VOCAB, fake_parts, fake_pipeline
 from specrt.runtime import InvalidRequest, InvalidSampling, RequestOptions
 from specrt.runtime.backends.kvpool import ContextOverflow
-from specrt.runtime.options import default_draft, request_options
+from specrt.runtime.options import LoadOptions, default_draft, load_options, request_options
 from specrt.runtime.sampling.grammar import Constraint
 
 
@@ -116,3 +117,58 @@ def test_what_needs_the_bundle_is_checked_by_the_pipeline_and_named(pipe):
     with pytest.raises(InvalidRequest) as e:
         pipe.request([], max_new_tokens=3)
     assert e.value.param is None and "empty prompt" in str(e.value)
+
+
+# ---- LoadOptions: how a bundle is loaded and run -----------------------------------------------
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(draft="sometimes"), "draft must be one of"),
+    (dict(device="gpu"), "device must be one of"),
+    (dict(max_batch=0), "max_batch must be a positive integer or 'auto'"),
+    (dict(max_batch="lots"), "max_batch must be a positive integer or 'auto'"),
+    (dict(max_batch=True), "max_batch must be a positive integer or 'auto'"),
+    (dict(k=-1), "k must be an integer >= 0"),
+    (dict(threads=-1), "threads must be an integer >= 0"),
+    (dict(max_queue=-1), "max_queue must be >= 0"),
+    (dict(memory_fraction=0), "memory fraction must be in"),
+    (dict(memory_fraction=1.5), "memory fraction must be in"),
+])
+def test_load_options_are_checked_once_when_made(kw, words):
+    with pytest.raises(ValueError, match=words):
+        LoadOptions(**kw)
+    with pytest.raises(ValueError, match=words):  # replacing a field checks again
+        dataclasses.replace(LoadOptions(), **kw)
+
+
+def test_every_load_option_has_a_default_and_a_comment():
+    import inspect
+
+    from specrt.runtime import options
+
+    src = inspect.getsource(options.LoadOptions)
+    for f in dataclasses.fields(LoadOptions):
+        line = next(ln for ln in src.splitlines() if ln.strip().startswith(f"{f.name}:"))
+        assert "=" in line and "  # " in line, line
+    assert load_options() == LoadOptions()
+    assert load_options(LoadOptions(k=2), max_queue=3) == LoadOptions(k=2, max_queue=3)
+
+
+def test_load_takes_options_or_todays_keywords_alike(tmp_path):
+    """`Pipeline(folder, **kw)` (and `specrt.load`) as before, or `options=`; keywords replace
+    its fields; a misspelt one is a TypeError, never ignored."""
+    from specrt.runtime.pipeline import Pipeline
+
+    kw = dict(max_batch=2, max_queue=5, prefix_cache=False, adaptive=True, k=3, hugepages=False, cost_cache=False)
+    made = [Pipeline(tmp_path, parts=fake_parts(tmp_path / "a", slots=2), **kw),
+            Pipeline(tmp_path, LoadOptions(**kw), parts=fake_parts(tmp_path / "b", slots=2)),
+            Pipeline(tmp_path, LoadOptions(k=9, **{n: v for n, v in kw.items() if n != "k"}),
+                     parts=fake_parts(tmp_path / "c", slots=2), k=3)]
+    try:
+        for p in made:
+            assert p.options == LoadOptions(**kw)
+            assert (p.engine.max_queue, p.scheduler.prefix_cache, p.default_adaptive, p.default_k) == (5, False, True, 3)
+        with pytest.raises(TypeError, match="unexpected keyword"):
+            Pipeline(tmp_path, parts=fake_parts(tmp_path / "d"), max_batches=2)
+    finally:
+        for p in made:
+            p.close()

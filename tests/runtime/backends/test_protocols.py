@@ -14,7 +14,7 @@ from specrt.runtime.backends.ort import OrtBackend, OrtModel
 from specrt.runtime.backends.protocol import Backend, PoolModel
 from specrt.runtime.backends.single import SingleSequenceModel
 from specrt.runtime.backends.trt import TrtBackend
-from specrt.runtime.bundle.loader import load_parts
+from specrt.runtime.bundle.loader import load_models
 from specrt.runtime.drafters import AutoDrafter, Drafter, EagleDrafter, ModelDrafter, NgramDrafter
 
 
@@ -48,7 +48,7 @@ def test_fake_conforms(tmp_path):
 
 
 def test_loaded_models_conform(tiny_bundles):
-    parts = load_parts(tiny_bundles["eagle"], max_batch=2)
+    parts = load_models(tiny_bundles["eagle"], max_batch=2, hugepages=False)
     for m in (parts.target, parts.draft):
         assert isinstance(m, OrtModel) and isinstance(m, PoolModel)
     entry = parts.manifest.target

@@ -169,3 +169,21 @@ def test_serve_bench_plays_conversations(tiny_bundles):
     assert by["reuse"]["errors"] == by["cold"]["errors"] == 0 and by["reuse"]["requests"] == 5
     assert by["reuse"]["later_turns_found_cached"] == 1.0 and by["cold"]["later_turns_found_cached"] == 0.0
     assert "found cached" in table(res)
+
+
+def test_serve_bench_arms_by_name(tmp_path):
+    """The arms `bench serve --arms` names (runtime/bench/arms.py): specrt servers by flags, Ray
+    replicas by count and router, llama-server only when configured; anything else refused."""
+    from specrt.runtime.bench.arms import Servers, arms
+
+    s = Servers(tmp_path / "b", slots=8, threads=2, k=3)
+    off, fixed, ray = arms(["specrt-off", "specrt-fixed", "ray3-pow2"], s)
+    assert off.cmd[-2:] == ["--draft", "none"] and fixed.cmd[-3:] == ["--fixed-k", "--k", "3"]
+    assert ray.cmd[-7:] == ["--adaptive", "--replicas", "3", "--replica-cpus", "1", "--router", "pow2"]
+    assert off.cmd[off.cmd.index("--max-batch") + 1] == "8" and off.model == "b"
+    for name in ("llama", "specrt-turbo", "rayx"):
+        with pytest.raises(ValueError, match=f"unknown or unconfigured arm '{name}'"):
+            arms([name], s)
+    llama = Servers(tmp_path / "b", 8, 2, llama_server="ls", llama_model="m.gguf", llama_draft="d.gguf")
+    assert arms(["llama-draft"], llama)[0].cmd[-6:] == ["-md", "d.gguf", "--spec-type", "draft-simple",
+                                                        "--spec-draft-n-max", "8"]

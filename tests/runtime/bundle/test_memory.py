@@ -247,3 +247,21 @@ def test_shorter_slots_on_the_standard_lowering(tiny_dirs, tmp_path):
 def test_max_seq_len_out_of_range_is_refused(tiny_bundles, seq):
     with pytest.raises(ValueError, match="max_seq_len must be between 10 and the bundle's S_max 256"):
         specrt.load(tiny_bundles["none"], max_seq_len=seq, hugepages=False)
+
+
+@pytest.mark.parametrize("draft", ["self", "separate", None])
+def test_kv_bytes_have_one_definition(tmp_path, draft):
+    """A slot's KV bytes count every pool once (a self-draft shares the target's, a separate
+    draft adds its own): the pipeline and the engine's counters (/metrics, Ray's sum) agree."""
+    from fakes import fake_pipeline
+
+    pipe = fake_pipeline(tmp_path, draft=draft, slots=3)
+    try:
+        target = pipe.parts.target.pool.bytes_per_slot()
+        assert pipe.kv_bytes_per_slot == target * (2 if draft == "separate" else 1)
+        c = pipe.counters()
+        assert c["kv_bytes_per_slot"] == pipe.kv_bytes_per_slot
+        assert c["kv_bytes"] == pipe.kv_bytes
+        assert pipe.kv_bytes == 3 * pipe.kv_bytes_per_slot
+    finally:
+        pipe.close()

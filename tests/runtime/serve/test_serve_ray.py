@@ -197,6 +197,8 @@ def test_metrics_sum_the_replicas_engine_counters(rs):
         time.sleep(0.5)
     assert rs.metric("specrt:engine_steps_total") > 0
     assert rs.metric("specrt:num_slots") == 4  # 2 replicas x 2 slots
+    with specrt.load(rs.bundle, max_batch=2, draft="none", hugepages=False) as one:  # one replica's load
+        assert rs.metric("specrt:kv_cache_bytes") == 2 * one.kv_bytes > 0  # was 0: built without it
     assert rs.metric("specrt:generation_tokens_total") > 0  # the ingress's own counts
 
 
@@ -291,3 +293,19 @@ def test_the_config_file_deploys(rs, solo):
     rs.wait_replicas(2)
     r = rs.complete("w5 w6 w7", 8)
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == _solo(solo, "w5 w6 w7", 8, chat=False).text
+
+
+def test_the_pow2_router_serves_through_public_api(rs, solo):
+    """`--router pow2` (router.py's PowerOfTwoRouter over Ray's public request-router API)
+    deploys, spreads requests over both replicas and answers as one process does; it replaces
+    the module's application (run last)."""
+    serve.run(build(dict(rs.args, router="pow2")), name=APP_NAME, route_prefix="/")
+    rs.wait_replicas(2)
+    seen = set()
+    for i in range(12):
+        prompt = f"w{80 + i} w{40 + i}"
+        r = rs.complete(prompt, 6)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == _solo(solo, prompt, 6, chat=False).text
+        seen.add(r.headers[REPLICA_HEADER])
+    assert len(seen) == 2

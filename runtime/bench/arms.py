@@ -1,0 +1,64 @@
+"""The servers `specrt bench serve` can compare (serve_load.py `Arm`), by name:
+
+  specrt-off      drafting off
+  specrt-fixed    the bundle's k (or `k`), fixed
+  specrt-policy   adaptive k under the batch plan (the server's default)
+  specrt-nocache  specrt-policy without prefix reuse
+  rayN            specrt-policy on N Ray Serve replicas (1 CPU each), prefix affinity
+  rayN-pow2       the same behind Ray's default power-of-two router
+  llama           llama-server on a GGUF of the same weights
+  llama-draft     llama-server with a draft model (-md)
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .serve_load import Arm
+
+
+@dataclass
+class Servers:
+    """What the arms' command lines are built from."""
+
+    bundle: Path
+    slots: int  # every specrt server's --max-batch and --max-queue (the highest level)
+    threads: int
+    k: int | None = None  # specrt-fixed's k (None: the bundle's)
+    llama_server: str | None = None  # llama-server binary (llama arms)
+    llama_model: str | None = None  # GGUF of the same weights
+    llama_draft: str | None = None  # GGUF draft (llama-draft)
+    llama_draft_max: int = 8
+
+
+def arms(names: list[str], s: Servers) -> list[Arm]:
+    """The arms named, in order. Raises ValueError for a name unknown or not configured."""
+    return [_arm(name, s) for name in names]
+
+
+def _arm(name: str, s: Servers) -> Arm:
+    base = [sys.executable, "-m", "specrt.cli", "serve", "--engines", str(s.bundle), "--port", "{port}",
+            "--max-batch", str(s.slots), "--max-queue", str(s.slots), "--threads", str(s.threads)]
+    model = s.bundle.resolve().name
+    specrt = {"specrt-off": ["--draft", "none"], "specrt-fixed": ["--fixed-k"] + (["--k", str(s.k)] if s.k else []),
+              "specrt-policy": ["--adaptive"], "specrt-nocache": ["--adaptive", "--no-prefix-cache"]}
+    if name in specrt:
+        return Arm(name, base + specrt[name], model)
+    if m := re.fullmatch(r"ray(\d+)(-pow2)?", name):  # ray2: 2 Ray replicas
+        return Arm(name, base + ["--adaptive", "--replicas", m[1], "--replica-cpus", "1",
+                                 "--router", "pow2" if m[2] else "prefix"], model)
+    if name in ("llama", "llama-draft") and s.llama_server and s.llama_model and (name == "llama" or s.llama_draft):
+        return Arm(name, _llama(s, draft=name == "llama-draft"), "llama")
+    raise ValueError(f"unknown or unconfigured arm {name!r} (llama arms need --llama-server and --llama-model"
+                     f"{', llama-draft also --llama-draft' if name == 'llama-draft' else ''})")
+
+
+def _llama(s: Servers, draft: bool) -> list[str]:
+    cmd = [s.llama_server, "-m", s.llama_model, "--host", "127.0.0.1", "--port", "{port}", "-t", str(s.threads),
+           "-tb", str(s.threads), "--parallel", "{level}", "-c", "{ctx}"]
+    if draft:  # this build's --spec-type defaults to none: -md alone loads the draft and never drafts
+        cmd += ["-md", s.llama_draft, "--spec-type", "draft-simple", "--spec-draft-n-max", str(s.llama_draft_max)]
+    return cmd

@@ -1,0 +1,3 @@
+from specrt.cli import main
+
+main()

@@ -1,0 +1,72 @@
+"""`specrt bench serve`: closed-loop HTTP load against `specrt serve` and llama-server, each arm a
+server started per level (runtime/bench/serve_load.py; the arms: runtime/bench/arms.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from specrt.runtime.options import LoadOptions
+
+from .bench import bench
+from .common import engines_default, engines_option, fail, load_flags, progress
+
+
+@bench.command("serve")
+@engines_option
+@click.option("--workload", "workloads", multiple=True, type=click.Path(exists=True, dir_okay=False), help="JSONL prompts or conversations (default chat)")
+@click.option("--levels", default="1,2,4,8,16", show_default=True, help="comma-separated concurrency levels")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="output tokens per request (EOS ignored)")
+@click.option("--arms", default="specrt-off,specrt-fixed,specrt-policy", show_default=True,
+              help="comma-separated: specrt-off, specrt-fixed, specrt-policy, specrt-nocache, rayN (specrt-policy on N "
+                   "Ray Serve replicas, prefix affinity), rayN-pow2 (Ray's default router), llama, llama-draft")
+@click.option("--k", "k", type=int, default=None, help="specrt-fixed's k (default: the bundle's)")
+@click.option("--llama-server", type=click.Path(), default=None, help="llama-server binary (arms llama, llama-draft)")
+@click.option("--llama-model", type=click.Path(), default=None, help="GGUF of the same weights (F32: as the target)")
+@click.option("--llama-draft", type=click.Path(), default=None, help="GGUF draft for llama-draft (-md)")
+@click.option("--llama-draft-max", type=int, default=8, show_default=True)
+@load_flags(LoadOptions(), "threads")
+@click.option("--requests-per-client", type=int, default=2, show_default=True)
+@click.option("--out", type=click.Path(), default="bench", show_default=True)
+def bench_serve(engines, workloads, levels, max_tokens, arms, k, llama_server, llama_model, llama_draft,
+                llama_draft_max, threads, requests_per_client, out):
+    """Closed-loop HTTP load (vLLM bench-serve fields) against specrt serve and llama-server."""
+    from specrt.runtime.bench import arms as bench_arms
+    from specrt.runtime.bench.runner import load_workload
+    from specrt.runtime.bench.serve_load import ServeBenchConfig, plot, run_serve_bench, table
+
+    try:
+        lv = [int(x) for x in levels.split(",") if x]
+    except ValueError:
+        fail(f"--levels takes comma-separated integers, got {levels!r}")
+    wl = [Path(w) for w in workloads] or [Path("configs/workloads/chat.jsonl")]
+    try:
+        items = [it for w in wl for it in load_workload(w)]
+    except (OSError, ValueError, KeyError) as e:
+        fail(f"cannot read the workload: {e}")
+    convs = [it for it in items if "turns" in it]
+    if convs and len(convs) != len(items):
+        fail("a workload is either prompts or conversations (turns), not both")
+    prompts = [it["prompt"] for it in items if "prompt" in it]
+    servers = bench_arms.Servers(Path(engines or engines_default()), max(lv), threads or os.cpu_count() or 1, k,
+                                 llama_server, llama_model, llama_draft, llama_draft_max)
+    try:
+        chosen = bench_arms.arms([a for a in arms.split(",") if a], servers)
+    except ValueError as e:
+        fail(str(e))
+    cfg = ServeBenchConfig(chosen, prompts, lv, max_tokens, requests_per_client, conversations=convs or None)
+    try:
+        results = run_serve_bench(cfg, progress)
+    except RuntimeError as e:
+        fail(str(e))
+    click.echo("", err=True)
+    click.echo(table(results))
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "serve.json").write_text(json.dumps(results, indent=1))
+    try:
+        click.echo(f"wrote {Path(out) / 'serve.json'} and {plot(results, Path(out))}")
+    except ImportError:
+        click.echo(f"wrote {Path(out) / 'serve.json'}")
