@@ -26,8 +26,8 @@ from .options import RequestOptions, default_draft, request_options
 from .policy.store import PolicyStore
 from .sampling.grammar import Grammars
 from .sampling.processing import draft_processor
-from .text.results import DONE, Events, Result, feed, pieces, result_of
-from .text.textstream import TextStream
+from .text.output import TextOutput
+from .text.results import DONE, Events, Result
 
 DEFAULT_MAX_BATCH = 4  # KV slots allocated at load (`kv_bytes_per_slot` each; docs/benchmarks.md §5)
 
@@ -168,7 +168,7 @@ class Pipeline:
 
     def submit(self, r: Request) -> Iterator[list[int]]:
         """Submit a checked request now (EngineBusy is raised here) and return an iterator of its
-        token chunks; its logprobs, when asked, collect in `r.token_logprobs`."""
+        token chunks; closing it early cancels the request and waits the step that takes."""
         events: queue.SimpleQueue = queue.SimpleQueue()
         r.sink = lambda kind, value: events.put((kind, value))
         self.engine.submit(r)
@@ -186,28 +186,32 @@ class Pipeline:
                 while events.get()[0] not in ("done", "error"):  # tokens, logprobs
                     pass
 
+    def start(self, r: Request, stop=()) -> TextOutput:
+        """Submit a checked request now and return its output as text (runtime/text/output.py):
+        iterate it for pieces; stop strings (`stop`) end it."""
+        return TextOutput(r, self.submit(r), self.tokenizer, stop, lambda: self.cancel(r))
+
+    def cancel(self, r: Request) -> None:
+        """Stop a submitted request from any thread, without waiting; its slot is free at the
+        next step (a request that already finished ignores it)."""
+        self.engine.cancel(r)
+
     def _text_request(self, prompt: str, options, chat: bool, stats: Stats | None, kw: dict):
-        """(the checked Request, the TextStream that turns its tokens into text)."""
+        """(the checked Request, its stop strings)."""
         o = request_options(options, **kw)
         ids = self.tokenizer.encode(prompt, chat=chat)
-        return self.request(ids, o, stats=stats or Stats()), TextStream(self.tokenizer, list(o.stop))
+        return self.request(ids, o, stats=stats or Stats()), o.stop
 
     def stream(self, prompt: str, options: RequestOptions | None = None, *, chat: bool = True,
                stats: Stats | None = None, **kw) -> Iterator[str]:
         """Yields text pieces as tokens are committed; the full Result is in `self.last` after
         (per thread). options / kw: as `request`'s. With stop strings, text that could be the
         start of one is held back until resolved."""
-        r, text = self._text_request(prompt, options, chat, stats, kw)
-        chunks = feed(self.submit(r), text)
+        out = self.start(*self._text_request(prompt, options, chat, stats, kw))
         try:
-            for chunk in chunks:
-                yield from pieces(r, text, chunk)
+            yield from out
         finally:
-            chunks.close()  # cancels the request if it is unfinished, then its stats are final
-            self._local.last = result_of(r, text)
-        tail = text.tail()
-        if tail:  # not in `finally`: a closed generator must not yield
-            yield tail
+            self._local.last = out.result()
 
     def generate(self, prompt: str, options: RequestOptions | None = None, **kw) -> Result:
         for _ in self.stream(prompt, options, **kw):
@@ -224,26 +228,17 @@ class Pipeline:
         o = request_options(options, **kw)
         ids = self.tokenizer.encode(prompt, chat=chat)
         reqs = [self.request(ids, o, stats=Stats(), sibling=i) for i in range(n)]
-        gens: list = []
-        try:
+        outs: list[TextOutput] = []
+        try:  # all go in before any is read: the later ones wait for the first one's prefill
             for r in reqs:
-                gens.append(self.submit(r))
-            results = []
-            for r, gen in zip(reqs, gens, strict=True):
-                text = TextStream(self.tokenizer, list(o.stop))
-                for chunk in gen:
-                    text.push(chunk)
-                    if text.stopped:
-                        r.stats.stop_reason = "stop"
-                        break
-                else:
-                    text.flush()
-                gen.close()
-                results.append(result_of(r, text))
-            return results
+                outs.append(self.start(r, o.stop))
+            for out in outs:
+                for _ in out:
+                    pass
+            return [out.result() for out in outs]
         finally:
-            for gen in gens:
-                gen.close()
+            for out in outs:  # a choice not read to its end (an error) stops now
+                out.close()
 
     # --- chat with tools (runtime/text/chat.py) ----------------------------------------------------
     def chat(self, messages: list[dict], **kw):
@@ -291,26 +286,21 @@ class Pipeline:
                 while (await events.get())[0] not in ("done", "error"):
                     pass
 
+    def astart(self, r: Request, stop=()) -> TextOutput:
+        """As `start`, for asyncio: iterate it with `async for` (EngineBusy is raised here)."""
+        return TextOutput(r, self.asubmit(r), self.tokenizer, stop, lambda: self.cancel(r))
+
     async def astream(self, prompt: str, options: RequestOptions | None = None, *, chat: bool = True,
                       stats: Stats | None = None, result: list | None = None, **kw) -> AsyncIterator[str]:
         """As `stream`, for asyncio; `result` (a list) receives the Result at the end."""
-        r, text = self._text_request(prompt, options, chat, stats, kw)
-        gen = self.asubmit(r)
+        out = self.astart(*self._text_request(prompt, options, chat, stats, kw))
         try:
-            async for chunk in gen:
-                for piece in pieces(r, text, chunk):
-                    yield piece
-                if text.stopped:
-                    break
-            else:
-                text.flush()
+            async for piece in out:
+                yield piece
         finally:
-            await gen.aclose()
+            await out.aclose()
             if result is not None:
-                result.append(result_of(r, text))
-        tail = text.tail()
-        if tail:
-            yield tail
+                result.append(out.result())
 
     async def agenerate(self, prompt: str, options: RequestOptions | None = None, **kw) -> Result:
         out: list = []

@@ -19,7 +19,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..sampling.grammar import GrammarError
-from ..text.textstream import TextStream
 from ..text.toolcalls import ToolError
 from .config import ServerConfig
 from .errors import APIError, bad
@@ -174,7 +173,7 @@ class LocalBackend:
         jobs: list[Job] = []
         try:  # all choices go in together: the later ones wait for the first one's prefill and copy it
             for i, r in enumerate(rs):
-                jobs.append(Job(pipe, r, pipe.asubmit(r), TextStream(pipe.tokenizer, list(opts.stop)), i))
+                jobs.append(Job(pipe.astart(r, opts.stop), i))
         except Exception:  # EngineBusy / EngineClosed (503, errors.py): the choices already in stop
             for job in jobs:
                 job.cancel()
