@@ -19,13 +19,12 @@ from .backends.kvpool import ContextOverflow
 from .bundle.loader import DRAFTS, Parts, load_parts
 from .bundle.manifest import BundleError
 from .bundle.memory import DEFAULT_MEMORY_FRACTION
-from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
+from .drafters.factory import DrafterFactory
 from .engine import Engine, Request, Scheduler, Stats
 from .errors import InvalidRequest
 from .options import RequestOptions, default_draft, request_options
 from .policy.store import PolicyStore
 from .sampling.grammar import Grammars
-from .sampling.processing import draft_processor
 from .text.output import TextOutput
 from .text.results import DONE, Events, Result
 
@@ -84,29 +83,14 @@ class Pipeline:
         self.default_adaptive = adaptive if adaptive is not None else p.target.pool.slots > 1
         self.store = PolicyStore(p, self.max_k, threads=threads, device=device, global_pool=global_pool,
                                  hugepages=hugepages, cost_cache=cost_cache)
-        self.scheduler = Scheduler(p.target, p.draft, features=p.features, make_drafter=self._drafter,
-                                   policies=self.store.policies, plan_batches=plan_batches,
+        # what the engine needs is handed down here; it never calls back into this object
+        self.scheduler = Scheduler(p.target, p.draft, features=p.features,
+                                   make_drafter=DrafterFactory(p, self.max_k), policies=self.store.policies,
+                                   probe_costs=self.store.costs, plan_batches=plan_batches,
                                    prefix_cache=prefix_cache)
-        self.engine = Engine(self.scheduler, max_queue=max_queue, before_admit=self._before_admit)
+        self.engine = Engine(self.scheduler, max_queue=max_queue)
         self._local = threading.local()
         self.grammars = Grammars(p.folder / man.tokenizer.file, man.target.vocab_size, self.tokenizer.eos_ids)
-
-    # --- engine hooks (engine thread) --------------------------------------------------------
-    def _drafter(self, r: Request):
-        p = self.parts
-        if r.draft == "none":
-            return None
-        if r.draft == "ngram":
-            return NgramDrafter(max_proposal=self.max_k)
-        if p.eagle:  # `request` checked that a draft model is loaded
-            model = EagleDrafter(p.draft, r.slot, p.features[r.slot], process=draft_processor(r))
-        else:
-            model = ModelDrafter(p.draft, r.slot, "target" if p.shared_kv else None, process=draft_processor(r))
-        return model if r.draft == "model" else AutoDrafter(model, NgramDrafter(max_proposal=self.max_k))
-
-    def _before_admit(self, r: Request) -> None:
-        if r.adaptive and r.draft != "none" and self.scheduler.costs is None:
-            self.scheduler.costs = self.store.costs()
 
     # --- requests ----------------------------------------------------------------------------
     def costs(self):
