@@ -99,6 +99,14 @@ class Pipeline:
         adaptive request)."""
         return self.store.costs()
 
+    def room(self, n_prompt: int) -> int:
+        """Tokens the loaded context leaves after a prompt of n_prompt tokens (a server's default
+        max_new_tokens); a prompt that leaves none raises ContextOverflow (param "prompt")."""
+        if n_prompt >= self.max_seq_len:
+            raise ContextOverflow(f"the prompt has {n_prompt} tokens and the context holds {self.max_seq_len}: "
+                                  "shorten it", "prompt")
+        return self.max_seq_len - n_prompt
+
     def check_request(self, n_prompt: int, max_new_tokens: int, k: int):
         if n_prompt == 0:  # max_new_tokens >= 1: RequestOptions checked it
             raise InvalidRequest("empty prompt")
@@ -295,6 +303,21 @@ class Pipeline:
     # --- lifecycle ---------------------------------------------------------------------------
     def counters(self) -> dict:
         return self.engine.counters()
+
+    def alive(self) -> bool:
+        """Whether the engine can serve (not closed, its thread not dead with work waiting)."""
+        return self.engine.alive()
+
+    def held_prefixes(self) -> list[list[int]]:
+        """The token ids each idle slot holds (what the prefix cache can reuse), for routers. Safe
+        from any thread: a read that collides with the engine thread is tried again ([] if it
+        keeps colliding)."""
+        for _ in range(5):
+            try:
+                return [list(toks) for toks in self.scheduler.pool.idle().values()]
+            except RuntimeError:  # dict changed size during iteration
+                continue
+        return []
 
     def forget_learned(self) -> None:
         """Start adaptive k again from its priors: drop the acceptance and calibration earlier
