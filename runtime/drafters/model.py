@@ -53,7 +53,7 @@ class ModelDrafter:
             self.pool.adopt(self.track, self.slot, len(seq) - 1, self.target_track)
         self._k, self._cfg, self._rng, self._policy = k, cfg, rng, policy
         self._n0 = len(seq)  # proposal j is the token after len(seq) + j
-        self._want_conf = policy is not None and policy.early_stop
+        self._want_conf = policy is not None
         self._toks, self._q, self._confs = [], [], []
         lag = np.asarray(seq[self.length :], dtype=np.int64)
         c = self.model.max_prefill_t
