@@ -71,33 +71,32 @@ class TextOutput:
     def _pieces(self) -> Iterator[str]:
         try:
             for chunk in self._chunks:
-                piece = self.push(chunk)
-                if piece:
-                    yield piece
+                yield from self._release(chunk)
                 if self.text.stopped:
                     break
-            else:
-                self.text.flush()
         finally:
             self._chunks.close()  # cancels the request if it is unfinished; then its stats are final
-        yield from self._tail()  # not in `finally`: a closed generator must not yield
+        yield from self._end()  # not in `finally`: a closed generator must not yield
 
     async def _apieces(self) -> AsyncIterator[str]:
         try:
-            async for chunk in self._chunks:
-                piece = self.push(chunk)
-                if piece:
+            while not self.text.stopped and (chunk := await anext(self._chunks, None)) is not None:
+                for piece in self._release(chunk):
                     yield piece
-                if self.text.stopped:
-                    break
-            else:
-                self.text.flush()
         finally:
             await self._chunks.aclose()
-        for piece in self._tail():
+        for piece in self._end():
             yield piece
 
-    def _tail(self) -> Iterator[str]:
+    def _release(self, chunk: list[int]) -> tuple[str, ...]:
+        piece = self.push(chunk)
+        return (piece,) if piece else ()
+
+    def _end(self) -> Iterator[str]:
+        """The tokens ran out (decode what the detokenizer held back) or a stop string ended
+        them: the text not handed out yet."""
+        if not self.text.stopped:
+            self.text.flush()
         tail = self.text.tail()
         if tail:
             yield tail
