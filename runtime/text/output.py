@@ -113,8 +113,8 @@ class TextOutput:
         self._chunks.close()
 
     async def aclose(self) -> None:
-        """End an async output early, iterated or not (see `close`)."""
-        self.cancel()
+        """End an async output early: cancels a request whose chunks were being read and waits
+        the step that takes (one never read: `cancel` it)."""
         if self._ait is not None:
             await self._ait.aclose()
         await self._chunks.aclose()
