@@ -18,7 +18,7 @@ from pathlib import Path
 from .backends.kvpool import ContextOverflow
 from .bundle.loader import LoadedModels, load_models
 from .bundle.manifest import BundleError
-from .drafters import AutoDrafter, EagleDrafter, ModelDrafter, NgramDrafter
+from .drafters.factory import DrafterFactory
 from .engine import Engine, Request, Scheduler, Stats
 from .errors import InvalidRequest
 from .options import (
@@ -31,9 +31,8 @@ from .options import (
 )
 from .policy.store import PolicyStore
 from .sampling.grammar import Grammars
-from .sampling.processing import draft_processor
-from .text.results import DONE, Events, Result, feed, pieces, result_of
-from .text.textstream import TextStream
+from .text.output import TextOutput
+from .text.results import DONE, Events, Result
 
 __all__ = ["Pipeline", "Result", "load"]
 
@@ -63,38 +62,21 @@ class Pipeline:
         self.max_seq_len = p.target.max_seq_len  # the load's context: the bundle's S_max or less
         self.max_k = p.manifest.target.max_tokens_per_call - 1
         self.default_draft = draft
-        self.draft_window = o.draft_window
         man = p.manifest
         # k: the caller's, else what the exporter recommends for this draft, else 4
         self.default_k = o.k if o.k is not None else (man.draft.default_k if man.draft and man.draft.default_k else 4)
         self.default_adaptive = o.adaptive if o.adaptive is not None else p.target.pool.slots > 1
+        window = None if p.shared_kv or p.eagle else o.draft_window  # only a separate draft reads a prompt
         self.store = PolicyStore(p, self.max_k, threads=o.threads, device=o.device, global_pool=o.global_pool,
-                                 hugepages=o.hugepages, cost_cache=o.cost_cache,
-                                 draft_window=None if p.shared_kv or p.eagle else o.draft_window)
-        self.scheduler = Scheduler(p.target, p.draft, features=p.features, make_drafter=self._drafter,
-                                   policies=self.store.policies, plan_batches=o.plan_batches,
+                                 hugepages=o.hugepages, cost_cache=o.cost_cache, draft_window=window)
+        # what the engine needs is handed down here; it never calls back into this object
+        self.scheduler = Scheduler(p.target, p.draft, features=p.features,
+                                   make_drafter=DrafterFactory(p, self.max_k, window), policies=self.store.policies,
+                                   probe_costs=self.store.costs, plan_batches=o.plan_batches,
                                    prefix_cache=o.prefix_cache)
-        self.engine = Engine(self.scheduler, max_queue=o.max_queue, before_admit=self._before_admit)
+        self.engine = Engine(self.scheduler, max_queue=o.max_queue)
         self._local = threading.local()
         self.grammars = Grammars(p.folder / man.tokenizer.file, man.target.vocab_size, self.tokenizer.eos_ids)
-
-    # --- engine hooks (engine thread) --------------------------------------------------------
-    def _drafter(self, r: Request):
-        p = self.parts
-        if r.draft == "none":
-            return None
-        if r.draft == "ngram":
-            return NgramDrafter(max_proposal=self.max_k)
-        if p.eagle:  # `request` checked that a draft model is loaded
-            model = EagleDrafter(p.draft, r.slot, p.features[r.slot], process=draft_processor(r))
-        else:
-            model = ModelDrafter(p.draft, r.slot, "target" if p.shared_kv else None, process=draft_processor(r),
-                                 window=self.draft_window)
-        return model if r.draft == "model" else AutoDrafter(model, NgramDrafter(max_proposal=self.max_k))
-
-    def _before_admit(self, r: Request) -> None:
-        if r.adaptive and r.draft != "none" and self.scheduler.costs is None:
-            self.scheduler.costs = self.store.costs()
 
     # --- requests ----------------------------------------------------------------------------
     def costs(self):
@@ -102,6 +84,14 @@ class Pipeline:
         calls: do not call it while requests are running (the engine calls it for the first
         adaptive request)."""
         return self.store.costs()
+
+    def room(self, n_prompt: int) -> int:
+        """Tokens the loaded context leaves after a prompt of n_prompt tokens (a server's default
+        max_new_tokens); a prompt that leaves none raises ContextOverflow (param "prompt")."""
+        if n_prompt >= self.max_seq_len:
+            raise ContextOverflow(f"the prompt has {n_prompt} tokens and the context holds {self.max_seq_len}: "
+                                  "shorten it", "prompt")
+        return self.max_seq_len - n_prompt
 
     def check_request(self, n_prompt: int, max_new_tokens: int, k: int):
         if n_prompt == 0:  # max_new_tokens >= 1: RequestOptions checked it
@@ -156,7 +146,7 @@ class Pipeline:
 
     def submit(self, r: Request) -> Iterator[list[int]]:
         """Submit a checked request now (EngineBusy is raised here) and return an iterator of its
-        token chunks; its logprobs, when asked, collect in `r.token_logprobs`."""
+        token chunks; closing it early cancels the request and waits the step that takes."""
         events: queue.SimpleQueue = queue.SimpleQueue()
         r.sink = lambda kind, value: events.put((kind, value))
         self.engine.submit(r)
@@ -174,28 +164,32 @@ class Pipeline:
                 while events.get()[0] not in ("done", "error"):  # tokens, logprobs
                     pass
 
+    def start(self, r: Request, stop=()) -> TextOutput:
+        """Submit a checked request now and return its output as text (runtime/text/output.py):
+        iterate it for pieces; stop strings (`stop`) end it."""
+        return TextOutput(r, self.submit(r), self.tokenizer, stop, lambda: self.cancel(r))
+
+    def cancel(self, r: Request) -> None:
+        """Stop a submitted request from any thread, without waiting; its slot is free at the
+        next step (a request that already finished ignores it)."""
+        self.engine.cancel(r)
+
     def _text_request(self, prompt: str, options, chat: bool, stats: Stats | None, kw: dict):
-        """(the checked Request, the TextStream that turns its tokens into text)."""
+        """(the checked Request, its stop strings)."""
         o = request_options(options, **kw)
         ids = self.tokenizer.encode(prompt, chat=chat)
-        return self.request(ids, o, stats=stats or Stats()), TextStream(self.tokenizer, list(o.stop))
+        return self.request(ids, o, stats=stats or Stats()), o.stop
 
     def stream(self, prompt: str, options: RequestOptions | None = None, *, chat: bool = True,
                stats: Stats | None = None, **kw) -> Iterator[str]:
         """Yields text pieces as tokens are committed; the full Result is in `self.last` after
         (per thread). options / kw: as `request`'s. With stop strings, text that could be the
         start of one is held back until resolved."""
-        r, text = self._text_request(prompt, options, chat, stats, kw)
-        chunks = feed(self.submit(r), text)
+        out = self.start(*self._text_request(prompt, options, chat, stats, kw))
         try:
-            for chunk in chunks:
-                yield from pieces(r, text, chunk)
+            yield from out
         finally:
-            chunks.close()  # cancels the request if it is unfinished, then its stats are final
-            self._local.last = result_of(r, text)
-        tail = text.tail()
-        if tail:  # not in `finally`: a closed generator must not yield
-            yield tail
+            self._local.last = out.result()
 
     def generate(self, prompt: str, options: RequestOptions | None = None, **kw) -> Result:
         for _ in self.stream(prompt, options, **kw):
@@ -212,26 +206,17 @@ class Pipeline:
         o = request_options(options, **kw)
         ids = self.tokenizer.encode(prompt, chat=chat)
         reqs = [self.request(ids, o, stats=Stats(), sibling=i) for i in range(n)]
-        gens: list = []
-        try:
+        outs: list[TextOutput] = []
+        try:  # all go in before any is read: the later ones wait for the first one's prefill
             for r in reqs:
-                gens.append(self.submit(r))
-            results = []
-            for r, gen in zip(reqs, gens, strict=True):
-                text = TextStream(self.tokenizer, list(o.stop))
-                for chunk in gen:
-                    text.push(chunk)
-                    if text.stopped:
-                        r.stats.stop_reason = "stop"
-                        break
-                else:
-                    text.flush()
-                gen.close()
-                results.append(result_of(r, text))
-            return results
+                outs.append(self.start(r, o.stop))
+            for out in outs:
+                for _ in out:
+                    pass
+            return [out.result() for out in outs]
         finally:
-            for gen in gens:
-                gen.close()
+            for out in outs:  # a choice not read to its end (an error) stops now
+                out.close()
 
     # --- chat with tools (runtime/text/chat.py) ----------------------------------------------------
     def chat(self, messages: list[dict], **kw):
@@ -279,26 +264,22 @@ class Pipeline:
                 while (await events.get())[0] not in ("done", "error"):
                     pass
 
+    def astart(self, r: Request, stop=(), text=None) -> TextOutput:
+        """As `start`, for asyncio: iterate it with `async for` (EngineBusy is raised here).
+        text: a TextStream of the caller's (TextOutput)."""
+        return TextOutput(r, self.asubmit(r), self.tokenizer, stop, lambda: self.cancel(r), text)
+
     async def astream(self, prompt: str, options: RequestOptions | None = None, *, chat: bool = True,
                       stats: Stats | None = None, result: list | None = None, **kw) -> AsyncIterator[str]:
         """As `stream`, for asyncio; `result` (a list) receives the Result at the end."""
-        r, text = self._text_request(prompt, options, chat, stats, kw)
-        gen = self.asubmit(r)
+        out = self.astart(*self._text_request(prompt, options, chat, stats, kw))
         try:
-            async for chunk in gen:
-                for piece in pieces(r, text, chunk):
-                    yield piece
-                if text.stopped:
-                    break
-            else:
-                text.flush()
+            async for piece in out:
+                yield piece
         finally:
-            await gen.aclose()
+            await out.aclose()
             if result is not None:
-                result.append(result_of(r, text))
-        tail = text.tail()
-        if tail:
-            yield tail
+                result.append(out.result())
 
     async def agenerate(self, prompt: str, options: RequestOptions | None = None, **kw) -> Result:
         out: list = []
@@ -309,6 +290,21 @@ class Pipeline:
     # --- lifecycle ---------------------------------------------------------------------------
     def counters(self) -> dict:
         return self.engine.counters()
+
+    def alive(self) -> bool:
+        """Whether the engine can serve (not closed, its thread not dead with work waiting)."""
+        return self.engine.alive()
+
+    def held_prefixes(self) -> list[list[int]]:
+        """The token ids each idle slot holds (what the prefix cache can reuse), for routers. Safe
+        from any thread: a read that collides with the engine thread is tried again ([] if it
+        keeps colliding)."""
+        for _ in range(5):
+            try:
+                return [list(toks) for toks in self.scheduler.pool.idle().values()]
+            except RuntimeError:  # dict changed size during iteration
+                continue
+        return []
 
     def forget_learned(self) -> None:
         """Start adaptive k again from its priors: drop the acceptance and calibration earlier

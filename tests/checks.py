@@ -3,6 +3,8 @@ of sampled counts, one request through a pipeline's engine."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 
@@ -47,6 +49,15 @@ def assert_follows(counts, exact, n: int) -> None:
     obs, exp = np.append(counts[big], counts[~big].sum()), np.append(e[big], e[~big].sum())
     keep = exp > 0
     assert sps.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue > 1e-3
+
+
+def submitted(*reqs) -> list:
+    """The requests as Engine.submit queues them (their clock starts now), for tests that drive a
+    Scheduler directly."""
+    now = time.perf_counter()
+    for r in reqs:
+        r.t_submit = now
+    return list(reqs)
 
 
 def run_request(pipe, prompt, on_tokens=None, *, wait_s: float = 120, **kw):

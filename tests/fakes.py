@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from checks import run_request as _run_request
+from checks import submitted
 from specrt.runtime.backends.kvpool import KVPool
 from specrt.runtime.bundle.loader import LoadedModels
 from specrt.runtime.bundle.manifest import KVLayout, Manifest, ModelEntry, TokenizerInfo
@@ -276,7 +277,7 @@ def drive(pipe, requests) -> list[list[int]]:
         r.sink = sink_for(r)
     if any(r.adaptive for r in requests):
         pipe.scheduler.costs = pipe.costs()  # what the engine does before the first adaptive request
-    waiting = deque(requests)
+    waiting = deque(submitted(*requests))
     sched = pipe.scheduler
     while waiting or sched.running or sched.deferred:
         sched.step(lambda: waiting.popleft() if waiting else None)

@@ -30,7 +30,7 @@ def arms(windows: list[int | None]) -> list[tuple[str, dict, int | None]]:
 
 
 def run_one(pipe, ids: list[int], kw: dict, window: int | None, new: int) -> dict:
-    pipe.draft_window = pipe.store.draft_window = window  # this arm's requests only (serial)
+    pipe.scheduler.make_drafter.window = pipe.store.draft_window = window  # this arm's requests only (serial)
     st = specrt.runtime.Stats()
     t0 = time.perf_counter()
     toks = [t for c in pipe.stream_ids(ids, max_new_tokens=new, ignore_eos=True, stats=st, **kw) for t in c]

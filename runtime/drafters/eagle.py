@@ -48,7 +48,7 @@ class EagleDrafter(ModelDrafter):
         self.pool.rewind(self.track, self.slot, s)
         self._k, self._cfg, self._rng, self._policy = k, cfg, rng, policy
         self._n0 = n
-        self._want_conf = policy is not None and policy.early_stop
+        self._want_conf = policy is not None
         self._toks, self._q, self._confs = [], [], []
         self._pending = pair_calls(seq, self.features, s, n - 1, self.model.max_t)
         self._real = n - 1

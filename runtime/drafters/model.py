@@ -66,7 +66,7 @@ class ModelDrafter:
             self.pool.adopt(self.track, self.slot, len(seq) - 1, self.target_track)
         self._k, self._cfg, self._rng, self._policy = k, cfg, rng, policy
         self._n0 = len(seq)  # proposal j is the token after len(seq) + j
-        self._want_conf = policy is not None and policy.early_stop
+        self._want_conf = policy is not None
         self._toks, self._q, self._confs = [], [], []
         if self.window is not None and len(seq) - self.offset - self.length > self.window:
             self.pool.rewind(self.track, self.slot, 0)

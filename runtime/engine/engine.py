@@ -28,13 +28,10 @@ class EngineClosed(RuntimeError):
 
 
 class Engine:
-    def __init__(self, scheduler: Scheduler, max_queue: int = 64, before_admit=None):
-        """max_queue: requests that may wait for a slot; beyond it `submit` raises EngineBusy.
-        before_admit(request): runs on the engine thread before a request is admitted (the
-        pipeline's one-time cost probe for adaptive k)."""
+    def __init__(self, scheduler: Scheduler, max_queue: int = 64):
+        """max_queue: requests that may wait for a slot; beyond it `submit` raises EngineBusy."""
         self.sched = scheduler
         self.max_queue = max_queue
-        self.before_admit = before_admit
         self._waiting: deque[Request] = deque()
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -100,11 +97,6 @@ class Engine:
             r = self._waiting.popleft() if self._waiting else None
             if r is not None and self._closed:
                 r.cancelled = True
-        if r is not None and self.before_admit is not None and not r.cancelled:
-            try:
-                self.before_admit(r)
-            except Exception:  # noqa: BLE001 - a failed probe means fixed k, never a failed request
-                r.adaptive = False
         return r
 
     def _purge_waiting(self) -> None:

@@ -9,7 +9,6 @@ by ("logprobs", [TokenLogprob]) for the same tokens when asked), then ("done", S
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
@@ -55,7 +54,7 @@ class Request:
     route: str | None = None  # this step's sub-drafter ("model" | "ngram"), chosen before k
     cancelled: bool = False
     token_logprobs: list = field(default_factory=list)  # client-owned: the "logprobs" events, in order
-    t_submit: float = 0.0
+    t_submit: float | None = None  # set by Engine.submit: timeouts and queue time count from there
     t_first: float = 0.0
 
     def __post_init__(self):
@@ -66,10 +65,10 @@ class Request:
         self.rng = Draws(self.seed, len(self.prompt), self.coupled and self.seed is not None)
         self.seq = list(self.prompt)
         self.stats.prompt_tokens = len(self.prompt)
-        self.t_submit = time.perf_counter()
 
     def expired(self, now: float) -> bool:
-        return self.timeout_s is not None and now - self.t_submit > self.timeout_s
+        """Past its timeout, counted from submission (a request not yet submitted is not)."""
+        return self.timeout_s is not None and self.t_submit is not None and now - self.t_submit > self.timeout_s
 
     @property
     def remaining(self) -> int:

@@ -56,10 +56,12 @@ DEFER_MIN_TOKENS = 16  # a request waits for another's prefill only when they sh
 
 class Scheduler:
     def __init__(self, target, draft=None, *, features=None, make_drafter=None, policies=None,
-                 plan_batches: bool = True, prefix_cache: bool = True):
+                 probe_costs=None, plan_batches: bool = True, prefix_cache: bool = True):
         """target/draft: pool models (runtime/backends/ort.py). features: [slots, S_max, H] target
         hidden states per slot (EAGLE drafts) or None. make_drafter(request) -> drafter | None;
-        policies(request) -> {route: AdaptivePolicy}; plan_batches: cap adaptive rows' k with
+        policies(request) -> {route: AdaptivePolicy}; probe_costs() -> adaptive.Costs, called once,
+        before the first adaptive request that drafts is admitted (None: no batch plan until
+        `costs` is set); plan_batches: cap adaptive rows' k with
         the batch plan (off: each request drafts as it would alone). prefix_cache: finished
         requests' slots keep their rows and new prompts reuse the longest prefix held anywhere
         (off: every prompt is computed from its first token)."""
@@ -71,12 +73,13 @@ class Scheduler:
         self.features = features
         self.make_drafter = make_drafter or (lambda r: None)
         self.policies = policies or (lambda r: {})
-        self.costs = None  # adaptive.Costs, set by the engine before the first adaptive request
+        self.probe_costs = probe_costs
+        self.costs = None  # adaptive.Costs: probed before the first adaptive request (`_costs_for`)
         self.running: list[Request] = []
         self.deferred: list[Request] = []  # waiting for a running prefill to share (`_await_prefill`)
         self.counters = Counters(target.max_t - 1)
         self.calls = ModelCalls(target, draft, features, self.counters)
-        self.round = Round(self.calls, self.pool, target, self.counters, self._retire, self._emit, plan_batches)
+        self.round = Round(self.calls, self.pool, target, self.counters, plan_batches)
 
     def forget_prefixes(self) -> None:
         """Empty every idle slot (what finished requests left for reuse). Call it while no
@@ -116,6 +119,10 @@ class Scheduler:
         else:
             send(r, "done", r.stats)
 
+    def _fail(self, r: Request, error: Exception) -> None:
+        """End a request by its own failure (`speculate.alone`)."""
+        self._retire(r, "error", error)
+
     def admit(self, take_waiting) -> None:
         """take_waiting() -> the next waiting request or None (the engine's locked queue).
         Requests deferred at an earlier step (`_await_prefill`) are looked at first."""
@@ -148,9 +155,20 @@ class Scheduler:
             return earlier.pop(0) if self.pool.free_slots else None
         while self.pool.free_slots > len(self.deferred):
             r = take_waiting()
+            if r is not None and not r.cancelled:
+                self._costs_for(r)
             if r is None or self._still_wanted(r, now):
                 return r
         return None
+
+    def _costs_for(self, r: Request) -> None:
+        """Probe the call costs once, for the first adaptive request that drafts; a failed probe
+        means fixed k for that request, never a failed request."""
+        if r.adaptive and r.draft != "none" and self.costs is None and self.probe_costs is not None:
+            try:
+                self.costs = self.probe_costs()
+            except Exception:  # noqa: BLE001
+                r.adaptive = False
 
     def _await_prefill(self, r: Request) -> bool:
         """Whether `r` should wait for a request still reading a prompt that shares a longer prefix
@@ -178,7 +196,7 @@ class Scheduler:
         drafter that cannot be made) fails alone, its slot given back empty."""
         r.state = PREFILL
         r.stats.queue_ms = 1000 * (time.perf_counter() - r.t_submit)
-        with alone(self._retire, r):  # frees its slot, empty: nothing half copied is kept
+        with alone(self._fail, r):  # frees its slot, empty: nothing half copied is kept
             self._place(r)
             r.drafter = self.make_drafter(r)
             r.policies = self.policies(r) if r.adaptive and r.drafter is not None else {}
@@ -219,7 +237,7 @@ class Scheduler:
     def _prefill_chunk(self, r: Request, budget: int) -> int:
         chunk = r.prompt[r.prefilled : r.prefilled + budget]
         first = None
-        with alone(self._retire, r):
+        with alone(self._fail, r):
             row = self.calls.one(self.target, r, chunk, keep=1)[-1]
             r.prefilled += len(chunk)
             if r.prefilled == len(r.prompt):
@@ -246,7 +264,7 @@ class Scheduler:
                 break
         new = new[: r.remaining]
         if r.grammar is not None:
-            with alone(self._retire, r):
+            with alone(self._fail, r):
                 new = self._grammar_commit(r, new)
             if r.state == DONE:
                 return 0
@@ -281,4 +299,8 @@ class Scheduler:
         self._prefill()
         rows = [r for r in self.running if r.state == DECODE and not r.cancelled]
         if rows:
-            self.round.run(rows, self.costs, len(self.running))
+            for o in self.round.run(rows, self.costs, len(self.running)):
+                if o.error is not None:
+                    self._fail(o.r, o.error)
+                else:
+                    self.counters.tokens += self._emit(o.r, o.tokens, o.raw)

@@ -15,14 +15,18 @@ target-only step at that position would be, and verification keeps exactly what 
 decoding produces (greedy and seeded sampling: the same tokens). The draft only decides how
 many tokens one target call yields.
 
-A request's own failure (a call of its own, its grammar, its drafter, non-finite logits) ends that
-request alone (`alone`); a failed batched call ends the requests it served.
+The round returns one `Outcome` per row — the tokens it committed (and the target rows they came
+from), or the error that ended it — and the scheduler emits and retires; nothing here calls back
+into the scheduler. A request's own failure (a call of its own, its grammar, its drafter,
+non-finite logits) ends that request alone (`alone`); a failed batched call ends the requests it
+served.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,19 +38,31 @@ from ..sampling.processing import cut_to_grammar, process
 from ..sampling.verify import verify_greedy, verify_sampling
 from .calls import ModelCalls
 from .counters import Counters
-from .request import DECODE, DONE, Request
+from .request import Request
 
 NO_DRAFT = Proposal(np.empty(0, np.int64))
 
 
 @contextmanager
-def alone(retire, r: Request):
-    """Run a request's own work; its failure ends that request (retire(r, "error", e)), never
-    the step. Callers check `r.state == DONE` after the block."""
+def alone(fail, r: Request):
+    """Run a request's own work; its failure ends that request (fail(r, e)), never the step.
+    Callers check whether `r` failed after the block."""
     try:
         yield
     except Exception as e:  # noqa: BLE001 - the request's own failure
-        retire(r, "error", e)
+        fail(r, e)
+
+
+@dataclass
+class Outcome:
+    """One row's result of a round: the tokens it committed (d[:n_ok] + [next]) with the target's
+    raw rows they were chosen from (row i: new token i; for logprobs), or the error that ended
+    the request (then no tokens)."""
+
+    r: Request
+    tokens: list[int]
+    raw: np.ndarray | None = None
+    error: Exception | None = None
 
 
 def pick(r: Request, row: np.ndarray) -> int:
@@ -71,34 +87,39 @@ def verify(r: Request, prop: Proposal, rows: np.ndarray) -> tuple[int, int]:
 
 
 class Round:
-    def __init__(self, calls: ModelCalls, pool, target, counters: Counters, retire, emit,
-                 plan_batches: bool = True):
-        """retire(r, reason, error) ends a request; emit(r, tokens, raw_rows) -> tokens sent.
-        plan_batches: cap adaptive rows' k with the batch plan (off: each drafts as alone)."""
+    def __init__(self, calls: ModelCalls, pool, target, counters: Counters, plan_batches: bool = True):
+        """plan_batches: cap adaptive rows' k with the batch plan (off: each drafts as alone)."""
         self.calls, self.pool, self.target, self.counters = calls, pool, target, counters
-        self.retire, self.emit = retire, emit
         self.planner = Planner(plan_batches)
+        self.outcomes: list[Outcome] = []  # this round's, in the order they happened
+        self.failed: set[int] = set()  # ids of this round's requests that failed
 
-    def run(self, rows: list[Request], costs, running: int) -> None:
-        """One round for every decoding row. costs: adaptive.Costs (None: no batch plan);
-        running: requests in the engine (costs are learned only from a request running alone:
-        batched times are the plan's)."""
+    def fail(self, r: Request, e: Exception) -> None:
+        self.outcomes.append(Outcome(r, [], error=e))
+        self.failed.add(r.id)
+
+    def run(self, rows: list[Request], costs, running: int) -> list[Outcome]:
+        """One round for every decoding row -> one Outcome per row, in order of events.
+        costs: adaptive.Costs (None: no batch plan); running: requests in the engine (costs are
+        learned only from a request running alone: batched times are the plan's)."""
+        self.outcomes, self.failed = [], set()
         ks = self.planner.choose_ks(rows, costs)
         t0 = time.perf_counter()
         proposals = self.propose([r for r, k in zip(rows, ks, strict=True) if k > 0],
                                  {r.id: k for r, k in zip(rows, ks, strict=True)})
         draft_ms = 1000 * (time.perf_counter() - t0)
-        rows = [r for r in rows if r.state == DECODE]  # a draft failure retired its request
+        rows = [r for r in rows if r.id not in self.failed]  # a draft failure ended its request
         drafting = [r for r in rows if len(proposals.get(r.id, NO_DRAFT).tokens)]
         plain = [r for r in rows if r not in drafting]
         c = self.counters
         c.steps += 1
         c.rows += len(rows)
         c.drafting_steps += bool(drafting)
-        tokens = self.decode_plain(plain, draft_ms if drafting else 0.0, running == 1) if plain else 0
+        if plain:
+            self.decode_plain(plain, draft_ms if drafting else 0.0, running == 1)
         for r in drafting:
-            tokens += self.verify_drafted(r, proposals[r.id], draft_ms, alone_in_step=len(rows) == 1)
-        c.tokens += tokens
+            self.verify_drafted(r, proposals[r.id], draft_ms, alone_in_step=len(rows) == 1)
+        return self.outcomes
 
     # --- propose -----------------------------------------------------------------------------
     def propose(self, rows: list[Request], ks: dict[int, int]) -> dict[int, Proposal]:
@@ -107,14 +128,14 @@ class Round:
         done: dict[int, Proposal] = {}
         pending: dict[int, tuple] = {}
         for r in rows:
-            with alone(self.retire, r):
+            with alone(self.fail, r):
                 self._advance(r, r.drafter.start(r.seq, ks[r.id], r.cfg, r.rng, r.policies.get(r.route)),
                               done, pending)
         while pending:
             batch = list(pending.values())
             pending.clear()
             for (r, _), res in zip(batch, self.calls.drafts(batch), strict=True):
-                with alone(self.retire, r):
+                with alone(self.fail, r):
                     if isinstance(res, Exception):
                         raise res
                     self._advance(r, r.drafter.take(*res), done, pending)
@@ -128,7 +149,7 @@ class Round:
             pending[r.id] = (r, out)
 
     # --- verify + commit ---------------------------------------------------------------------
-    def decode_plain(self, rows: list[Request], draft_ms: float, learn: bool) -> int:
+    def decode_plain(self, rows: list[Request], draft_ms: float, learn: bool) -> None:
         """Rows that do not draft: one batched target call, each row's last token -> its next."""
         t0 = time.perf_counter()
         try:
@@ -139,44 +160,42 @@ class Round:
                 results = self.calls.rows(self.target, rows, [r.seq[-1] for r in rows])
         except Exception as e:  # noqa: BLE001 - the call failed for all its rows
             for r in rows:
-                self.retire(r, "error", e)
-            return 0
+                self.fail(r, e)
+            return
         verify_ms = 1000 * (time.perf_counter() - t0)
-        tokens = 0
         for r, (logits, _) in zip(rows, results, strict=True):
-            with alone(self.retire, r):
+            with alone(self.fail, r):
                 check_finite(logits)
                 nxt = pick(r, process(r, logits[None])[0])
-            if r.state == DONE:
+            if r.id in self.failed:
                 continue
             pol = r.policies.get(r.route)
             if pol is not None and learn:
                 pol.costs.observe(0, 0.0, verify_ms, context=len(r.seq))
-            tokens += self.commit(r, NO_DRAFT, 0, nxt, draft_ms, verify_ms, logits[None])
-        return tokens
+            self.commit(r, NO_DRAFT, 0, nxt, draft_ms, verify_ms, logits[None])
 
-    def verify_drafted(self, r: Request, prop: Proposal, draft_ms: float, alone_in_step: bool) -> int:
+    def verify_drafted(self, r: Request, prop: Proposal, draft_ms: float, alone_in_step: bool) -> None:
         """One target call over [last, d0 .. dk-1], verification, commit."""
         t0 = time.perf_counter()
-        with alone(self.retire, r):
+        with alone(self.fail, r):
             raw = self.calls.one(self.target, r, np.concatenate(([r.seq[-1]], prop.tokens)))  # [k+1, V]
             check_finite(raw)
             n_ok, nxt = verify(r, prop, process(r, raw, prop.tokens))  # row i as if after d[:i]
-        if r.state == DONE:
-            return 0
+        if r.id in self.failed:
+            return
         verify_ms = 1000 * (time.perf_counter() - t0)
         pol = r.policies.get(prop.drafter if prop.drafter in r.policies else r.route)
         if pol is not None:
             pol.update(len(prop.tokens), n_ok, prop.confs, draft_ms if alone_in_step else None,
                        verify_ms if alone_in_step else None)
         self.counters.record_draft(len(prop.tokens), n_ok)
-        return self.commit(r, prop, n_ok, nxt, draft_ms, verify_ms, raw)
+        self.commit(r, prop, n_ok, nxt, draft_ms, verify_ms, raw)
 
     def commit(self, r: Request, prop: Proposal, n_ok: int, nxt: int, draft_ms: float, verify_ms: float,
-               raw: np.ndarray) -> int:
+               raw: np.ndarray) -> None:
         """Keep d[:n_ok] + [next]; the target track goes back to n' - 1 (seq[-1] is fed by the
-        next call). raw: the target's rows of this round (row i: the position of new token i),
-        for logprobs."""
+        next call); the tokens go out as the row's Outcome (the scheduler emits them). raw: the
+        target's rows of this round (row i: the position of new token i), for logprobs."""
         new = [int(t) for t in prop.tokens[:n_ok]] + [nxt]
         n_after = len(r.seq) + len(new)
         self.pool.rewind(self.target.track, r.slot, n_after - 1)
@@ -186,4 +205,4 @@ class Round:
         r.stats.draft_ms += draft_ms
         r.stats.verify_ms += verify_ms
         r.stats.record_round(len(prop.tokens), n_ok, prop.drafter if len(prop.tokens) else None)
-        return self.emit(r, new, raw)
+        self.outcomes.append(Outcome(r, new, raw))

@@ -252,9 +252,6 @@ class AcceptanceModel:
         """E(k) for k = 0..max_k."""
         return expected_tokens(self.rates())
 
-    def expected_tokens(self, k: int) -> float:
-        return float(self.expected()[k])
-
 
 class Calibration:
     """P(accept | draft confidence) in `bins` equal-width bins; a bin with little data is
@@ -283,14 +280,13 @@ class Calibration:
 class AdaptivePolicy:
     """Per request: picks k each round and decides when drafting should stop early."""
 
-    def __init__(self, costs: Costs, max_k: int, probe_every: int = 8, early_stop: bool = True,
+    def __init__(self, costs: Costs, max_k: int, probe_every: int = 8,
                  acceptance: AcceptanceModel | None = None, calibration: Calibration | None = None):
         self.costs = costs
         self.max_k = max_k
         self.acc = acceptance or AcceptanceModel(max_k)
         self.cal = calibration or Calibration()
         self.probe_every = probe_every
-        self.early_stop = early_stop
         self.rate = 0.0  # predicted tokens per ms of the chosen k
         self.k = max_k  # the chosen k: early stop looks ahead up to it
         self.context: int | None = None  # the request's length at the last choose_k
@@ -320,9 +316,9 @@ class AdaptivePolicy:
         """Token j (0-based) was just drafted with confidences confs[:j+1]; draft token j+1?
         Yes if drafting on through some m <= k pays at the current rate (module docstring).
         (Token j itself is kept: its draft step is paid.)"""
-        horizon = self.k if self.early_stop else self.max_k  # choose_k keeps k <= max_k
-        if not self.early_stop or j + 1 >= horizon:
-            return j + 1 < horizon
+        horizon = self.k  # choose_k keeps k <= max_k
+        if j + 1 >= horizon:
+            return False
         a = self.acc.rates()
         p = float(np.prod([self.cal.p(s, a[i]) for i, s in enumerate(confs[: j + 1])]))  # P(reach j+1)
         c, at = self.costs, self.context

@@ -5,7 +5,7 @@ while the bundle loads), GET /metrics (Prometheus), GET /openapi.json (the schem
 protocol models). Layers, as in the OpenAI reference servers:
 - this file: routes that only take a checked body and hand it on (FastAPI validates it against
   the protocol models first; bodies are read under a size limit), and one exception handler;
-- serving.py: `OpenAIServing` turns a request into a response over a backend (the pipeline in
+- serving.py: `OpenAIServing` turns a request into a response over an engine client (the pipeline in
   this process, or Ray replicas: ray_deploy.py); streaming.py runs one response's choices;
   responses.py builds their shapes;
 - errors.py maps every exception to OpenAI's `{"error": {...}}` by its class. A user's mistake
@@ -34,7 +34,7 @@ from .protocol_chat import ChatCompletionRequest, ChatCompletionResponse
 from .protocol_completion import CompletionRequest, CompletionResponse
 from .protocol_infill import InfillRequest, InfillResponse
 from .responses import dump
-from .serving import LocalBackend, OpenAIServing
+from .serving import LocalClient, OpenAIServing
 
 __all__ = ["ServerConfig", "build_app", "make_app"]
 
@@ -155,12 +155,12 @@ async def _error(request: Request, e: Exception) -> JSONResponse:
 def build_app(cfg: ServerConfig, load, on_load_error=None) -> FastAPI:
     """load() -> Pipeline, run in a thread at startup; /health says 503 until it returns.
     on_load_error(exception): called if it raises (the CLI stops the server)."""
-    backend = LocalBackend(cfg, load, on_load_error)
-    serving = OpenAIServing(cfg, backend)
+    client = LocalClient(cfg, load, on_load_error)
+    serving = OpenAIServing(cfg, client)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        threading.Thread(target=backend.load, name="specrt-load", daemon=True).start()
+        threading.Thread(target=client.load, name="specrt-load", daemon=True).start()
         yield
         serving.close()
 
@@ -168,7 +168,7 @@ def build_app(cfg: ServerConfig, load, on_load_error=None) -> FastAPI:
 
 
 def make_app(serving: OpenAIServing, lifespan=None) -> FastAPI:
-    """The HTTP API over a serving object (its backend: this process's pipeline, or Ray's
+    """The HTTP API over a serving object (its engine client: this process's pipeline, or Ray's
     engine replicas, ray_deploy.py)."""
     # /openapi.json is served (the protocol models' schema); the docs UIs stay off. A body
     # without Content-Type is read as JSON, as before FastAPI 0.132 made that strict.

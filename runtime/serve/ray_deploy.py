@@ -2,12 +2,12 @@
 
 - `SpecrtIngress` (one replica, no CPU reserved): the FastAPI app of app.py over the same
   `OpenAIServing` as the single-process server — it parses, authorizes, tokenizes (the router
-  needs the prompt's token ids) and maps errors (errors.py) — with `RayBackend` as its backend,
+  needs the prompt's token ids) and maps errors (errors.py) — with `RayClient` as its engine client,
   which calls the engine deployment through a `DeploymentHandle` (`stream=True`); a replica
   that fails is a `ReplicaFailed`, mapped as every other error. It records the latency
   histograms; engine counters are the replicas' own, summed from their routing stats.
 - `SpecrtEngine` (N replicas, each loads the bundle once): a thin shell over `EngineServer`,
-  the single-process `LocalBackend`, whose `generate` yields values — a `Head` (the replica, or
+  the single-process `LocalClient`, whose `generate` yields values — a `Head` (the replica, or
   the error the request got), then SSE lines or the JSON body, then `Finished` (what /metrics
   records). `check_health` fails
   when the engine cannot serve; `record_routing_stats` reports slots in use, queue depth, the
@@ -47,7 +47,7 @@ from .metrics import Metrics
 from .protocol import ErrorInfo
 from .responses import dump
 from .router import PowerOfTwoRouter, PrefixAffinityRouter
-from .serving import LocalBackend, OpenAIServing
+from .serving import LocalClient, OpenAIServing
 from .streaming import SSE_HEADERS, Stream, sse_error, watch_disconnect
 
 log = logging.getLogger("specrt.serve")
@@ -123,37 +123,28 @@ class Finished:
 
 # ---- the engine side ------------------------------------------------------------------------
 
-def _idle_blocks(pool, block: int) -> list[int]:
-    """Block hashes of what the pool's idle slots hold. The engine thread may change the pool
-    while this reads it; a read that collides is tried again."""
-    for _ in range(5):
-        try:
-            held = list(pool.idle().values())
-            break
-        except RuntimeError:  # dict changed size during iteration
-            continue
-    else:
-        return []
-    return sorted({h for toks in held for h in block_hashes(list(toks), block)})
+def _held_blocks(prefixes: list[list[int]], block: int) -> list[int]:
+    """Block hashes of the token runs the replica's idle slots hold."""
+    return sorted({h for toks in prefixes for h in block_hashes(toks, block)})
 
 
 class EngineServer:
-    """One replica's pipeline (the single-process server's backend) behind value-yielding
+    """One replica's pipeline (the single-process server's engine client) behind value-yielding
     calls; no Ray here (tests drive it directly)."""
 
     def __init__(self, cfg: ServerConfig, load, replica: str):
         """load() -> Pipeline, run now: the replica is ready when constructed (raises if not)."""
         self.replica = replica
-        self.backend = LocalBackend(cfg, load)
-        self.backend.load()
-        if self.backend.pipe is None:
-            raise RuntimeError(f"cannot load {cfg.model_id}: {self.backend.error}")
+        self.local = LocalClient(cfg, load)
+        self.local.load()
+        if self.local.pipe is None:
+            raise RuntimeError(f"cannot load {cfg.model_id}: {self.local.error}")
 
     async def generate(self, req: EngineRequest):
         """Head, then SSE lines (`stream: true`) or one JSON body (a dict), then Finished when
         the request ended normally. Closing the generator cancels the request."""
         try:
-            reply = self.backend.start(req.body, req.ids, req.prompt_param, req.out)
+            reply = self.local.start(req.body, req.ids, req.prompt_param, req.out)
         except Exception as e:  # noqa: BLE001 - an error value, mapped as the single-process server does
             err = as_api_error(e, "POST", "engine")
             yield Head(self.replica, err.status_code, err.info, dict(err.headers or {}))
@@ -172,16 +163,16 @@ class EngineServer:
 
     def unhealthy(self) -> str | None:
         """Why this replica cannot serve, or None."""
-        return None if self.backend.pipe.engine.alive() else "the engine thread is dead or the engine closed"
+        return None if self.local.pipe.alive() else "the engine thread is dead or the engine closed"
 
     def routing_stats(self) -> dict:
-        pipe = self.backend.pipe
+        pipe = self.local.pipe
         c = pipe.counters()
         return {"running": c["running"], "waiting": c["waiting"], "slots": c["slots"], "block": BLOCK,
-                "held_blocks": _idle_blocks(pipe.scheduler.pool, BLOCK), "counters": c}
+                "held_blocks": _held_blocks(pipe.held_prefixes(), BLOCK), "counters": c}
 
     def close(self) -> None:
-        self.backend.close()
+        self.local.close()
 
 
 @serve.deployment(name=ENGINE)
@@ -243,8 +234,8 @@ def _replica_failed(e: Exception, headers: dict | None = None) -> ReplicaFailed:
     return ReplicaFailed(f"the replica serving this request failed ({type(e).__name__}); retry", headers)
 
 
-class RayBackend:
-    """`OpenAIServing`'s backend (serving.py) over the engine deployment: the prompt goes to a
+class RayClient:
+    """`OpenAIServing`'s engine client (serving.py) over the engine deployment: the prompt goes to a
     replica chosen by the handle's router, the reply comes back as values (`EngineServer`)."""
 
     def __init__(self, cfg: ServerConfig, folder: Path, engine: DeploymentHandle, engine_name: str = ENGINE,
@@ -343,12 +334,12 @@ class RayBackend:
 @serve.deployment(name="SpecrtIngress")
 @serve.ingress()
 class SpecrtIngress:
-    """The HTTP API (app.py's routes) over `OpenAIServing` with the engine replicas as its backend."""
+    """The HTTP API (app.py's routes) over `OpenAIServing` with the engine replicas as its engine client."""
 
     def __init__(self, engine: DeploymentHandle, opts: dict):
         o = RayOptions.from_args(**opts)
         cfg = o.server_config()
-        self.serving = OpenAIServing(cfg, RayBackend(cfg, o.folder, engine, max_seq_len=o.loading.max_seq_len))
+        self.serving = OpenAIServing(cfg, RayClient(cfg, o.folder, engine, max_seq_len=o.loading.max_seq_len))
 
     def __serve_build_asgi_app__(self):
         return make_app(self.serving)

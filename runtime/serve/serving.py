@@ -1,10 +1,11 @@
 """The serving layer: a validated request in, a JSON or SSE response out.
 
 `OpenAIServing` does what every deployment shares — the API key, the model check, the chat
-template and tokenizing, /v1/models — and hands the prompt's token ids to a backend, which
-runs the request and answers:
-- `LocalBackend`: one Pipeline in this process (`specrt serve`; each Ray engine replica);
-- ray_deploy.py `RayBackend`: engine replicas behind a Ray Serve handle (`--replicas`).
+template and tokenizing, /v1/models — and hands the prompt's token ids to an engine client,
+which runs the request and answers (named for the engine it reaches, so that "backend" keeps
+meaning runtime/backends/):
+- `LocalClient`: one Pipeline in this process (`specrt serve`; each Ray engine replica);
+- ray_deploy.py `RayClient`: engine replicas behind a Ray Serve handle (`--replicas`).
 Errors are raised as exceptions and turned into OpenAI's bodies by errors.py, in one place.
 """
 
@@ -19,7 +20,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..sampling.grammar import GrammarError
-from ..text.textstream import TextStream
 from ..text.toolcalls import ToolError
 from .config import ServerConfig
 from .errors import APIError, bad
@@ -36,7 +36,7 @@ from .tools import chat_prompt, tool_grammar_field, with_tool_grammar
 log = logging.getLogger("specrt.serve")
 
 
-class Backend(Protocol):
+class EngineClient(Protocol):
     """What `OpenAIServing` drives."""
 
     metrics: Metrics | None  # None until the model is loaded
@@ -58,24 +58,24 @@ class Backend(Protocol):
 
 
 class OpenAIServing:
-    """The steps every deployment shares, over a backend."""
+    """The steps every deployment shares, over an engine client."""
 
-    def __init__(self, cfg: ServerConfig, backend: Backend):
-        self.cfg, self.backend = cfg, backend
+    def __init__(self, cfg: ServerConfig, client: EngineClient):
+        self.cfg, self.client = cfg, client
         self.created = int(time.time())
 
     @property
     def metrics(self) -> Metrics | None:
-        return self.backend.metrics
+        return self.client.metrics
 
     def ready(self):
-        return self.backend.ready()
+        return self.client.ready()
 
     async def health(self) -> tuple[int, dict]:
-        return await self.backend.health()
+        return await self.client.health()
 
     def close(self) -> None:
-        self.backend.close()
+        self.client.close()
 
     def check_key(self, authorization: str) -> None:
         if self.cfg.api_key is None:
@@ -97,17 +97,17 @@ class OpenAIServing:
             raise APIError(400, str(e), param=e.param, code=e.code) from None
         except Exception as e:  # noqa: BLE001 - the bundle's chat template refused these messages
             raise bad(f"the chat template cannot render these messages: {str(e)[:300]}", "messages") from None
-        return await self.backend.respond(req, ids, "messages", out, request)
+        return await self.client.respond(req, ids, "messages", out, request)
 
     async def complete(self, req: CompletionRequest, request: Request) -> Response:
         front = self._served(req.model)
         ids = completion_ids(front, req)  # a FIM prompt when the request has a suffix (infill.py)
-        return await self.backend.respond(req, ids, "prompt", CompletionOutput(req.model), request)
+        return await self.client.respond(req, ids, "prompt", CompletionOutput(req.model), request)
 
     async def infill(self, req: InfillRequest, request: Request) -> Response:
         front = self._served(req.model if req.model is not None else self.cfg.model_id)
         ids, out = infill_prompt(front, req)
-        return await self.backend.respond(req, ids, "input_prefix", out, request)
+        return await self.client.respond(req, ids, "input_prefix", out, request)
 
     def _served(self, model: str):
         if model != self.cfg.model_id:
@@ -116,7 +116,7 @@ class OpenAIServing:
         return self.ready()
 
 
-class LocalBackend:
+class LocalClient:
     """One pipeline in this process (loaded in a thread: the port opens at once)."""
 
     def __init__(self, cfg: ServerConfig, load, on_load_error=None):
@@ -167,25 +167,30 @@ class LocalBackend:
         max_tokens does not fit, an option the runtime refuses, a grammar that cannot compile),
         EngineBusy or EngineClosed (503: errors.py)."""
         pipe = self.pipe
-        room = pipe.max_seq_len - len(ids)
-        if room < 1:
-            raise bad(f"the prompt has {len(ids)} tokens and the context holds {pipe.max_seq_len}: shorten it",
-                      prompt_param, "context_length_exceeded")
         try:  # choice i samples from its own stream derived from the seed (RequestOptions.stream_seed)
-            opts = with_tool_grammar(req.to_options(room, **self.cfg.server_options()), out)
+            opts = with_tool_grammar(req.to_options(pipe.room(len(ids)), **self.cfg.server_options()), out)
             rs = [pipe.request(ids, opts, sibling=i) for i in range(req.n or 1)]
         except GrammarError as e:  # a schema / regex / grammar (or the tools' schemas) the engine cannot compile
             raise bad(str(e), tool_grammar_field(out) or req.grammar_field(), "invalid_grammar") from None
         except ValueError as e:  # InvalidRequest (ContextOverflow, InvalidSampling) names its option
-            raise bad(f"{e} (prompt: {len(ids)} tokens, context: {pipe.max_seq_len})",
-                      req.field_of(getattr(e, "param", None))) from None
+            raise _refused(e, req, prompt_param, len(ids), pipe.max_seq_len) from None
         jobs: list[Job] = []
         try:  # all choices go in together: the later ones wait for the first one's prefill and copy it
             for i, r in enumerate(rs):
-                text = getattr(out, "text_stream", TextStream)(pipe.tokenizer, list(opts.stop))  # /infill's cuts more
-                jobs.append(Job(pipe, r, pipe.asubmit(r), text, i))
+                editor = getattr(out, "text_stream", None)  # /infill's cuts more than stop strings
+                text = editor(pipe.tokenizer, list(opts.stop)) if editor is not None else None
+                jobs.append(Job(pipe.astart(r, opts.stop, text), i))
         except Exception:  # EngineBusy / EngineClosed (503, errors.py): the choices already in stop
             for job in jobs:
                 job.cancel()
             raise
         return Reply(jobs, out, len(ids), self.metrics.finished if self.metrics is not None else None)
+
+
+def _refused(e: ValueError, req: GenerationRequest, prompt_param: str, n_prompt: int, context: int) -> APIError:
+    """A runtime refusal (runtime/errors.py InvalidRequest: its `param` names the option) -> a
+    400 blaming the request's field; a prompt that leaves no room is the prompt's fault."""
+    param = getattr(e, "param", None)
+    if param == "prompt":  # Pipeline.room
+        return bad(str(e), prompt_param, "context_length_exceeded")
+    return bad(f"{e} (prompt: {n_prompt} tokens, context: {context})", req.field_of(param))

@@ -2,8 +2,8 @@
 choices fanned in to one SSE stream or collected into one body (`Reply`), and the streamed
 response that cancels its requests however it ends (`Stream`).
 
-A choice's events come from `Pipeline.asubmit`; its text goes through a TextStream (stop strings
-end it); its chunks are built by an output object of responses.py. A client that disconnects
+A choice's text comes from `Pipeline.astart` (runtime/text/output.py `TextOutput`: stop strings,
+finish reason, logprobs); its chunks are built by an output object of responses.py. A client that disconnects
 cancels the requests: a stream by closing, a collected body through `watch_disconnect`.
 """
 
@@ -17,13 +17,11 @@ import time
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from ..text.textstream import TextStream
 from .errors import stream_error
 from .protocol import ErrorResponse, PromptTokensDetails, UsageInfo
 from .responses import dump
 
 log = logging.getLogger("specrt.serve")
-FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "timeout"}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_DONE = "data: [DONE]\n\n"
 
@@ -55,59 +53,34 @@ class Stream(StreamingResponse):
 
 
 class Job:
-    """One choice: its request, token events and text."""
+    """One choice: its output as text (runtime/text/output.py `TextOutput`) and its timing."""
 
-    def __init__(self, pipe, r, events, text: TextStream, index: int):
-        self.pipe, self.r, self.events, self.text, self.index = pipe, r, events, text, index
+    def __init__(self, out, index: int):
+        """out: the choice's TextOutput (`Pipeline.astart`)."""
+        self.out, self.index = out, index
         self.t0 = time.perf_counter()
-        self.t_first = None
-        self.lp_sent = 0  # tokens whose logprobs went out
 
     def cancel(self) -> None:
         """Stop the request (a request that already finished ignores it)."""
-        self.pipe.engine.cancel(self.r)
+        self.out.cancel()
 
     async def close(self) -> None:
-        await self.events.aclose()  # cancels a request still running
+        await self.out.aclose()  # cancels a request still running
 
-    def new_logprobs(self) -> list | None:
-        """(token text, logprob, [(text, logprob)] alternatives) of the tokens pushed since the
-        last call (None when not asked)."""
-        if self.r.logprobs is None:
-            return None
-        n = len(self.text.ids)
-        lp, self.lp_sent = self.r.token_logprobs[self.lp_sent : n], n
-        text = self.pipe.tokenizer.token_text
-        return [(text(e.token), e.logprob, [(text(t), v) for t, v in e.top]) for e in lp]
-
-    def finish(self) -> str:
-        if self.text.stopped:
-            return "stop"
-        return FINISH.get(self.r.stats.stop_reason, "stop")
-
-    async def pieces(self):
-        """Text pieces as they are safe to show; ends at EOS / length / a stop string / timeout
-        (then the request is over: a stop string cancels it)."""
-        async for chunk in self.events:
-            if self.t_first is None:
-                self.t_first = time.perf_counter()
-            piece = self.text.push(chunk)
-            if piece:
-                yield piece
-            if self.text.stopped:
-                break
-        else:
-            self.text.flush()
-        await self.events.aclose()
+    def pieces(self):
+        """Text pieces as they are safe to show, the last one included; ends at EOS / length / a
+        stop string / timeout (then the request is over: a stop string cancels it)."""
+        return aiter(self.out)
 
     def outcome(self, n_prompt: int) -> tuple:
         """`Metrics.finished`'s arguments: (prompt tokens, new tokens, finish reason, TTFT s,
         TPOT s, end-to-end s)."""
-        n = len(self.text.ids)
+        n = len(self.out.ids)
         end = time.perf_counter()
-        ttft = self.t_first - self.t0 if self.t_first else None
-        tpot = (end - self.t_first) / (n - 1) if self.t_first and n > 1 else None
-        return n_prompt, n, self.finish(), ttft, tpot, end - self.t0
+        t_first = self.out.t_first
+        ttft = t_first - self.t0 if t_first else None
+        tpot = (end - t_first) / (n - 1) if t_first and n > 1 else None
+        return n_prompt, n, self.out.finish_reason(), ttft, tpot, end - self.t0
 
 
 class Reply:
@@ -129,9 +102,9 @@ class Reply:
             self.record(*rec)
 
     def usage(self) -> UsageInfo:
-        n = sum(len(j.text.ids) for j in self.jobs)
+        n = sum(len(j.out.ids) for j in self.jobs)
         return UsageInfo(prompt_tokens=self.n_prompt, completion_tokens=n, total_tokens=self.n_prompt + n,
-                         prompt_tokens_details=PromptTokensDetails(cached_tokens=self.jobs[0].r.stats.cached_tokens))
+                         prompt_tokens_details=PromptTokensDetails(cached_tokens=self.jobs[0].out.stats.cached_tokens))
 
     def cancel(self) -> None:
         for j in self.jobs:
@@ -143,13 +116,13 @@ class Reply:
         for chunk in out.first(i):
             yield chunk
         async for piece in job.pieces():
-            chunk = out.piece(i, piece, job.new_logprobs())
+            chunk = out.piece(i, piece, job.out.new_logprobs())
             if chunk is not None:  # None: nothing to say yet (tool calls: a tag held back, serve/tools.py)
                 yield chunk
-        tail, lp = job.text.tail(), job.new_logprobs()
-        if tail or lp:
-            yield out.piece(i, tail, lp)
-        yield out.last(i, job.finish())
+        lp = job.out.new_logprobs()  # tokens whose text is still empty (held by the detokenizer)
+        if lp:
+            yield out.piece(i, "", lp)
+        yield out.last(i, job.out.finish_reason())
 
     def _pumps(self) -> tuple[list[asyncio.Future], asyncio.Queue]:
         """One task per choice moving its chunks to one queue; a choice ends with itself (its
@@ -208,9 +181,9 @@ class Reply:
         requests (polled every 0.5 s); without one, cancelling the calling task does."""
 
         async def whole(job: Job):
-            text = "".join([piece async for piece in job.pieces()]) + job.text.tail()
+            text = "".join([piece async for piece in job.pieces()])
             self._done(job)
-            return text, job.finish(), job.new_logprobs()
+            return text, job.out.finish_reason(), job.out.new_logprobs()
 
         watcher = asyncio.ensure_future(watch_disconnect(request, self.cancel)) if request is not None else None
         tasks = [asyncio.ensure_future(whole(j)) for j in self.jobs]

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..options import RequestOptions
-from ..text.chat import finish_reason, prepare
+from ..text.chat import prepare
+from ..text.output import finish_reason
 from ..text.toolcalls import ToolPlan
 from ..text.toolstream import CallParser, Delta, parse
 from .protocol import UsageInfo

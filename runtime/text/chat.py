@@ -12,13 +12,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..engine import Stats
-from .results import feed
-from .textstream import TextStream
 from .toolcalls import ToolError, ToolPlan, plan, tags_are_tokens, template_messages
 from .toolstream import CallParser, Delta, ToolCall
 
 NO_TOOLS = "'tools' is not supported by this server: the bundle's chat template has no tool calling"
-FINISH = {"eos": "stop", "stop": "stop", "length": "length", "timeout": "timeout"}
 
 
 @dataclass
@@ -28,13 +25,6 @@ class ChatResult:
     finish_reason: str = "stop"  # stop | length | timeout | tool_calls (OpenAI's)
     token_ids: list[int] = field(default_factory=list)
     stats: Stats | None = None
-
-
-def finish_reason(stop_reason: str, stopped_by_string: bool, calls: bool) -> str:
-    """The engine's stop reason -> OpenAI's finish_reason; a reply that ends normally after
-    tool calls says "tool_calls"."""
-    reason = "stop" if stopped_by_string else FINISH.get(stop_reason, "stop")
-    return "tool_calls" if calls and reason == "stop" else reason
 
 
 def prepare(tokenizer, messages: list[dict], tools: list[dict] | None = None, tool_choice=None,
@@ -63,21 +53,17 @@ def stream_chat(pipe, messages: list[dict], *, tools: list[dict] | None = None, 
         raise ToolError("tool calls cannot be combined with another grammar", "grammar")
     stats = kw.pop("stats", None) or Stats()
     r = pipe.request(ids, stats=stats, **({"grammar": p.constraint} if p.constraint else {}), **kw)
-    text, calls = TextStream(pipe.tokenizer, stop), CallParser(p.names, p.constrained)
-    chunks = feed(pipe.submit(r), text)
-    try:
-        for chunk in chunks:
-            d = calls.push(text.push(chunk))
-            if d:
-                yield d
-    finally:
-        chunks.close()
-    for d in (calls.push(text.tail()), calls.flush()):
+    out, calls = pipe.start(r, stop or ()), CallParser(p.names, p.constrained)
+    for piece in out:
+        d = calls.push(piece)
         if d:
             yield d
+    d = calls.flush()
+    if d:
+        yield d
     if result is not None:
         result.append(ChatResult((calls.content or None) if calls.calls else calls.content, calls.calls,
-                                 finish_reason(stats.stop_reason, text.stopped, bool(calls.calls)), text.ids, stats))
+                                 out.finish_reason(bool(calls.calls)), out.ids, stats))
 
 
 def chat(pipe, messages: list[dict], **kw) -> ChatResult:

@@ -1,14 +1,13 @@
 """What a client reads back from the engine: a request's events (runtime/engine/request.py
-`sink`) as token chunks, the text pieces they release, and the finished `Result`."""
+`sink`) as token chunks (`Events`), and the finished `Result` (built by output.py's
+`TextOutput`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..engine import Request, Stats
 from ..sampling.logits import TokenLogprob
-from .textstream import TextStream
 
 
 @dataclass
@@ -45,32 +44,3 @@ class Events:
         if kind == "done":
             return DONE
         raise value
-
-
-def feed(gen, text: TextStream) -> Iterator[list[int]]:
-    """The token chunks of `gen` until a stop string in `text` ends them (the caller pushes each
-    chunk into `text` before asking for the next); `text.flush()` when they run out. `gen` (a
-    request's chunk iterator) is closed however this ends, which cancels an unfinished request."""
-    try:
-        for chunk in gen:
-            yield chunk
-            if text.stopped:
-                return
-        text.flush()
-    finally:
-        gen.close()
-
-
-def pieces(r: Request, text: TextStream, chunk: list[int]) -> Iterator[str]:
-    """The text a token chunk releases (none while held back); a stop string ends it ("stop")."""
-    piece = text.push(chunk)
-    if text.stopped:
-        r.stats.stop_reason = "stop"
-    if piece:
-        yield piece
-
-
-def result_of(r: Request, text: TextStream) -> Result:
-    """The Result of a request whose tokens went through `text` (logprobs cut where its ids end)."""
-    lp = None if r.logprobs is None else r.token_logprobs[: len(text.ids)]
-    return Result(text.full, text.ids, r.stats, lp)

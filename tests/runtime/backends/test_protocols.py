@@ -68,3 +68,22 @@ def test_drafters_conform(tmp_path):
         assert isinstance(d, Drafter)
     for cls in (ModelDrafter, NgramDrafter, AutoDrafter, EagleDrafter):
         _same_methods(cls, Drafter, ("route", "start", "take", "commit"))
+
+
+def test_each_class_name_in_the_runtime_means_one_thing():
+    """A name defined as a class in two runtime modules reads as one thing and is two (the
+    serving layer's `Backend` was runtime/backends/protocol.py's `Backend` in name only). The
+    wire types in serve/protocol*.py mirror OpenAI's names, which may match a runtime type's."""
+    import ast
+    from collections import defaultdict
+
+    from paths import ROOT
+
+    where = defaultdict(list)
+    for path in sorted((ROOT / "runtime").rglob("*.py")):
+        if path.parent.name == "serve" and path.name.startswith("protocol"):
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                where[node.name].append(str(path.relative_to(ROOT)))
+    assert {name: files for name, files in where.items() if len(files) > 1} == {}

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import specrt
+from checks import submitted
 from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.kvpool import KVPool
 from specrt.runtime.backends.ort import OrtBackend, OrtModel
@@ -119,7 +120,7 @@ def admitted(pipe, **kw):
     r = pipe.request(max_new_tokens=200, ignore_eos=True, **kw)
     at_first = []
     r.sink = lambda kind, value: at_first or at_first.append(pipe.parts.draft.pool.length("draft", r.slot))
-    waiting = [r]
+    waiting = submitted(r)
     pipe.scheduler.step(lambda: waiting.pop() if waiting else None)
     while r.state == PREFILL:  # a prompt wider than the target's widest call: one chunk per step
         pipe.scheduler.step()
@@ -229,7 +230,7 @@ def test_batched_target_rows_record_each_rows_features(eagle):
     reqs = [pipe.request(p, max_new_tokens=12, draft="none", ignore_eos=True) for p in ([1, 5, 9], [1, 3], [1, 7, 22, 40, 9, 13, 5, 60])]
     for r in reqs:
         r.sink = lambda kind, value: None
-    waiting, checked = deque(reqs), 0
+    waiting, checked = deque(submitted(*reqs)), 0
     calls0, rows0 = sched.counters.target_calls, sched.counters.rows
     while waiting or sched.running:
         sched.step(lambda: waiting.popleft() if waiting else None)

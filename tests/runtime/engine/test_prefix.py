@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from checks import submitted
 from fakes import StaleRow, reference_greedy, rows, run_request
 from specrt.runtime.backends.kvpool import KVPool
 from specrt.runtime.bundle.manifest import KVLayout
@@ -179,10 +180,10 @@ def test_reuse_from_a_running_requests_slot(make, kind):
     out = {a.id: [], b.id: []}
     for r in (a, b):
         r.sink = lambda kind, v, r=r: out[r.id].extend(v) if kind == "tokens" else None
-    queue = [a]
+    queue = submitted(a)
     while a.state != DECODE or len(a.seq) < len(a.prompt) + 3:
         sched.step(lambda: queue.pop() if queue else None)
-    queue = [b]
+    queue = submitted(b)
     sched.step(lambda: queue.pop() if queue else None)
     assert a.state == DECODE and b.stats.cached_tokens == 30 and b.slot != a.slot
     while sched.running:
@@ -198,7 +199,7 @@ def test_cancel_mid_prefill_keeps_only_rows_written(make):
     sched, pool = pipe.scheduler, pipe.parts.target.pool
     prompt = [int(t) for t in np.random.default_rng(7).integers(3, 32, size=60)]
     r = pipe.request(prompt, max_new_tokens=5, ignore_eos=True)
-    queue = [r]
+    queue = submitted(r)
     for _ in range(2):
         sched.step(lambda: queue.pop() if queue else None)
     assert r.state == PREFILL and r.prefilled == 32
@@ -303,14 +304,14 @@ def test_a_copy_that_fails_ends_its_request_alone_and_frees_the_slot(make):
     events = {other.id: [], r.id: []}
     for q in (other, r):
         q.sink = lambda kind, v, q=q: events[q.id].append(kind)
-    waiting = [other]
+    waiting = submitted(other)
     sched.step(lambda: waiting.pop(0) if waiting else None)
 
     def broken(*a):
         raise RuntimeError("cudaMemcpy2D failed")
 
     pool.copy_rows = broken
-    waiting = [r]
+    waiting = submitted(r)
     sched.step(lambda: waiting.pop(0) if waiting else None)  # does not raise
     assert events[r.id] == ["error"] and r.stats.stop_reason == "error" and r.slot == -1
     assert pool.in_use() == [other.slot] and other in sched.running
@@ -328,7 +329,7 @@ def test_a_deferred_request_keeps_its_place_and_its_deadline(make):
     q = pipe.request(base + [7], max_new_tokens=40, ignore_eos=True)
     r = pipe.request(base + [9], max_new_tokens=5, ignore_eos=True, timeout_s=0.05)
     s = pipe.request([30, 31, 3], max_new_tokens=40, ignore_eos=True)
-    waiting = [q, r, s]
+    waiting = submitted(q, r, s)
     take = lambda: waiting.pop(0) if waiting else None  # noqa: E731
     sched.step(take)
     assert sched.running == [q] and sched.deferred == [r] and waiting == [s]  # s waits behind r
@@ -346,7 +347,7 @@ def test_a_deferred_request_copies_the_prefill_it_waited_for(make):
     out = {q.id: [], r.id: []}
     for x in (q, r):
         x.sink = lambda kind, v, x=x: out[x.id].extend(v) if kind == "tokens" else None
-    waiting = [q, r]
+    waiting = submitted(q, r)
     while waiting or sched.running or sched.deferred:
         sched.step(lambda: waiting.pop(0) if waiting else None)
     assert r.stats.cached_tokens == 60 and out[r.id] == _want(pipe, r.prompt, 4)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from checks import assert_follows
+from checks import assert_follows, submitted
 from fakes import DRAFT_MARK, StaleRow, drive, reference_greedy, rows, run_request
 from specrt.runtime.drafters import ModelDrafter
 from specrt.runtime.engine import Stats
@@ -175,7 +175,7 @@ def test_a_drafter_skipped_for_some_steps_catches_up(make, kind):
     r = pipe.request(prompt, max_new_tokens=60, k=3, draft="model", ignore_eos=True)
     out = []
     r.sink = lambda kind_, value: out.extend(value) if kind_ == "tokens" else None
-    waiting = [r]
+    waiting = submitted(r)
     pipe.scheduler.step(lambda: waiting.pop() if waiting else None)
     for i in range(40):
         if r.state != DECODE:
@@ -284,3 +284,19 @@ def test_forget_learned_starts_adaptive_k_from_its_priors(make):
     again = Stats()
     tokens(pipe, prompt, stats=again, **kw)
     assert again.k_history == fresh.k_history
+
+
+def test_a_requests_clock_starts_when_it_is_submitted(make):
+    """Timeouts and queue time count from submission (Engine.submit, the one place that sets
+    t_submit): a request checked early and submitted later has its whole timeout, and its
+    queue time is measured from submit, not from when it was built."""
+    import time
+
+    pipe = make(draft=None)
+    r = pipe.request([1, 5, 9], max_new_tokens=3, ignore_eos=True, timeout_s=0.05)
+    time.sleep(0.1)  # built, not yet submitted: past its timeout since it was built
+    assert r.t_submit is None and not r.expired(time.perf_counter())
+    chunks = pipe.submit(r)
+    assert not r.expired(r.t_submit + 0.04) and r.expired(r.t_submit + 0.06)
+    assert sum(len(c) for c in chunks) == 3 and r.stats.stop_reason == "length"
+    assert r.stats.queue_ms < 100  # the 0.1 s before submit is not queue time

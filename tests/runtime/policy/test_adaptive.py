@@ -20,16 +20,16 @@ def test_expected_tokens_per_position():
     m = AcceptanceModel(4, prior=0.5, weight=1e-9)
     m.ok[:] = [9, 4, 1, 0]
     m.tried[:] = [10, 8, 4, 2]  # rates .9 .5 .25 0
-    assert m.expected_tokens(0) == 1
-    assert m.expected_tokens(3) == pytest.approx(1 + 0.9 + 0.45 + 0.1125)
+    assert m.expected()[0] == 1
+    assert m.expected()[3] == pytest.approx(1 + 0.9 + 0.45 + 0.1125)
 
 
 def test_choose_k_tracks_acceptance():
-    p = AdaptivePolicy(COSTS, max_k=8, early_stop=False)
+    p = AdaptivePolicy(COSTS, max_k=8)
     for _ in range(40):
         p.update(8, 8, [])  # everything accepted: long drafts pay
     assert p.choose_k() == 8
-    q = AdaptivePolicy(COSTS, max_k=8, early_stop=False)
+    q = AdaptivePolicy(COSTS, max_k=8)
     for _ in range(40):
         q.update(4, 1, [])  # second position always rejected
     assert q.choose_k() in (1, 2)
@@ -37,7 +37,7 @@ def test_choose_k_tracks_acceptance():
 
 def test_falls_back_to_target_steps_and_reprobes():
     expensive = Costs(COSTS.target_ms, draft_ms=30.0)  # draft as slow as the target
-    p = AdaptivePolicy(expensive, max_k=4, probe_every=5, early_stop=False)
+    p = AdaptivePolicy(expensive, max_k=4, probe_every=5)
     for _ in range(30):
         p.update(2, 0, [])
     ks = [p.choose_k() for _ in range(10)]
@@ -105,8 +105,6 @@ def test_auto_request_learns_each_route_apart(monkeypatch):
     greedy, sampled = SamplingConfig(0.0), SamplingConfig(1.0)
     pols = store.policies(SimpleNamespace(draft="auto", cfg=greedy))
     assert set(pols) == {"ngram", "model"}
-    for p in pols.values():
-        p.early_stop = False
     for _ in range(40):
         pols["ngram"].update(8, 8, [])  # copies always accepted
         pols["model"].update(4, 0, [])  # the model always rejected

@@ -113,21 +113,27 @@ def test_bonus_token_follows_target():
 
 def test_second_position_joint_distribution():
     """Tokens at position 2 (given any first token) follow the target too: check the marginal
-    of the second emitted token against sum_x p0(x) p1(.|x) with p1 independent of x here."""
+    of the second emitted token against sum_x p0(x) p1(.|x) with p1 independent of x here.
+    Every second token comes out of verify_sampling: after a rejection at position 1 the engine
+    starts a new round there (draft [d1], rows [p1, p2]), and so does this test."""
     rng = np.random.default_rng(5)
     V, k = 6, 2
     cfg = SamplingConfig(1.0)
     p = np.stack([_random_dist(rng, V, cfg) for _ in range(k + 1)])
     q = np.stack([_random_dist(rng, V, cfg) for _ in range(k)])
     r = np.random.default_rng(9)
-    second = []
+    second, rejected_first = [], 0
     for _ in range(20000):
         draft = np.array([sample(q[i], r.random()) for i in range(k)])
         n_ok, nxt = verify_sampling(draft, q, p, r.random(k), r.random())
         if n_ok >= 1:  # first token came from the draft; the second is draft[1] or the residual/bonus
             second.append(draft[1] if n_ok >= 2 else nxt)
-        else:  # first token was resampled; position 2 would be a new round with fresh rows p[1]
-            second.append(sample(p[1], r.random()))
+            continue
+        rejected_first += 1  # the first token was the residual's: the next round drafts position 2
+        d1 = np.array([sample(q[1], r.random())])
+        n1, nxt1 = verify_sampling(d1, q[1:], p[1:], r.random(1), r.random())
+        second.append(d1[0] if n1 else nxt1)
+    assert rejected_first > 2000  # the branch is exercised
     _chi2_ok(np.array(second), p[1], "second position")
 
 

@@ -12,7 +12,7 @@ from specrt.runtime.serve.errors import APIError, ReplicaFailed, as_api_error, s
 from specrt.runtime.serve.protocol_chat import ChatCompletionRequest
 from specrt.runtime.serve.protocol_completion import CompletionRequest
 from specrt.runtime.serve.responses import ChatOutput
-from specrt.runtime.serve.serving import LocalBackend
+from specrt.runtime.serve.serving import LocalClient
 
 
 def test_unavailable_engines_are_503s_with_retry_after():
@@ -50,20 +50,20 @@ def test_options_map_onto_the_request_fields():
 
 
 @pytest.fixture
-def backend(tmp_path):
+def client(tmp_path):
     pipe = fake_pipeline(tmp_path, draft="self")
-    b = LocalBackend(ServerConfig(model_id="fake"), lambda: pipe)
+    b = LocalClient(ServerConfig(model_id="fake"), lambda: pipe)
     b.load()
     yield b
     b.close()
 
 
-def _start(backend, **body):
+def _start(client, **body):
     req = ChatCompletionRequest.model_validate({"model": "fake", "messages": [{"role": "user", "content": "w3"}],
                                                 **body})
     ids = [4, 5, 6]
     with pytest.raises(APIError) as e:
-        backend.start(req, ids, "messages", ChatOutput("fake"))
+        client.start(req, ids, "messages", ChatOutput("fake"))
     return e.value
 
 
@@ -75,18 +75,18 @@ def _start(backend, **body):
     ({"guided_regex": "a+", "ignore_eos": True}, "ignore_eos", None),
     ({"guided_regex": "("}, "guided_regex", "invalid_grammar"),
 ])
-def test_runtime_refusals_reach_the_client_with_their_field(backend, body, param, code):
-    err = _start(backend, **body)
+def test_runtime_refusals_reach_the_client_with_their_field(client, body, param, code):
+    err = _start(client, **body)
     assert (err.status_code, err.info.param, err.info.code, err.info.type) == (400, param, code,
                                                                                "invalid_request_error")
     if code is None:
-        assert err.info.message.endswith(f"(prompt: 3 tokens, context: {backend.pipe.max_seq_len})")
+        assert err.info.message.endswith(f"(prompt: 3 tokens, context: {client.pipe.max_seq_len})")
 
 
-def test_a_prompt_that_fills_the_context_is_blamed_on_the_prompt(backend):
+def test_a_prompt_that_fills_the_context_is_blamed_on_the_prompt(client):
     req = CompletionRequest.model_validate({"model": "fake", "prompt": "w3"})
     with pytest.raises(APIError) as e:
-        backend.start(req, [4] * backend.pipe.max_seq_len, "prompt", ChatOutput("fake"))
+        client.start(req, [4] * client.pipe.max_seq_len, "prompt", ChatOutput("fake"))
     assert (e.value.info.param, e.value.info.code) == ("prompt", "context_length_exceeded")
 
 

@@ -214,37 +214,27 @@ def test_a_failing_choice_stops_its_siblings_and_surfaces_its_own_error():
     'aclose(): generator already running' of a sibling), the sibling's request is cancelled, and
     nothing is left running."""
     import asyncio
+    from types import SimpleNamespace
 
     from specrt.runtime.serve.responses import CompletionOutput
     from specrt.runtime.serve.streaming import Job, Reply
+    from specrt.runtime.text.output import TextOutput
 
     cancelled, finalised = [], []
 
-    class Text:
-        def __init__(self):
-            self.ids, self.stopped = [], False
+    class Tok:  # what a TextOutput reads of a tokenizer: every chunk is the text "x"
+        token_text = str
 
-        def push(self, chunk):
-            self.ids += chunk
-            return "x"
+        @staticmethod
+        def stream():
+            return SimpleNamespace(push=lambda ids: "x", flush=lambda: "")
 
-        def flush(self):
-            pass
+    def req():  # what a TextOutput reads of a request
+        return SimpleNamespace(logprobs=None, stats=SimpleNamespace(stop_reason="eos", cached_tokens=0))
 
-        def tail(self):
-            return ""
-
-    class Req:
-        logprobs = None
-
-        class stats:  # noqa: N801 - what Job reads of a request's stats
-            stop_reason, cached_tokens = "eos", 0
-
-    class Pipe:
-        class engine:  # noqa: N801
-            @staticmethod
-            def cancel(r):
-                cancelled.append(r)
+    def output(chunks):
+        r = req()
+        return TextOutput(r, chunks, Tok(), cancel=lambda: cancelled.append(r))
 
     async def failing():
         yield [1]
@@ -260,7 +250,7 @@ def test_a_failing_choice_stops_its_siblings_and_surfaces_its_own_error():
             finalised.append(True)
 
     async def main():
-        jobs = [Job(Pipe(), Req(), failing(), Text(), 0), Job(Pipe(), Req(), slow(), Text(), 1)]
+        jobs = [Job(output(failing()), 0), Job(output(slow()), 1)]
         with pytest.raises(RuntimeError, match="choice 0 failed"):
             await Reply(jobs, CompletionOutput("m"), 3).collect()
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
