@@ -234,6 +234,28 @@ def fake_parts(folder: Path, *, draft: str | None = "self", slots: int = 4, seed
     return LoadedModels(folder, man, Tokenizer(folder, man.tokenizer), target, d, False, draft == "self", None, "cpu")
 
 
+def constrained_reference(pipe, constraint, prompt, n, cfg=None, rng=None):
+    """Target-only decoding under the grammar straight from the fake's table: at each position
+    the row is masked by the grammar after the tokens so far."""
+    from specrt.runtime.sampling.draws import probs
+    from specrt.runtime.sampling.grammar import apply_mask
+
+    g = pipe.grammars
+    m = g.matcher(g.compile(constraint))
+    seq, out = list(prompt), []
+    for _ in range(n):
+        row = apply_mask(pipe.parts.target.table.next_logits(seq)[None], m.masks())[0]
+        t = int(row.argmax()) if cfg is None else int(rng.choice(len(row), p=probs(row, cfg)))
+        if t == EOS:
+            break
+        m.commit([t])
+        seq.append(t)
+        out.append(t)
+        if m.done:
+            break
+    return out
+
+
 def fake_pipeline(folder: Path, *, costs=None, plan_batches: bool = True, adaptive: bool | None = False,
                   prefix_cache: bool = True, **kw):
     """A Pipeline (runtime/pipeline.py) over `fake_parts(folder, **kw)`. costs: what adaptive k

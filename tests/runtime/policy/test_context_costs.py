@@ -20,7 +20,7 @@ STEEP = Costs({1: 10.0, 2: 10.3, 5: 11.0, 9: 12.0}, draft_ms=0.5, rows_ms={1: 10
 
 
 def _learned(costs, rate=0.7, max_k=8):
-    p = AdaptivePolicy(costs, max_k=max_k, early_stop=False)
+    p = AdaptivePolicy(costs, max_k=max_k)
     for _ in range(40):
         p.update(4, int(4 * rate), [])
     return p

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from checks import assert_follows
-from fakes import EOS, JSON_CHARS, drive
+from fakes import EOS, JSON_CHARS, constrained_reference, drive
 from specrt.runtime.sampling.draws import SamplingConfig, probs
 from specrt.runtime.sampling.grammar import Constraint, GrammarError, apply_mask
 
@@ -37,25 +37,6 @@ def ids(text: str) -> list[int]:
 
 def text(tokens) -> str:
     return "".join(" " if JSON_CHARS[t - 3] == "\u0120" else JSON_CHARS[t - 3] for t in tokens)
-
-
-def constrained_reference(pipe, constraint, prompt, n, cfg=None, rng=None):
-    """Target-only decoding under the grammar straight from the fake's table: at each position
-    the row is masked by the grammar after the tokens so far."""
-    g = pipe.grammars
-    m = g.matcher(g.compile(constraint))
-    seq, out = list(prompt), []
-    for _ in range(n):
-        row = apply_mask(pipe.parts.target.table.next_logits(seq)[None], m.masks())[0]
-        t = int(row.argmax()) if cfg is None else int(rng.choice(len(row), p=probs(row, cfg)))
-        if t == EOS:
-            break
-        m.commit([t])
-        seq.append(t)
-        out.append(t)
-        if m.done:
-            break
-    return out
 
 
 def test_matcher_masks_drafts_then_leaves_the_state(make):

@@ -13,8 +13,8 @@ import random
 
 import jsonschema
 import pytest
-from test_grammar import constrained_reference
 
+from fakes import constrained_reference
 from specrt.runtime.text.chat import prepare
 from specrt.runtime.text.toolcalls import (
     Function,
