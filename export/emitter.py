@@ -1,5 +1,5 @@
 """What both lowerings of a decoder graph share: the options, the node builder, and the layers
-(embedding, projections, MLP, the decoder stack, the LM head). A lowering subclasses `Decoder`
+(embedding, projections, MLP, the decoder stack, the LM head). A lowering subclasses `Emitter`
 with the three things it emits its own way (export/graph.py picks the class, the way
 onnxruntime-genai's builder picks its attention op in `make_attention_op`):
 
@@ -93,7 +93,7 @@ def embedding_form(arch: Arch, w: dict, qw: dict, opts: GraphOptions) -> QuantWe
     return q
 
 
-class Decoder:
+class Emitter:
     """Emits one decoder graph into `graph`. weights: HF state dict as fp32 NumPy arrays;
     imported: HF name -> its imported GGUF form (precision gguf); io: the graph's IO names."""
 

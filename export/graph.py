@@ -35,13 +35,13 @@ from specrt.runtime.bundle.manifest import KV_DTYPE, IONames
 
 from .arch import Arch
 from .emitter import GraphBuilder, GraphOptions
-from .lowering_ort import OrtDecoder
-from .lowering_standard import StandardDecoder
+from .lowering_ort import OrtEmitter
+from .lowering_standard import StandardEmitter
 from .nbits import MS, WEIGHT_ONLY
 from .quantize import QuantWeight
 
 OPSET = {"ort": 21, "standard": 24}
-DECODERS = {"ort": OrtDecoder, "standard": StandardDecoder}  # lowering -> the class that emits it
+EMITTERS = {"ort": OrtEmitter, "standard": StandardEmitter}  # lowering -> the class that emits it
 FEATURES = "hidden_states"  # the target's final-norm hidden states: its output and an EAGLE draft's input
 EAGLE_FEATURES_OUT = "next_hidden_states"  # an EAGLE draft's predicted features (its next step's input)
 LOGITS_KEEP = "num_logits_to_keep"  # ort lowering: int64 [1], an input with a default (all positions)
@@ -63,7 +63,7 @@ def build_graph(arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions,
         raise ValueError(f"{opts.precision} (MatMulNBits) exists only in the 'ort' lowering")
     dtype = np.dtype(KV_DTYPE[opts.precision])  # activations and KV; int4/int8/gguf are weight-only
     g, io = GraphBuilder(dtype.type, sink), graph_io(opts)
-    DECODERS[opts.lowering](g, arch, w, opts, qw or {}, io).build()
+    EMITTERS[opts.lowering](g, arch, w, opts, qw or {}, io).build()
     onnx_dtype = helper.np_dtype_to_tensor_dtype(dtype)
     kv_shape = ["batch", arch.kv_heads, "max_seq_len", arch.head_dim]
     inputs = [

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from onnx import TensorProto
 
-from .emitter import Decoder
+from .emitter import Emitter
 from .nbits import MS
 
 
-class OrtDecoder(Decoder):
+class OrtEmitter(Emitter):
     PACKED_QKV = True  # GQA splits q, k, v itself (not when q/k norms sit between)
 
     def prepare_positions(self) -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from .emitter import Decoder
+from .emitter import Emitter
 
 
-class StandardDecoder(Decoder):
+class StandardEmitter(Emitter):
     def prepare_positions(self) -> None:
         """P (committed length, the write index per row), the absolute positions of the T new
         tokens, their cos/sin rows per rope kind and the attention masks per window size."""
