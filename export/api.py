@@ -1,4 +1,6 @@
-"""`export_bundle`: target (+ draft) -> validated bundle folder. The CLI is a shell over this."""
+"""`export_bundle`: target (+ draft) -> validated bundle folder, by the steps of export/steps.py in
+order (what runs when is about memory: docs/design.md, "Export memory"); its argument checks; the
+tokenizer and manifest writing. The CLI is a shell over this."""
 
 from __future__ import annotations
 
