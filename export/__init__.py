@@ -7,8 +7,8 @@
 __version__ = "0.1.0"
 
 from .api import VocabularyMismatch, check_same_vocabulary, export_bundle  # noqa: E402
+from .errors import SourceError  # noqa: E402
 from .families import SUPPORTED_MODEL_TYPES, UnsupportedArchitecture  # noqa: E402
-from .sources import SourceError  # noqa: E402
 from .validate import ParityError  # noqa: E402
 
 __all__ = [

@@ -1,24 +1,18 @@
-"""`export_bundle`: target (+ draft) -> validated bundle folder. The CLI is a shell over this."""
+"""`export_bundle`: target (+ draft) -> validated bundle folder, by the steps of export/steps.py in
+order (what runs when is about memory: docs/design.md, "Export memory"); its argument checks; the
+tokenizer and manifest writing. The CLI is a shell over this."""
 
 from __future__ import annotations
 
 import datetime as _dt
-import functools
 import gc
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from specrt.runtime.backends.harness import SequenceHarness
-from specrt.runtime.backends.ort import OrtBackend
 from specrt.runtime.bundle import genai
 from specrt.runtime.bundle.manifest import (
-    KV_DTYPE,
     SELF_DRAFT_PRECISION,
-    KVLayout,
     Manifest,
     ModelEntry,
     TokenizerInfo,
@@ -26,15 +20,25 @@ from specrt.runtime.bundle.manifest import (
 )
 from specrt.runtime.bundle.tokenizer import find_fim_tokens
 
-from . import __version__, quant_target, tokcheck
-from .arch import Arch, arch_from_model, numpy_weights
-from .bundle import ExternalData, save_graph, staging
-from .eagle import draft_arch, draft_weights, load_head
-from .graph import EAGLE_FEATURES_OUT, FEATURES, GraphOptions, build_graph, graph_io
+from . import __version__, tokcheck
+from .bundle import staging
+from .eagle import load_head
+from .errors import SourceError
 from .nbits import WEIGHT_ONLY
-from .sources import SourceError, load_source, peek_source, resolve_source, sha256_file
+from .sources import peek_source, resolve_source
+from .steps import (
+    LoadedModel,
+    Probe,
+    Settings,
+    check_target,
+    eagle_entry,
+    measure_draft,
+    model_draft_entry,
+    require_parity,
+    self_draft_entry,
+    target_entry,
+)
 from .tokcheck import VocabularyMismatch, check_same_vocabulary  # noqa: F401 (API: export.api.VocabularyMismatch)
-from .validate import ParityError, Reference, check_decoder, check_eagle, draft_agreement
 
 LOWERINGS = ("ort", "standard")
 PRECISIONS = ("fp32", "fp16", "int4", "int8", "gguf")  # int4/int8: RTN, gguf: the file's own blocks
@@ -53,59 +57,6 @@ class Progress:
         self.n += 1
         if self.echo:
             self.echo(f"[{self.n}/{self.total}] {msg}  (+{time.perf_counter() - self.t0:.0f}s)")
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What every export step reads."""
-
-    max_seq_len: int
-    max_draft_tokens: int
-    precision: str  # the target's (and a separate draft's) graph precision
-    lowering: str
-    greedy_steps: int  # greedy tokens compared with transformers at each parity check
-    accuracy_level: int = 4  # weight-only precisions: MatMulNBits compute (4: int8 activations, 0: fp32)
-    lm_head_precision: str = ""  # weight-only precisions: the LM head's own ("": the target's)
-
-    @property
-    def max_t(self) -> int:  # widest call: a verification of max_draft_tokens + the target's token
-        return self.max_draft_tokens + 1
-
-    def graph(self, **kw) -> GraphOptions:
-        return GraphOptions(**{"lowering": self.lowering, "precision": self.precision,
-                               "max_seq_len": self.max_seq_len, "int4_accuracy_level": self.accuracy_level,
-                               "lm_head_precision": self.lm_head_precision, **kw})
-
-
-class Source:
-    """A loaded model source: transformers model + tokenizer; its graph-ready form (`arch`,
-    NumPy `weights`, views of the model's own tensors) is made when a step first reads it.
-    `release()` drops the model once its graphs are written and its `reference` is taken, so a
-    model's fp32 weights are in memory once while its graphs are built and not at all while
-    onnxruntime loads them (docs/design.md, "Export memory")."""
-
-    def __init__(self, ref: str, max_seq_len: int, echo: Callable[[str], None] | None = None):
-        self.src = resolve_source(ref, echo=echo)
-        self.model, self.tok = load_source(self.src)
-        self.config = self.model.config
-        self.max_seq_len = max_seq_len
-
-    def reference(self, cfg: Settings) -> Reference:
-        return Reference.of(self.model, self.arch.vocab, k=cfg.max_draft_tokens, steps=cfg.greedy_steps)
-
-    def release(self) -> None:
-        self.arch  # noqa: B018 (made while the model is there)
-        self.__dict__.pop("weights", None)
-        self.model = None
-        gc.collect()
-
-    @functools.cached_property
-    def arch(self) -> Arch:
-        return arch_from_model(self.model, self.max_seq_len)
-
-    @functools.cached_property
-    def weights(self) -> dict:
-        return numpy_weights(self.model)
 
 
 def export_bundle(
@@ -147,23 +98,26 @@ def export_bundle(
     step = Progress(4 + (kind != "none") + (kind == "model") + trt, echo)
 
     step(f"loading target {target}")
-    tgt = Source(target, max_seq_len, echo)
-    head = head_w = None
-    if kind == "eagle":  # read before any graph is built: a wrong head file fails fast
-        head = draft[len("eagle:"):]
-        head_w = load_head(head, tgt.arch, tgt.src.describe().get("sha256"))
-    if kind == "model":  # its tokenizer and config only: the model itself loads after the target's graphs
-        d_tok, d_config = peek_source(resolve_source(draft, echo=echo))
-        check_same_vocabulary(tgt.tok, d_tok, tgt.config, d_config)
+    tgt = LoadedModel(target, max_seq_len, echo)
+    head_w = _read_before_graphs(tgt, kind, draft, echo)
 
     with staging(out) as tmp:
+        ref = tgt.reference(cfg)
+        probe = Probe(ref.prompt, ref.greedy_tokens)
         step(f"building target graph ({lowering}, {precision})")
-        t_entry, target_dec, probe, d_entry = target_entries(tmp, tgt, cfg, kind, draft, step, echo)
-        if kind == "eagle":
+        t_entry = target_entry(tmp, tgt, cfg, features=kind == "eagle", echo=echo)
+        d_entry = None
+        if kind == "self":  # from the same weights, before the target's check releases them
             step(f"building draft graph ({draft})")
-            d_entry = eagle_entry(tmp, tgt, target_dec, head, head_w, cfg, probe)
+            d_entry = self_draft_entry(tmp, tgt, cfg, draft)
+        target_dec = check_target(tmp, t_entry, tgt, cfg, ref, keep_features=kind == "eagle")
+        if kind == "self":
+            measure_draft(tmp, d_entry, ref, cfg, probe)
+        elif kind == "eagle":
+            step(f"building draft graph ({draft})")
+            d_entry = eagle_entry(tmp, tgt, target_dec, draft[len("eagle:"):], head_w, cfg, probe)
             tgt.release()
-        del target_dec
+        del target_dec, ref
         if kind == "model":
             d_entry = model_draft_entry(tmp, draft, cfg, probe, draft_precision, step, echo)
         if d_entry is not None:
@@ -188,6 +142,18 @@ def draft_kind(draft: str) -> str:
     if draft in SELF_DRAFT_PRECISION:
         return "self"
     return "eagle" if draft.startswith("eagle:") else "model"
+
+
+def _read_before_graphs(tgt: LoadedModel, kind: str, draft: str, echo) -> dict | None:
+    """What fails fast, before any graph is built: an EAGLE head file read against the target
+    (-> its weights), a separate draft's tokenizer and config against the target's vocabulary
+    (its model loads after the target's graphs are checked and dropped)."""
+    if kind == "eagle":
+        return load_head(draft[len("eagle:"):], tgt.arch, tgt.src.describe().get("sha256"))
+    if kind == "model":
+        d_tok, d_config = peek_source(resolve_source(draft, echo=echo))
+        check_same_vocabulary(tgt.tok, d_tok, tgt.config, d_config)
+    return None
 
 
 def _check_settings(cfg: Settings, kind: str, draft: str, k: int | None, trt: bool) -> None:
@@ -222,115 +188,6 @@ def _check_draft_precision(cfg: Settings, kind: str, draft_precision: str | None
         raise ValueError(f"an {draft_precision} draft uses MatMulNBits, which only the 'ort' lowering has")
 
 
-# what each entry's parity compares against, for the gate's message
-REFERENCE = {
-    "target": "target graph failed parity with transformers",
-    "model": "draft graph failed parity with transformers",
-    "eagle": "EAGLE draft failed parity (target feature output vs transformers, draft graph vs its torch module)",
-    "self": "self-draft graph failed its check",  # never: quantized drafts have no logit tolerance
-}
-
-
-def require_parity(entry: ModelEntry, kind: str) -> None:
-    """The one parity gate: an entry whose export-time numbers did not pass never gets written.
-    kind: "target", or the draft's kind."""
-    if not entry.parity.get("passed"):
-        raise ParityError(f"{REFERENCE[kind]}: {entry.parity}")
-
-
-@dataclass
-class Probe:
-    """A prompt and the target's own greedy continuation (transformers): what draft agreement is
-    measured on."""
-
-    prompt: np.ndarray
-    target_tokens: np.ndarray
-
-
-def target_entries(tmp: Path, tgt: Source, cfg: Settings, kind: str, draft: str, step: Progress, echo=None
-                   ) -> tuple[ModelEntry, SequenceHarness, Probe, ModelEntry | None]:
-    """The target -> its graph, its entry with parity numbers against transformers, a decoder over
-    it (the EAGLE check reads its features), the probe, and a self-draft's entry when `kind` is
-    "self" (made from the same weights before the model is dropped). The torch model is released
-    before any session exists, except for an EAGLE draft, whose check runs it, and a quantized
-    target, whose parity is checked against the same (GGUF-dequantized or fake-quantized) weights
-    in transformers (export/quant_target.py)."""
-    ref = tgt.reference(cfg)
-    probe = Probe(ref.prompt, ref.greedy_tokens)
-    features = kind == "eagle"
-    opts = cfg.graph(hidden_out=FEATURES if features else "")
-    qw, quantization = quant_target.prepare(tgt, opts, echo)
-    entry = _write_model(tmp, "target", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), "export", qw)
-    del qw
-    entry.quantization = quantization
-    self_entry = None
-    if kind == "self":
-        step(f"building draft graph ({draft})")
-        q_opts = GraphOptions(lowering="ort", precision=SELF_DRAFT_PRECISION[draft], max_seq_len=cfg.max_seq_len)
-        self_entry = _write_model(tmp, "draft", tgt.arch, tgt.weights, q_opts, cfg.max_t, tgt.src.describe(), draft)
-    if not features and not quantization:
-        tgt.release()
-    dec = _decoder(tmp, entry, keep_hidden=features)
-    if not quantization:
-        entry.parity = check_decoder(dec, ref, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
-                                     precision=cfg.precision).as_dict()
-    else:
-        if quantization["method"] == "rtn":
-            quant_target.fake_quantize(tgt.model, tgt.weights, opts)
-        entry.parity = quant_target.parity(tmp, entry, dec, tgt.model, opts, cfg.max_draft_tokens, cfg.greedy_steps,
-                                           _decoder)
-        if not features:
-            tgt.release()
-    require_parity(entry, "target")
-    if self_entry is not None:
-        del dec  # one session at a time
-        dec = None
-        # lossy by design (verification keeps the output exact), so logit parity has no
-        # tolerance; agreement with the target's greedy tokens says how good a draft it is
-        _draft_parity(tmp, self_entry, ref, cfg, probe, self_entry.precision)
-    return entry, dec, probe, self_entry
-
-
-def model_draft_entry(tmp: Path, ref: str, cfg: Settings, probe: Probe, draft_precision: str | None,
-                      step: Progress, echo) -> ModelEntry:
-    """A separate draft model -> its entry: at the target's precision held to the same parity as
-    the target; weight-quantized (draft_precision) measured like a self-draft."""
-    step(f"loading draft {ref}")
-    d = Source(ref, cfg.max_seq_len, echo)
-    reference = d.reference(cfg)
-    step(f"building draft graph ({ref}{', ' + draft_precision if draft_precision else ''})")
-    if draft_precision:
-        opts, recipe = GraphOptions(lowering="ort", precision=draft_precision, max_seq_len=cfg.max_seq_len), f"model-{draft_precision}"
-    else:
-        opts, recipe = cfg.graph(), "model"
-    entry = _write_model(tmp, "draft", d.arch, d.weights, opts, cfg.max_t, d.src.describe(), recipe)
-    d.release()
-    return _draft_parity(tmp, entry, reference, cfg, probe, opts.precision)
-
-
-def _draft_parity(tmp, entry, reference: Reference, cfg: Settings, probe: Probe, precision: str) -> ModelEntry:
-    dec = _decoder(tmp, entry)
-    entry.parity = check_decoder(dec, reference, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
-                                 precision=precision).as_dict()
-    entry.parity["greedy_agreement_with_target"] = draft_agreement(dec, probe.target_tokens, probe.prompt)
-    return entry
-
-
-def eagle_entry(tmp: Path, tgt: Source, target_dec: SequenceHarness, head: str, head_w: dict, cfg: Settings,
-                probe: Probe) -> ModelEntry:
-    """An EAGLE head file -> the draft entry, checked against its torch module on the target
-    graph's features. int4 on onnxruntime (the head is tiny; its LM head is the big matrix), the
-    target's precision on the standard lowering (TensorRT)."""
-    quantized = cfg.lowering == "ort"
-    opts = cfg.graph(precision="int4" if quantized else cfg.precision, eagle=True, hidden_out=EAGLE_FEATURES_OUT)
-    source = {"kind": "eagle-head", "ref": head, "sha256": sha256_file(Path(head))}
-    entry = _write_model(tmp, "draft", draft_arch(tgt.arch), draft_weights(tgt.weights, head_w, head), opts,
-                         cfg.max_t, source, "eagle")
-    entry.parity = check_eagle(_decoder(tmp, entry), target_dec, tgt.model, head_w, probe.prompt,
-                               probe.target_tokens, precision=cfg.precision, quantized=quantized)
-    return entry
-
-
 def trt_plans(tmp: Path, entries: list[ModelEntry]) -> None:
     """Standard-lowering graphs -> TensorRT plans for this GPU, recorded on their entries."""
     from .trt import save_engine
@@ -339,7 +196,7 @@ def trt_plans(tmp: Path, entries: list[ModelEntry]) -> None:
         entry.trt_plans.append(save_engine(tmp, entry.graph.split("/")[0], entry))
 
 
-def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry | None, tgt: Source) -> Manifest:
+def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry | None, tgt: LoadedModel) -> Manifest:
     """Entries + the target's tokenizer -> specrt.json (and genai_config.json), read back by the
     runtime's own check before the staging folder is swapped in."""
     tok_info = _save_tokenizer(tgt.tok, tgt.config, tmp)
@@ -358,39 +215,6 @@ def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry 
     genai.write(tmp, man)  # onnxruntime-genai reads the same graphs (runtime/bundle/genai.py)
     load_manifest(tmp)
     return man
-
-
-def _write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, max_t: int,
-                 source: dict, recipe: str, qw: dict | None = None) -> ModelEntry:
-    sink = ExternalData(tmp / role)
-    try:
-        graph = build_graph(arch, w, opts, qw or None, sink=sink)
-    finally:
-        sink.close()
-    name, data = save_graph(graph, tmp / role)
-    del graph
-    return ModelEntry(
-        graph=f"{role}/{name}",
-        data=f"{role}/{data}",
-        lowering=opts.lowering,
-        precision=opts.precision,
-        family=arch.family.name,
-        model_type=arch.model_type,
-        vocab_size=arch.vocab,
-        hidden_size=arch.hidden,
-        num_heads=arch.heads,
-        max_tokens_per_call=max_t,
-        io=graph_io(opts),
-        kv=KVLayout(arch.layers, arch.kv_heads, arch.head_dim, KV_DTYPE[opts.precision], opts.max_seq_len),
-        source=source,
-        recipe=recipe,
-    )
-
-
-def _decoder(folder: Path, entry: ModelEntry, keep_hidden: bool = False) -> SequenceHarness:
-    # float graphs unpacked: the checks run tens of calls, and a prepacking session peaks at twice
-    # the weights while it is built (runtime/bundle/memory.py); MatMulNBits graphs are packed regardless
-    return SequenceHarness(OrtBackend(folder / entry.graph, entry, prepack=False), entry.graph.split("/")[0], keep_hidden)
 
 
 def _save_tokenizer(tok, config, tmp: Path) -> TokenizerInfo:

@@ -18,13 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .emitter import EMBED, GraphOptions, embedding_form
 from .gguf_import import fallback_message, import_gguf
-from .graph import GraphOptions, embedding_form
 from .nbits import QUANTIZED, WEIGHT_ONLY, resolve
 from .quantize import QuantWeight
 from .validate import check_decoder
-
-EMBED = "model.embed_tokens.weight"
 
 
 def prepare(tgt, opts: GraphOptions, echo: Callable[[str], None] | None) -> tuple[dict[str, QuantWeight], dict]:

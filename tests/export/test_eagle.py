@@ -7,7 +7,6 @@ import pytest
 from click.testing import CliRunner
 
 from specrt.cli import main
-from specrt.export.api import _decoder, _write_model
 from specrt.export.arch import arch_from_model, numpy_weights
 from specrt.export.eagle import (
     HeadError,
@@ -18,6 +17,7 @@ from specrt.export.eagle import (
     save_head,
 )
 from specrt.export.graph import GraphOptions
+from specrt.export.steps import decoder, write_model
 from specrt.export.validate import check_eagle, probe_tokens, reference_greedy
 from specrt.runtime.bundle.manifest import load_manifest
 from tiny import tiny_head, tiny_model
@@ -38,11 +38,11 @@ def head_file(tiny_dirs, tmp_path_factory):
 def test_fp32_graph_equals_torch_head(target, head_file, tiny_bundles, tmp_path):
     arch = arch_from_model(target, 256)
     hw = load_head(head_file, arch, None)
-    entry = _write_model(tmp_path, "draft", draft_arch(arch), draft_weights(numpy_weights(target), hw),
-                         GraphOptions(eagle=True, hidden_out="next_hidden_states", max_seq_len=256), 9, {}, "eagle")
+    entry = write_model(tmp_path, "draft", draft_arch(arch), draft_weights(numpy_weights(target), hw),
+                        GraphOptions(eagle=True, hidden_out="next_hidden_states", max_seq_len=256), 9, {}, "eagle")
     folder = tiny_bundles["eagle"]
-    tdec = _decoder(folder, load_manifest(folder).target, keep_hidden=True)
-    ddec = _decoder(tmp_path, entry)
+    tdec = decoder(folder, load_manifest(folder).target, keep_hidden=True)
+    ddec = decoder(tmp_path, entry)
     prompt = probe_tokens(arch.vocab, 12)
     toks, _ = reference_greedy(target, prompt, 20)  # 32 rows: more than one draft call of 9
     res = check_eagle(ddec, tdec, target, hw, prompt, toks)

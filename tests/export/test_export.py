@@ -7,6 +7,7 @@ import pytest
 
 from specrt.export import ParityError, SourceError, VocabularyMismatch, export_bundle
 from specrt.export import api as export_api
+from specrt.export import steps as export_steps
 from specrt.runtime.bundle.manifest import BundleError, load_manifest, manifest_from_dict
 
 KW = dict(max_seq_len=128, max_draft_tokens=8, greedy_steps=8, echo=None)
@@ -108,20 +109,20 @@ def test_interrupted_export_keeps_previous_bundle(tiny_dirs, tmp_path, monkeypat
     export_bundle(str(tiny_dirs["target"]), out, draft="none", **KW)
     before = (out / "specrt.json").read_text()
     calls = {"n": 0}
-    real = export_api.check_decoder
+    real = export_steps.check_decoder
 
     def interrupt(*a, **k):
         calls["n"] += 1
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(export_api, "check_decoder", interrupt)
+    monkeypatch.setattr(export_steps, "check_decoder", interrupt)
     with pytest.raises(KeyboardInterrupt):
         export_bundle(str(tiny_dirs["target"]), out, draft="self-int4", **KW)
     assert calls["n"] == 1
     assert (out / "specrt.json").read_text() == before  # previous bundle intact and loadable
     load_manifest(out)
     assert not list(tmp_path.glob(".b.tmp-*"))
-    monkeypatch.setattr(export_api, "check_decoder", real)
+    monkeypatch.setattr(export_steps, "check_decoder", real)
 
 
 def test_interrupted_first_export_leaves_nothing_loadable(tiny_dirs, tmp_path, monkeypatch):
@@ -147,7 +148,7 @@ def test_parity_failure_refuses_bundle(tiny_dirs, tmp_path, monkeypatch):
         w["model.norm.weight"] = w["model.norm.weight"] * np.float32(1.5)
         return real(arch, w, opts, qw, sink)
 
-    monkeypatch.setattr(export_api, "build_graph", broken)
+    monkeypatch.setattr(export_steps, "build_graph", broken)
     with pytest.raises(ParityError, match="target graph failed parity with transformers"):
         export_bundle(str(tiny_dirs["target"]), tmp_path / "b", draft="none", **KW)
     assert not (tmp_path / "b").exists()
@@ -170,7 +171,7 @@ def test_one_parity_gate_refuses_a_broken_draft(tiny_dirs, tmp_path, monkeypatch
             w = dict(w, **{"model.norm.weight": w["model.norm.weight"] * np.float32(1.5)})
         return real(arch, w, opts, qw, sink)
 
-    monkeypatch.setattr(export_api, "build_graph", draft_broken)
+    monkeypatch.setattr(export_steps, "build_graph", draft_broken)
     with pytest.raises(ParityError, match="^draft graph failed parity with transformers"):
         export_bundle(str(tiny_dirs["target"]), tmp_path / "b", draft=str(tiny_dirs["bad_draft"]), **KW)
     assert len(built) == 2 and not (tmp_path / "b").exists()

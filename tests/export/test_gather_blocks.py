@@ -10,8 +10,8 @@ from onnx import TensorProto, helper
 from tiny_gguf import random_blocks
 
 from specrt.export import nbits
+from specrt.export.emitter import GraphBuilder
 from specrt.export.gguf_blocks import import_blocks
-from specrt.export.graph import _G
 
 TYPES = ["Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"]
 N, K = 40, 512
@@ -20,7 +20,7 @@ N, K = 40, 512
 @pytest.mark.parametrize("kind", TYPES)
 def test_gathered_rows_are_the_dequantized_rows(kind):
     qw = import_blocks(random_blocks(kind, N, K, np.random.default_rng(1)), kind, N, K)
-    g = _G(np.float32)
+    g = GraphBuilder(np.float32)
     out = nbits.gather(g, "ids", "table", qw)
     graph = helper.make_graph(g.nodes, "t", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "t"])],
                               [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], g.inits)

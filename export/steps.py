@@ -1,0 +1,244 @@
+"""The steps `export_bundle` (export/api.py) runs: a model source loaded once (`LoadedModel`),
+and each model -> its graph in the staging folder and its manifest entry, with the parity
+numbers that gate it.
+
+  target_entry       the target's graph and entry (a quantized target's record on it)
+  self_draft_entry   a self-draft's graph and entry, from the target's weights before they go
+  check_target       the target graph's parity with transformers, through the gate
+  measure_draft      a draft's numbers: parity and greedy agreement with the target
+  model_draft_entry  a separate draft model, loaded once the target's check is done
+  eagle_entry        an EAGLE head, checked on the target graph's features
+
+Memory (docs/design.md, "Export memory"): a model's fp32 weights are in memory once while its
+graphs are built, and not at all while onnxruntime loads them; one session at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specrt.runtime.backends.harness import SequenceHarness
+from specrt.runtime.backends.ort import OrtBackend
+from specrt.runtime.bundle.manifest import KV_DTYPE, SELF_DRAFT_PRECISION, KVLayout, ModelEntry
+
+from . import quant_target
+from .arch import Arch, arch_from_model, numpy_weights
+from .bundle import ExternalData, save_graph
+from .eagle import draft_arch, draft_weights
+from .graph import EAGLE_FEATURES_OUT, FEATURES, GraphOptions, build_graph, graph_io
+from .sources import load_source, resolve_source, sha256_file
+from .validate import ParityError, Reference, check_decoder, check_eagle, draft_agreement
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every export step reads."""
+
+    max_seq_len: int
+    max_draft_tokens: int
+    precision: str  # the target's (and a separate draft's) graph precision
+    lowering: str
+    greedy_steps: int  # greedy tokens compared with transformers at each parity check
+    accuracy_level: int = 4  # weight-only precisions: MatMulNBits compute (4: int8 activations, 0: fp32)
+    lm_head_precision: str = ""  # weight-only precisions: the LM head's own ("": the target's)
+
+    @property
+    def max_t(self) -> int:  # widest call: a verification of max_draft_tokens + the target's token
+        return self.max_draft_tokens + 1
+
+    def graph(self, **kw) -> GraphOptions:
+        return GraphOptions(**{"lowering": self.lowering, "precision": self.precision,
+                               "max_seq_len": self.max_seq_len, "int4_accuracy_level": self.accuracy_level,
+                               "lm_head_precision": self.lm_head_precision, **kw})
+
+    def target_graph(self, features: bool) -> GraphOptions:
+        """The target's options; features: it also outputs its final-norm hidden states (an
+        EAGLE draft's input)."""
+        return self.graph(hidden_out=FEATURES if features else "")
+
+
+class LoadedModel:
+    """A model source loaded: transformers model + tokenizer; its graph-ready form (`arch`,
+    NumPy `weights`, views of the model's own tensors) is made when a step first reads it.
+    `release()` drops the model once its graphs are written and its `reference` is taken, so a
+    model's fp32 weights are in memory once while its graphs are built and not at all while
+    onnxruntime loads them."""
+
+    def __init__(self, ref: str, max_seq_len: int, echo: Callable[[str], None] | None = None):
+        self.src = resolve_source(ref, echo=echo)
+        self.model, self.tok = load_source(self.src)
+        self.config = self.model.config
+        self.max_seq_len = max_seq_len
+
+    def reference(self, cfg: Settings) -> Reference:
+        return Reference.of(self.model, self.arch.vocab, k=cfg.max_draft_tokens, steps=cfg.greedy_steps)
+
+    def release(self) -> None:
+        self.arch  # noqa: B018 (made while the model is there)
+        self.__dict__.pop("weights", None)
+        self.model = None
+        gc.collect()
+
+    @functools.cached_property
+    def arch(self) -> Arch:
+        return arch_from_model(self.model, self.max_seq_len)
+
+    @functools.cached_property
+    def weights(self) -> dict:
+        return numpy_weights(self.model)
+
+
+@dataclass
+class Probe:
+    """A prompt and the target's own greedy continuation (transformers): what draft agreement is
+    measured on."""
+
+    prompt: np.ndarray
+    target_tokens: np.ndarray
+
+
+# what each entry's parity compares against, for the gate's message
+REFERENCE = {
+    "target": "target graph failed parity with transformers",
+    "model": "draft graph failed parity with transformers",
+    "eagle": "EAGLE draft failed parity (target feature output vs transformers, draft graph vs its torch module)",
+    "self": "self-draft graph failed its check",  # never: quantized drafts have no logit tolerance
+}
+
+
+def require_parity(entry: ModelEntry, kind: str) -> None:
+    """The one parity gate: an entry whose export-time numbers did not pass never gets written.
+    kind: "target", or the draft's kind."""
+    if not entry.parity.get("passed"):
+        raise ParityError(f"{REFERENCE[kind]}: {entry.parity}")
+
+
+def target_entry(tmp: Path, tgt: LoadedModel, cfg: Settings, features: bool, echo=None) -> ModelEntry:
+    """The target -> its graph and entry, not yet checked. A weight-only quantized target's
+    imported (GGUF) or RTN weights are made here and its record kept on the entry
+    (export/quant_target.py)."""
+    opts = cfg.target_graph(features)
+    qw, quantization = quant_target.prepare(tgt, opts, echo)
+    entry = write_model(tmp, "target", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), "export", qw)
+    entry.quantization = quantization
+    return entry
+
+
+def self_draft_entry(tmp: Path, tgt: LoadedModel, cfg: Settings, draft: str) -> ModelEntry:
+    """A self-draft (`self-int8` / `self-int4`): the target's weights, weight-only quantized ->
+    its graph and entry. Built before the target's check releases the weights; measured after
+    it (`measure_draft`)."""
+    opts = GraphOptions(lowering="ort", precision=SELF_DRAFT_PRECISION[draft], max_seq_len=cfg.max_seq_len)
+    return write_model(tmp, "draft", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), draft)
+
+
+def check_target(tmp: Path, entry: ModelEntry, tgt: LoadedModel, cfg: Settings, ref: Reference,
+                 keep_features: bool) -> SequenceHarness | None:
+    """The target graph's parity with transformers -> `entry.parity`, through the gate. The torch
+    model is released before the session exists, except for an EAGLE draft's target
+    (`keep_features`: its check runs the model) and a quantized target, whose parity is checked
+    against the same (GGUF-dequantized or fake-quantized) weights in transformers
+    (export/quant_target.py). -> the decoder when keep_features (the EAGLE check reads its
+    features), else None (its session gone)."""
+    quantized = bool(entry.quantization)
+    if not keep_features and not quantized:
+        tgt.release()
+    dec = decoder(tmp, entry, keep_hidden=keep_features)
+    if not quantized:
+        entry.parity = check_decoder(dec, ref, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
+                                     precision=cfg.precision).as_dict()
+    else:
+        opts = cfg.target_graph(keep_features)
+        if entry.quantization["method"] == "rtn":
+            quant_target.fake_quantize(tgt.model, tgt.weights, opts)
+        entry.parity = quant_target.parity(tmp, entry, dec, tgt.model, opts, cfg.max_draft_tokens, cfg.greedy_steps,
+                                           decoder)
+        if not keep_features:
+            tgt.release()
+    require_parity(entry, "target")
+    return dec if keep_features else None
+
+
+def measure_draft(tmp: Path, entry: ModelEntry, reference: Reference, cfg: Settings, probe: Probe) -> ModelEntry:
+    """A draft graph's parity with its own transformers model (`reference`) and its greedy
+    agreement with the target's tokens -> `entry.parity`. A quantized draft is lossy by design
+    (verification keeps the output exact), so its logits have no tolerance; the agreement says
+    how good a draft it is."""
+    dec = decoder(tmp, entry)
+    entry.parity = check_decoder(dec, reference, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
+                                 precision=entry.precision).as_dict()
+    entry.parity["greedy_agreement_with_target"] = draft_agreement(dec, probe.target_tokens, probe.prompt)
+    return entry
+
+
+def model_draft_entry(tmp: Path, ref: str, cfg: Settings, probe: Probe, draft_precision: str | None,
+                      step: Callable[[str], None], echo) -> ModelEntry:
+    """A separate draft model -> its entry: at the target's precision held to the same parity as
+    the target; weight-quantized (draft_precision) measured like a self-draft."""
+    step(f"loading draft {ref}")
+    d = LoadedModel(ref, cfg.max_seq_len, echo)
+    reference = d.reference(cfg)
+    step(f"building draft graph ({ref}{', ' + draft_precision if draft_precision else ''})")
+    if draft_precision:
+        opts, recipe = GraphOptions(lowering="ort", precision=draft_precision, max_seq_len=cfg.max_seq_len), f"model-{draft_precision}"
+    else:
+        opts, recipe = cfg.graph(), "model"
+    entry = write_model(tmp, "draft", d.arch, d.weights, opts, cfg.max_t, d.src.describe(), recipe)
+    d.release()
+    return measure_draft(tmp, entry, reference, cfg, probe)
+
+
+def eagle_entry(tmp: Path, tgt: LoadedModel, target_dec: SequenceHarness, head: str, head_w: dict, cfg: Settings,
+                probe: Probe) -> ModelEntry:
+    """An EAGLE head file -> the draft entry, checked against its torch module on the target
+    graph's features. int4 on onnxruntime (the head is tiny; its LM head is the big matrix), the
+    target's precision on the standard lowering (TensorRT)."""
+    quantized = cfg.lowering == "ort"
+    opts = cfg.graph(precision="int4" if quantized else cfg.precision, eagle=True, hidden_out=EAGLE_FEATURES_OUT)
+    source = {"kind": "eagle-head", "ref": head, "sha256": sha256_file(Path(head))}
+    entry = write_model(tmp, "draft", draft_arch(tgt.arch), draft_weights(tgt.weights, head_w, head), opts,
+                        cfg.max_t, source, "eagle")
+    entry.parity = check_eagle(decoder(tmp, entry), target_dec, tgt.model, head_w, probe.prompt,
+                               probe.target_tokens, precision=cfg.precision, quantized=quantized)
+    return entry
+
+
+def write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, max_t: int,
+                source: dict, recipe: str, qw: dict | None = None) -> ModelEntry:
+    """Weights -> tmp/<role>/ graph + weights file, and its manifest entry (no parity yet)."""
+    sink = ExternalData(tmp / role)
+    try:
+        graph = build_graph(arch, w, opts, qw or None, sink=sink)
+    finally:
+        sink.close()
+    name, data = save_graph(graph, tmp / role)
+    del graph
+    return ModelEntry(
+        graph=f"{role}/{name}",
+        data=f"{role}/{data}",
+        lowering=opts.lowering,
+        precision=opts.precision,
+        family=arch.family.name,
+        model_type=arch.model_type,
+        vocab_size=arch.vocab,
+        hidden_size=arch.hidden,
+        num_heads=arch.heads,
+        max_tokens_per_call=max_t,
+        io=graph_io(opts),
+        kv=KVLayout(arch.layers, arch.kv_heads, arch.head_dim, KV_DTYPE[opts.precision], opts.max_seq_len),
+        source=source,
+        recipe=recipe,
+    )
+
+
+def decoder(folder: Path, entry: ModelEntry, keep_hidden: bool = False) -> SequenceHarness:
+    """A written entry -> one-sequence decoder over its graph, for the checks."""
+    # float graphs unpacked: the checks run tens of calls, and a prepacking session peaks at twice
+    # the weights while it is built (runtime/bundle/memory.py); MatMulNBits graphs are packed regardless
+    return SequenceHarness(OrtBackend(folder / entry.graph, entry, prepack=False), entry.graph.split("/")[0], keep_hidden)
