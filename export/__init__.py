@@ -4,14 +4,14 @@
     export_bundle("model-folder-or.gguf", "engines/mine", draft="self-int4")
 """
 
-__version__ = "0.1.0"
-
-from .api import VocabularyMismatch, check_same_vocabulary, export_bundle  # noqa: E402
-from .errors import SourceError  # noqa: E402
-from .families import SUPPORTED_MODEL_TYPES, UnsupportedArchitecture  # noqa: E402
-from .validate import ParityError  # noqa: E402
+from .api import VocabularyMismatch, check_same_vocabulary, export_bundle
+from .errors import SourceError
+from .families import SUPPORTED_MODEL_TYPES, UnsupportedArchitecture
+from .validate import ParityError
+from .version import __version__
 
 __all__ = [
+    "__version__",
     "export_bundle",
     "check_same_vocabulary",
     "VocabularyMismatch",

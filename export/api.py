@@ -20,7 +20,7 @@ from specrt.runtime.bundle.manifest import (
 )
 from specrt.runtime.bundle.tokenizer import find_fim_tokens
 
-from . import __version__, tokcheck
+from . import tokcheck
 from .bundle import staging
 from .eagle import load_head
 from .errors import SourceError
@@ -39,6 +39,7 @@ from .steps import (
     target_entry,
 )
 from .tokcheck import VocabularyMismatch, check_same_vocabulary  # noqa: F401 (API: export.api.VocabularyMismatch)
+from .version import __version__
 
 LOWERINGS = ("ort", "standard")
 PRECISIONS = ("fp32", "fp16", "int4", "int8", "gguf")  # int4/int8: RTN, gguf: the file's own blocks

@@ -77,7 +77,7 @@ class ServeOptions:
 
     def load(self):
         """-> the Pipeline (max_batch must be a count by now)."""
-        from .. import load
+        from ..pipeline import load
 
         return load(self.folder, replace(self.loading, draft=self.draft_for()))
 
