@@ -26,12 +26,14 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import EngineBusy, EngineClosed
+from . import responses_api
 from .config import ServerConfig
 from .errors import APIError, ReplicaFailed, as_api_error, bad
 from .metrics import CONTENT_TYPE
 from .protocol import ErrorResponse, ModelList
 from .protocol_chat import ChatCompletionRequest, ChatCompletionResponse
 from .protocol_completion import CompletionRequest, CompletionResponse
+from .protocol_responses import ResponsesRequest
 from .responses import dump
 from .serving import LocalBackend, OpenAIServing
 
@@ -117,6 +119,11 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request, s
 @v1.post("/completions", response_model=CompletionResponse)
 async def create_completion(req: CompletionRequest, request: Request, serving: Serving):
     return await serving.complete(req, request)
+
+
+@v1.post("/responses")
+async def create_response(req: ResponsesRequest, request: Request, serving: Serving):
+    return await responses_api.create(serving, req, request)
 
 
 @v1.get("/models", response_model=ModelList)
