@@ -151,27 +151,35 @@ def _text(content) -> str:
     return content or ""
 
 
+# (field, asks for what this server cannot honour, why): refused with a 400, never ignored
+_REFUSED = (
+    ("previous_response_id", lambda r: r.previous_response_id is not None,
+     "responses are not stored; send the whole conversation in 'input'"),
+    ("store", lambda r: bool(r.store), "responses are not stored (send 'store': false, or leave it out)"),
+    ("background", lambda r: bool(r.background), "background responses are not built"),
+    ("reasoning", lambda r: r.reasoning is not None and bool(r.reasoning.effort or r.reasoning.summary),
+     "the model has no separate reasoning to configure"),
+    ("top_logprobs", lambda r: bool(r.top_logprobs), "logprobs are not built for this endpoint (chat has them)"),
+    ("truncation", lambda r: r.truncation == "auto", "dropping input to fit the context is not built"),
+)
+
+
 def _refused(r: ResponsesRequest):
     """(param, why) of every field the request asks for that this server cannot honour."""
-    if r.previous_response_id is not None:
-        yield "previous_response_id", "responses are not stored; send the whole conversation in 'input'"
-    if r.store:
-        yield "store", "responses are not stored (send 'store': false, or leave it out)"
-    if r.background:
-        yield "background", "background responses are not built"
-    if r.reasoning is not None and (r.reasoning.effort or r.reasoning.summary):
-        yield "reasoning", "the model has no separate reasoning to configure"
-    if r.top_logprobs:
-        yield "top_logprobs", "logprobs are not built for this endpoint (chat completions has them)"
-    if r.truncation == "auto":
-        yield "truncation", "dropping input to fit the context is not built"
+    for param, used, why in _REFUSED:
+        if used(r):
+            yield param, why
     for i, inc in enumerate(r.include or ()):
         if "logprobs" in inc:
             yield f"include[{i}]", "logprobs are not built for this endpoint"
     for i, t in enumerate(r.tools or ()):
         if t.type != "function" or not t.name:
             yield f"tools[{i}]", "only function tools are served ({'type': 'function', 'name': ...})"
-    for i, item in enumerate(r.input if isinstance(r.input, list) else ()):
+    yield from _refused_items(r.input)
+
+
+def _refused_items(items):
+    for i, item in enumerate(items if isinstance(items, list) else ()):
         if item.type not in ("message", "function_call", "function_call_output"):
             yield f"input[{i}]", f"input items of type {item.type!r} are not served (messages and function calls are)"
         for j, part in enumerate(item.content if isinstance(item.content, list) else ()):
