@@ -124,6 +124,7 @@ class MessagesRequest(CountTokensRequest):
     top_k: integer(ge=0, le=10**9) | None = None
     seed: integer() | None = Field(default=None, description="extension (as chat's)")
     stream: StrictBool | None = False
+    ignore_eos: StrictBool | None = Field(default=None, description="extension (as chat's): run to max_tokens")
     output_config: OutputConfig | None = None  # its format: a JSON schema the output follows
 
     @model_validator(mode="after")
@@ -141,7 +142,8 @@ class MessagesRequest(CountTokensRequest):
             body = {}
         body |= super().to_chat() | {"max_tokens": self.max_tokens, "stop": self.stop_sequences,
                                     "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                                    "seed": self.seed, "stream": bool(self.stream)}
+                                    "seed": self.seed, "stream": bool(self.stream),
+                                    "ignore_eos": self.ignore_eos}
         if self.stream:
             body["stream_options"] = {"include_usage": True}  # message_delta carries the usage
         return {k: v for k, v in body.items() if v is not None}

@@ -87,6 +87,7 @@ class ResponsesRequest(OpenAIBaseModel):
     top_p: number(gt=0, le=1) | None = None
     seed: integer() | None = Field(default=None, description="extension (as chat's)")
     stream: StrictBool | None = False
+    ignore_eos: StrictBool | None = Field(default=None, description="extension (as chat's): run to the budget")
     text: TextConfig | None = None
     previous_response_id: str | None = None
     store: StrictBool | None = None
@@ -109,7 +110,8 @@ class ResponsesRequest(OpenAIBaseModel):
         """The chat completions body this request means."""
         body = {"model": self.model, "messages": self.messages(), "stream": bool(self.stream),
                 "max_completion_tokens": self.max_output_tokens, "temperature": self.temperature,
-                "top_p": self.top_p, "seed": self.seed, "parallel_tool_calls": self.parallel_tool_calls}
+                "top_p": self.top_p, "seed": self.seed, "parallel_tool_calls": self.parallel_tool_calls,
+                "ignore_eos": self.ignore_eos}
         if self.stream:
             body["stream_options"] = {"include_usage": True}  # response.completed carries usage
         if self.tools:
