@@ -109,8 +109,8 @@ def plan(tools: list[dict] | None, tool_choice: str | dict | None = None, parall
          grammar: bool = True, tag_tokens: bool = True) -> ToolPlan:
     """OpenAI's `tools`, `tool_choice` ("none" | "auto" | "required" | {"type": "function",
     "function": {"name": N}}; None: "auto" with tools) and `parallel_tool_calls` -> a ToolPlan.
-    grammar=False: no constraint for "auto" (measurement only: how often the model writes a
-    well-formed call unaided); "required" and named calls always need one. tag_tokens: see
+    grammar=False: no constraint for any choice (measurement only, tools/tool_eval.py: what the
+    model writes unaided; the server always constrains). tag_tokens: see
     `tool_grammar` (`tags_are_tokens(tokenizer)` says which a bundle has)."""
     fs = functions(tools or [])
     choice, named = _choice(tool_choice, fs)
@@ -118,7 +118,7 @@ def plan(tools: list[dict] | None, tool_choice: str | dict | None = None, parall
         return ToolPlan(None, None, frozenset(), "none")
     rendered = [{"type": "function", "function": _openai_function(f)} for f in fs]
     names = frozenset(f.name for f in fs)
-    if choice == "auto" and not grammar:
+    if not grammar:
         return ToolPlan(rendered, None, names, choice)
     offered = [f for f in fs if f.name == named] if named else fs
     return ToolPlan(rendered, Constraint.lark(tool_grammar(offered, choice, parallel, tag_tokens)), names, choice)
