@@ -237,3 +237,31 @@ def test_the_openai_error_shape_stays_on_openai_paths(srv):
     with pytest.raises(openai.NotFoundError) as e:
         srv.client.responses.create(model="nope", input="x")
     assert e.value.body["code"] == "model_not_found"
+
+
+# ---- a tiny exported bundle through real onnxruntime ------------------------------------------
+
+@pytest.fixture(scope="module")
+def real(tiny_bundles):
+    from test_serve import Server
+
+    s = Server(tiny_bundles["int8"], max_batch=2, adaptive=False)  # the int8 self-draft, fixed k
+    yield s
+    s.stop()
+
+
+def test_greedy_speculative_equals_draft_none_through_both_apis(real):
+    """Both translated APIs, on a real bundle with a draft: the text of `--draft none`."""
+    msgs = [{"role": "system", "content": "w9 w10"}, {"role": "user", "content": "w5 w6 w7"}]
+    want = real.pipe.chat(msgs, max_new_tokens=24, draft="none")
+    text = real.pipe.tokenizer.decode(want.token_ids)
+    drafted = real.pipe.counters()["draft_tokens"]
+    r = real.client().responses.create(model="int8", instructions="w9 w10", input="w5 w6 w7", max_output_tokens=24,
+                                       temperature=0)
+    assert r.output_text == text and r.usage.output_tokens == len(want.token_ids)
+    a = anthropic.Anthropic(base_url=real.url, api_key="x", max_retries=0)
+    with a.messages.stream(model="int8", system="w9 w10", max_tokens=24, extra_body=GREEDY,
+                           messages=[{"role": "user", "content": "w5 w6 w7"}]) as st:
+        m = st.get_final_message()
+    assert "".join(b.text for b in m.content) == text and m.usage.output_tokens == len(want.token_ids)
+    assert real.pipe.counters()["draft_tokens"] > drafted  # the server drafted: speculation was on
