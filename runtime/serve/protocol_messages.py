@@ -196,7 +196,15 @@ def _refused(r: CountTokensRequest):
 
 
 class MessagesChat(ChatCompletionRequest):
-    """The chat request a Messages request became (max_tokens keeps its name)."""
+    """The chat request a Messages request became (max_tokens keeps its name). Anthropic's
+    `max_tokens` is a required bound that clients set far above a small model's context (Claude
+    Code sends 32000): a reply runs at most to the end of the context, where it ends with
+    stop_reason "max_tokens", rather than the request being refused."""
+
+    def to_options(self, room: int, **server):
+        if self.max_tokens is not None and self.max_tokens > room:  # the bound, at the context's end
+            return self.model_copy(update={"max_tokens": room}).to_options(room, **server)
+        return super().to_options(room, **server)
 
 
 def rename(param: str) -> str:

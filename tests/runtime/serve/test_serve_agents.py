@@ -265,3 +265,32 @@ def test_greedy_speculative_equals_draft_none_through_both_apis(real):
         m = st.get_final_message()
     assert "".join(b.text for b in m.content) == text and m.usage.output_tokens == len(want.token_ids)
     assert real.pipe.counters()["draft_tokens"] > drafted  # the server drafted: speculation was on
+
+
+def test_messages_max_tokens_beyond_the_context_runs_to_its_end(srv):
+    """Claude Code sends max_tokens 32000: a bound, not a demand; the reply ends at the context's end."""
+    with srv.anthropic.messages.stream(model="fake", max_tokens=32000, messages=[{"role": "user", "content": "go"}],
+                                       extra_body={"temperature": 0, "ignore_eos": True}) as st:  # (the SDK
+        r = st.get_final_message()  # streams requests this long)
+    used = r.usage.input_tokens + r.usage.cache_read_input_tokens + r.usage.output_tokens
+    assert r.stop_reason == "max_tokens" and used == srv.pipe.max_seq_len
+
+
+def test_the_outputs_travel_to_an_engine_replica(srv):
+    """The Ray path pickles the chat request and the output shape (ray_deploy.EngineRequest)."""
+    import pickle
+
+    from specrt.runtime.serve.messages_api import MessagesOutput
+    from specrt.runtime.serve.protocol_messages import MessagesChat, MessagesRequest
+    from specrt.runtime.serve.protocol_responses import ResponsesChat, ResponsesRequest
+    from specrt.runtime.serve.responses_api import ResponsesOutput
+    from specrt.runtime.serve.translate import to_chat
+
+    m = MessagesRequest(model="fake", max_tokens=9, messages=MSGS, tools=A_TOOLS)
+    r = ResponsesRequest(model="fake", input="x", tools=R_TOOLS, tool_choice="required")
+    for chat in (to_chat(MessagesChat, m.to_chat()), to_chat(ResponsesChat, r.to_chat())):
+        _, plan = prepare(srv.pipe.tokenizer, chat.chat_messages(), [t.model_dump(exclude_none=True) for t in chat.tools])
+        for out in (MessagesOutput("fake", plan, 3), ResponsesOutput("fake", plan, 3, {})):
+            out.piece(0, "<tool_call>")
+            back = pickle.loads(pickle.dumps((chat, out)))
+            assert back[0] == chat and back[1].blocks.parser.names == plan.names
