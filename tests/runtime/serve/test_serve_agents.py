@@ -294,3 +294,41 @@ def test_the_outputs_travel_to_an_engine_replica(srv):
             out.piece(0, "<tool_call>")
             back = pickle.loads(pickle.dumps((chat, out)))
             assert back[0] == chat and back[1].blocks.parser.names == plan.names
+
+
+def test_structured_output_through_both_apis(srv):
+    """text.format / output_config.format are chat's response_format: the same grammar, the same output."""
+    schema = SCHEMAS["add"]
+    chat = srv.client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "numbers"}],
+                                              max_tokens=60, temperature=0, response_format={
+                                                  "type": "json_schema", "json_schema": {"name": "add", "schema": schema}})
+    r = srv.client.responses.create(model="fake", input="numbers", max_output_tokens=60, temperature=0,
+                                    text={"format": {"type": "json_schema", "name": "add", "schema": schema}})
+    m = srv.anthropic.messages.create(model="fake", max_tokens=60, messages=[{"role": "user", "content": "numbers"}],
+                                      output_config={"format": {"type": "json_schema", "schema": schema}},
+                                      extra_body=GREEDY)
+    text = chat.choices[0].message.content
+    assert r.output_text == m.content[0].text == text and text.lstrip().startswith("{")
+    if chat.choices[0].finish_reason == "stop":
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_the_key_as_anthropic_clients_send_it(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from specrt.runtime.serve.app import ServerConfig, build_app
+
+    pipe = fake_pipeline(tmp_path, tokens=tool_tokens(MINI_TEMPLATE), draft=None)
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        with TestClient(build_app(ServerConfig(model_id="fake", api_key="k"), lambda: pipe)) as c:
+            deadline = time.time() + 30
+            while c.get("/health").status_code != 200 and time.time() < deadline:
+                time.sleep(0.05)
+            assert c.post("/v1/messages/count_tokens", json=body, headers={"x-api-key": "k"}).status_code == 200
+            assert c.post("/v1/messages/count_tokens", json=body, headers={"Authorization": "Bearer k"}).status_code == 200
+            bad = c.post("/v1/messages/count_tokens", json=body, headers={"x-api-key": "nope"})
+            assert bad.status_code == 401 and bad.json()["error"]["type"] == "authentication_error"
+            assert c.post("/v1/responses", json={"model": "fake", "input": "hi"}).json()["error"]["code"] == "invalid_api_key"
+    finally:
+        pipe.close()
