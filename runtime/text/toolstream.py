@@ -197,8 +197,8 @@ class CallParser:
         at = _bare_object(self._buf, self.names, final)
         if at is None:
             return False
-        self._start_read = True
         if at is False:
+            self._start_read = True
             return True
         fenced, k = at
         end = _ObjectEnd()
@@ -207,8 +207,8 @@ class CallParser:
         tail = rest.lstrip(_WS)
         fence_coming = fenced and len(tail) < 3 and "```".startswith(tail)
         if not final and (not end.closed or fence_coming):
-            self._start_read = False
             return False  # the object, or its closing fence, is still coming
+        self._start_read = True
         call = parse_call(self._buf[k : k + n], self.names) if end.closed else None
         if call is not None:  # else the text is content, as any other (a call cut short included)
             self._start(out, *call)
