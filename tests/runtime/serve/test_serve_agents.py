@@ -332,3 +332,55 @@ def test_the_key_as_anthropic_clients_send_it(tmp_path):
             assert c.post("/v1/responses", json={"model": "fake", "input": "hi"}).json()["error"]["code"] == "invalid_api_key"
     finally:
         pipe.close()
+
+
+def _sse(lines) -> list[tuple[str | None, dict]]:
+    """(event name, data) of an SSE body."""
+    out, name = [], None
+    for line in lines:
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            out.append((name, json.loads(line[6:])))
+            name = None
+    return out
+
+
+def test_a_codex_style_request_end_to_end(srv):
+    """The body Codex CLI sends (its wire format, not the SDK's): streamed and not."""
+    body = {"model": "fake", "instructions": "You are a coding agent.", "store": False, "include": [],
+            "prompt_cache_key": "0193-abc", "tool_choice": "auto", "parallel_tool_calls": False, "reasoning": None,
+            "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "add two numbers"}]}],
+            "tools": [{"type": "function", "strict": False, **t["function"]} for t in TOOLS], "temperature": 0}
+    whole = httpx.post(f"{srv.url}/v1/responses", json=body, timeout=60).json()
+    with httpx.stream("POST", f"{srv.url}/v1/responses", json=body | {"stream": True}, timeout=60) as r:
+        events = _sse(r.iter_lines())
+    assert [n for n, _ in events] == [d["type"] for _, d in events]  # every event named by its type
+    assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+    final = events[-1][1]["response"]
+    assert events[-1][0] == "response.completed" and final["output"][0]["type"] == "function_call"
+    strip = lambda items: [{k: v for k, v in i.items() if k not in ("id", "call_id")} for i in items]  # noqa: E731
+    assert strip(final["output"]) == strip(whole["output"]) and whole["usage"]["output_tokens"] > 0
+
+
+def test_a_claude_code_style_request_end_to_end(srv):
+    """The body Claude Code sends: system blocks with cache_control, tools with $schema,
+    max_tokens 32000, metadata, the beta query and headers; streamed and not."""
+    tools = [{"name": t["function"]["name"], "description": "d",
+              "input_schema": {"$schema": "http://json-schema.org/draft-07/schema#", **t["function"]["parameters"]}}
+             for t in TOOLS]
+    body = {"model": "fake", "max_tokens": 32000, "metadata": {"user_id": "u1"}, "tools": tools, "temperature": 0,
+            "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "add two numbers",
+                                                       "cache_control": {"type": "ephemeral"}}]}]}
+    headers = {"x-api-key": "x", "anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219"}
+    url = f"{srv.url}/v1/messages?beta=true"
+    whole = httpx.post(url, json=body, headers=headers, timeout=60).json()
+    with httpx.stream("POST", url, json=body | {"stream": True}, headers=headers, timeout=60) as r:
+        events = _sse(r.iter_lines())
+    names = [n for n, _ in events]
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+    use = next(d["content_block"] for n, d in events if n == "content_block_start")
+    args = json.loads(next(d["delta"]["partial_json"] for n, d in events if n == "content_block_delta"))
+    assert whole["stop_reason"] == events[-2][1]["delta"]["stop_reason"] == "tool_use"
+    assert (use["name"], args) == (whole["content"][0]["name"], whole["content"][0]["input"])
