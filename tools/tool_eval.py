@@ -178,22 +178,26 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--draft", default=None, help="model | none | ngram | auto (default: the bundle's)")
     ap.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
 
     rows = [json.loads(line) for line in Path(a.workload).read_text().splitlines() if line.strip()][: a.limit]
+    arms = [x for x in a.arms.split(",") if x]
+    if set(arms) - set(ARMS):
+        raise SystemExit(f"--arms: unknown {sorted(set(arms) - set(ARMS))}")
     if a.base_url:
         import openai
 
         client = openai.OpenAI(base_url=a.base_url, api_key="x", max_retries=0, timeout=600)
-        result = evaluate_http(client, a.model or client.models.list().data[0].id, rows, a.tokens, a.repeats)
+        result = evaluate_http(client, a.model or client.models.list().data[0].id, rows, a.tokens, a.repeats, arms)
     else:
         import specrt
 
         with specrt.load(a.engines, draft=a.draft, max_batch=1, hugepages=False) as pipe:
             if not pipe.tokenizer.has_tools:
                 raise SystemExit(f"{a.engines}: its chat template has no tool calling (specrt inspect says so)")
-            result = evaluate(pipe, rows, a.tokens, a.repeats, temperature=0.0)
+            result = evaluate(pipe, rows, a.tokens, a.repeats, arms, temperature=0.0)
     print(_table(result["summary"]))
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
