@@ -134,24 +134,29 @@ def summarize(replies: list[dict], rows: list[dict]) -> dict:
     return out
 
 
-def _sweep(one, rows: list[dict], repeats: int, arms) -> list[dict]:
+def _sweep(one, rows: list[dict], repeats: int, arms, progress=None) -> list[dict]:
+    """progress(replies so far): called after each prompt (main writes --out then: a run cut
+    short keeps what it measured)."""
     replies = []
     for rep in range(repeats):
         order = list(arms) if rep % 2 == 0 else list(reversed(arms))  # A B B A
         for j, row in enumerate(rows):
             replies += [x for x in (one(row, arm) for arm in order) if x is not None]
             print(f"  repeat {rep + 1}/{repeats}, prompt {j + 1}/{len(rows)} ({row['id']})", file=sys.stderr, flush=True)
+            if progress is not None:
+                progress(replies)
     return replies
 
 
-def evaluate(pipe, rows: list[dict], tokens: int, repeats: int = 1, arms=ARMS, **kw) -> dict:
+def evaluate(pipe, rows: list[dict], tokens: int, repeats: int = 1, arms=ARMS, progress=None, **kw) -> dict:
     spent = timed_masks()
-    replies = _sweep(lambda row, arm: run_one(pipe, row, arm, tokens, spent, **kw), rows, repeats, arms)
+    replies = _sweep(lambda row, arm: run_one(pipe, row, arm, tokens, spent, **kw), rows, repeats, arms, progress)
     return {"summary": summarize(replies, rows), "replies": replies}
 
 
-def evaluate_http(client, model: str, rows: list[dict], tokens: int, repeats: int = 1, arms=ARMS) -> dict:
-    replies = _sweep(lambda row, arm: run_http(client, model, row, arm, tokens), rows, repeats, arms)
+def evaluate_http(client, model: str, rows: list[dict], tokens: int, repeats: int = 1, arms=ARMS,
+                  progress=None) -> dict:
+    replies = _sweep(lambda row, arm: run_http(client, model, row, arm, tokens), rows, repeats, arms, progress)
     return {"summary": summarize(replies, rows), "replies": replies}
 
 
@@ -186,22 +191,29 @@ def main(argv=None) -> None:
     arms = [x for x in a.arms.split(",") if x]
     if set(arms) - set(ARMS):
         raise SystemExit(f"--arms: unknown {sorted(set(arms) - set(ARMS))}")
+
+    def save(result: dict) -> None:
+        if a.out:
+            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.out).write_text(json.dumps(result, indent=1))
+
+    def progress(replies: list[dict]) -> None:
+        save({"summary": summarize(replies, rows), "replies": replies, "partial": True})
     if a.base_url:
         import openai
 
         client = openai.OpenAI(base_url=a.base_url, api_key="x", max_retries=0, timeout=600)
-        result = evaluate_http(client, a.model or client.models.list().data[0].id, rows, a.tokens, a.repeats, arms)
+        result = evaluate_http(client, a.model or client.models.list().data[0].id, rows, a.tokens, a.repeats, arms,
+                               progress)
     else:
         import specrt
 
         with specrt.load(a.engines, draft=a.draft, max_batch=1, hugepages=False) as pipe:
             if not pipe.tokenizer.has_tools:
                 raise SystemExit(f"{a.engines}: its chat template has no tool calling (specrt inspect says so)")
-            result = evaluate(pipe, rows, a.tokens, a.repeats, arms, temperature=0.0)
+            result = evaluate(pipe, rows, a.tokens, a.repeats, arms, progress, temperature=0.0)
     print(_table(result["summary"]))
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=1))
+    save(result)
 
 
 if __name__ == "__main__":
