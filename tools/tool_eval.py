@@ -1,17 +1,26 @@
-"""How well tool calls come out on a bundle whose template has tools (issue 28's goals).
+"""How well tool calls come out on a bundle whose template has tools (issues 28 and 36).
 
     python tools/tool_eval.py --engines engines/coder --tokens 256 --out bench/tool_eval.json
+    python tools/tool_eval.py --base-url http://127.0.0.1:8080/v1 --out bench/tool_eval_llama.json
 
 Over configs/workloads/tools.jsonl (prompts with several tools each; `expect`: the function a
-prompt needs, null when it needs none), greedy, through `Pipeline.chat` (runtime/text/chat.py):
-  * "required" and "named" (the expected function): the share of replies whose calls all
-    validate against their function's schema (jsonschema) — the goal is 100%;
-  * "auto" with the grammar and "auto" without it (`tool_grammar=False`: the model unaided):
-    on prompts that need a call, the share with a parsed call and with the expected function
-    (goal >= 90% with the grammar); on prompts that need none, the share answered in text;
-  * cost: decode tokens/s of "auto" against the same prompts without tools, and the time spent
-    computing grammar masks per token (the goal: tools cost <= 5% of tokens/s).
-Arms run interleaved per prompt (A B B A over the repeats), so machine load hits them alike.
+prompt needs, null when it needs none), greedy, one user turn each. The first form runs the
+bundle in this process through `Pipeline.chat` (runtime/text/chat.py), each tool_choice with
+the grammar and without it (`tool_grammar=False`: the model unaided, the same prompt); the
+second runs the same prompts against any OpenAI-compatible server (llama-server `--jinja`,
+specrt serve) through the official client. Per arm (tool_choice x grammar):
+  * schema_valid: on prompts that need a call, the share of replies with calls that all name an
+    offered function and validate against its schema (jsonschema); goal 100% for required and
+    named;
+  * proper_end: the share of replies that ended by themselves (finish_reason not "length"):
+    a reply of calls after its calls, text at EOS; goal 100% for required and named;
+  * called_where_needed / expected_function: on prompts that need a call, the share with a
+    parsed call / whose first call is the expected function (goal >= 90% for auto);
+  * not_called_where_not: on prompts that need none, the share answered without a call (goal
+    >= 90% for auto); calls_mean: calls per reply;
+  * tokens_per_s_median, and auto against the same prompts without tools (the goal: tools cost
+    <= 5% of tokens/s); in-process also the time spent on grammar masks per token.
+Arms run interleaved per prompt (A B ... B A over the repeats), so machine load hits them alike.
 Prints a table and writes JSON (--out) with every reply.
 """
 
@@ -21,53 +30,82 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import jsonschema
 from feature_costs import timed_masks  # tools/ runs as files: its folder is on sys.path
 
 WORKLOAD = Path(__file__).resolve().parent.parent / "configs" / "workloads" / "tools.jsonl"
-ARMS = ("plain", "auto", "auto_nogrammar", "required", "named")
+CHOICES = ("auto", "required", "named")
+ARMS = ("plain", "auto", "auto_nogrammar", "required", "required_nogrammar", "named", "named_nogrammar")
 
 
 def _arm_kw(arm: str, row: dict) -> dict | None:
     """The tools arguments of one arm (None: the arm does not apply to this prompt)."""
     if arm == "plain":
         return {}
-    if arm == "named":
-        return None if not row.get("expect") else {
-            "tools": row["tools"], "tool_choice": {"type": "function", "function": {"name": row["expect"]}}}
-    choice = "auto" if arm.startswith("auto") else arm
-    return {"tools": row["tools"], "tool_choice": choice, "tool_grammar": arm != "auto_nogrammar"}
+    choice = arm.removesuffix("_nogrammar")
+    if choice == "named":
+        if not row.get("expect"):
+            return None
+        choice = {"type": "function", "function": {"name": row["expect"]}}
+    return {"tools": row["tools"], "tool_choice": choice, "tool_grammar": not arm.endswith("_nogrammar")}
 
 
-def _valid(calls, row: dict) -> bool:
-    """Every call names an offered function and its arguments validate against its schema."""
+def _valid(calls: list[tuple[str, str]], row: dict) -> bool:
+    """Calls were made, each names an offered function and its arguments validate."""
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in row["tools"]}
     try:
-        for c in calls:
-            jsonschema.validate(json.loads(c.arguments), schemas[c.name])
+        for name, arguments in calls:
+            jsonschema.validate(json.loads(arguments), schemas[name])
     except (KeyError, ValueError, jsonschema.ValidationError):
         return False
     return bool(calls)
 
 
+def _reply(row: dict, arm: str, content, calls, finish: str, n: int, tokens_per_s: float, **extra) -> dict:
+    return {"id": row["id"], "arm": arm, "content": content, "finish_reason": finish,
+            "calls": [{"name": c, "arguments": a} for c, a in calls], "valid": _valid(calls, row),
+            "expected": bool(calls) and calls[0][0] == row["expect"], "tokens": n, "tokens_per_s": tokens_per_s,
+            **extra}
+
+
 def run_one(pipe, row: dict, arm: str, tokens: int, spent: list, **kw) -> dict | None:
+    """One prompt under one arm, in this process."""
     tool_kw = _arm_kw(arm, row)
     if tool_kw is None:
         return None
     before = spent[0]
     r = pipe.chat([{"role": "user", "content": row["prompt"]}], max_new_tokens=tokens, **tool_kw, **kw)
     n = len(r.token_ids)
-    return {"id": row["id"], "arm": arm, "content": r.content, "finish_reason": r.finish_reason,
-            "calls": [{"name": c.name, "arguments": c.arguments} for c in r.tool_calls],
-            "valid": _valid(r.tool_calls, row), "expected": bool(r.tool_calls) and r.tool_calls[0].name == row["expect"],
-            "tokens": n, "tokens_per_s": r.stats.tokens_per_s, "mask_ms_per_token": 1e3 * (spent[0] - before) / max(n, 1),
-            "acceptance": r.stats.acceptance_rate}
+    return _reply(row, arm, r.content, [(c.name, c.arguments) for c in r.tool_calls], r.finish_reason, n,
+                  r.stats.tokens_per_s, mask_ms_per_token=1e3 * (spent[0] - before) / max(n, 1),
+                  acceptance=r.stats.acceptance_rate)
+
+
+def run_http(client, model: str, row: dict, arm: str, tokens: int) -> dict | None:
+    """One prompt under one arm against an OpenAI-compatible server (no grammar switch there:
+    the server's own behaviour; tokens/s over the whole request)."""
+    tool_kw = _arm_kw(arm, row)
+    if tool_kw is None or not tool_kw.pop("tool_grammar", True):
+        return None
+    t0 = time.perf_counter()
+    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": row["prompt"]}],
+                                       max_tokens=tokens, temperature=0, **tool_kw)
+    wall = time.perf_counter() - t0
+    msg, n = r.choices[0].message, r.usage.completion_tokens
+    calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+    return _reply(row, arm, msg.content, calls, r.choices[0].finish_reason, n, n / wall if wall > 0 else 0.0,
+                  mask_ms_per_token=0.0)
 
 
 def _share(flags: list[bool]) -> float | None:
     return sum(flags) / len(flags) if flags else None
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
 
 
 def summarize(replies: list[dict], rows: list[dict]) -> dict:
@@ -82,57 +120,100 @@ def summarize(replies: list[dict], rows: list[dict]) -> dict:
         free = [x for x in got if x["id"] not in needs]
         out[arm] = {
             "replies": len(got),
-            "schema_valid": sum(x["valid"] for x in call) / max(len(call), 1),
-            # the same among replies the token budget did not cut (a cut call cannot validate)
-            "schema_valid_when_complete": _share([x["valid"] for x in call if x["finish_reason"] != "length"]),
-            "parsed_call": sum(bool(x["calls"]) for x in call) / max(len(call), 1),
-            "expected_function": sum(x["expected"] for x in call) / max(len(call), 1),
-            "text_where_no_call_needed": sum(not x["calls"] for x in free) / len(free) if free else None,
-            "tokens_per_s_median": statistics.median(x["tokens_per_s"] for x in got),
-            "mask_ms_per_token_median": statistics.median(x["mask_ms_per_token"] for x in got),
+            "schema_valid": _share([x["valid"] for x in call]),
+            "proper_end": _share([x["finish_reason"] != "length" for x in got]),
+            "called_where_needed": _share([bool(x["calls"]) for x in call]),
+            "expected_function": _share([x["expected"] for x in call]),
+            "not_called_where_not": _share([not x["calls"] for x in free]),
+            "calls_mean": statistics.mean(len(x["calls"]) for x in got),
+            "tokens_per_s_median": _median([x["tokens_per_s"] for x in got]),
+            "mask_ms_per_token_median": _median([x["mask_ms_per_token"] for x in got]),
         }
-    if "plain" in out and "auto" in out:
+    if "plain" in out and "auto" in out and out["plain"]["tokens_per_s_median"]:
         out["auto_tokens_per_s_vs_plain"] = out["auto"]["tokens_per_s_median"] / out["plain"]["tokens_per_s_median"]
     return out
 
 
-def evaluate(pipe, rows: list[dict], tokens: int, repeats: int = 1, arms=ARMS, **kw) -> dict:
-    spent = timed_masks()
+def _sweep(one, rows: list[dict], repeats: int, arms, progress=None) -> list[dict]:
+    """progress(replies so far): called after each prompt (main writes --out then: a run cut
+    short keeps what it measured)."""
     replies = []
     for rep in range(repeats):
         order = list(arms) if rep % 2 == 0 else list(reversed(arms))  # A B B A
         for j, row in enumerate(rows):
-            for arm in order:
-                x = run_one(pipe, row, arm, tokens, spent, **kw)
-                if x is not None:
-                    replies.append(x)
+            replies += [x for x in (one(row, arm) for arm in order) if x is not None]
             print(f"  repeat {rep + 1}/{repeats}, prompt {j + 1}/{len(rows)} ({row['id']})", file=sys.stderr, flush=True)
+            if progress is not None:
+                progress(replies)
+    return replies
+
+
+def evaluate(pipe, rows: list[dict], tokens: int, repeats: int = 1, arms=ARMS, progress=None, **kw) -> dict:
+    spent = timed_masks()
+    replies = _sweep(lambda row, arm: run_one(pipe, row, arm, tokens, spent, **kw), rows, repeats, arms, progress)
     return {"summary": summarize(replies, rows), "replies": replies}
+
+
+def evaluate_http(client, model: str, rows: list[dict], tokens: int, repeats: int = 1, arms=ARMS,
+                  progress=None) -> dict:
+    replies = _sweep(lambda row, arm: run_http(client, model, row, arm, tokens), rows, repeats, arms, progress)
+    return {"summary": summarize(replies, rows), "replies": replies}
+
+
+def _table(summary: dict) -> str:
+    cols = ("schema_valid", "proper_end", "called_where_needed", "expected_function", "not_called_where_not",
+            "calls_mean", "tokens_per_s_median")
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    lines = [f"{'arm':>20} " + " ".join(f"{c[:14]:>14}" for c in cols)]
+    for arm, s in summary.items():
+        if isinstance(s, dict):
+            lines.append(f"{arm:>20} " + " ".join(f"{fmt(s[c]):>14}" for c in cols))
+    if "auto_tokens_per_s_vs_plain" in summary:
+        lines.append(f"auto tokens/s against plain: {summary['auto_tokens_per_s_vs_plain']:.3f}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engines", default="engines/coder")
+    ap.add_argument("--base-url", default=None, help="an OpenAI-compatible server instead (e.g. llama-server)")
+    ap.add_argument("--model", default=None, help="with --base-url: the model name (default: the server's first)")
     ap.add_argument("--workload", default=str(WORKLOAD))
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--draft", default=None, help="model | none | ngram | auto (default: the bundle's)")
     ap.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
 
-    import specrt
-
     rows = [json.loads(line) for line in Path(a.workload).read_text().splitlines() if line.strip()][: a.limit]
-    with specrt.load(a.engines, draft=a.draft, max_batch=1, hugepages=False) as pipe:
-        if not pipe.tokenizer.has_tools:
-            raise SystemExit(f"{a.engines}: its chat template has no tool calling (specrt inspect says so)")
-        result = evaluate(pipe, rows, a.tokens, a.repeats, temperature=0.0)
-    for arm, s in result["summary"].items():
-        print(f"{arm:>24}: {s}")
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=1))
+    arms = [x for x in a.arms.split(",") if x]
+    if set(arms) - set(ARMS):
+        raise SystemExit(f"--arms: unknown {sorted(set(arms) - set(ARMS))}")
+
+    def save(result: dict) -> None:
+        if a.out:
+            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.out).write_text(json.dumps(result, indent=1))
+
+    def progress(replies: list[dict]) -> None:
+        save({"summary": summarize(replies, rows), "replies": replies, "partial": True})
+    if a.base_url:
+        import openai
+
+        client = openai.OpenAI(base_url=a.base_url, api_key="x", max_retries=0, timeout=600)
+        result = evaluate_http(client, a.model or client.models.list().data[0].id, rows, a.tokens, a.repeats, arms,
+                               progress)
+    else:
+        import specrt
+
+        with specrt.load(a.engines, draft=a.draft, max_batch=1, hugepages=False) as pipe:
+            if not pipe.tokenizer.has_tools:
+                raise SystemExit(f"{a.engines}: its chat template has no tool calling (specrt inspect says so)")
+            result = evaluate(pipe, rows, a.tokens, a.repeats, arms, progress, temperature=0.0)
+    print(_table(result["summary"]))
+    save(result)
 
 
 if __name__ == "__main__":

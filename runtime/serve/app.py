@@ -26,6 +26,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import EngineBusy, EngineClosed
+from . import messages_api, responses_api
 from .config import ServerConfig
 from .errors import APIError, ReplicaFailed, as_api_error, bad
 from .metrics import CONTENT_TYPE
@@ -33,6 +34,8 @@ from .protocol import ErrorResponse, ModelList
 from .protocol_chat import ChatCompletionRequest, ChatCompletionResponse
 from .protocol_completion import CompletionRequest, CompletionResponse
 from .protocol_infill import InfillRequest, InfillResponse
+from .protocol_messages import CountTokensRequest, MessagesRequest
+from .protocol_responses import ResponsesRequest
 from .responses import dump
 from .serving import LocalClient, OpenAIServing
 
@@ -91,7 +94,8 @@ Serving = Annotated[OpenAIServing, Depends(_serving)]
 
 
 def _authorized(request: Request, serving: Serving) -> None:
-    serving.check_key(request.headers.get("authorization", ""))
+    key = request.headers.get("x-api-key")  # Anthropic's clients send the key so
+    serving.check_key(request.headers.get("authorization") or (f"Bearer {key}" if key else ""))
 
 
 def _ready(serving: Serving) -> None:
@@ -126,6 +130,21 @@ async def create_infill(req: InfillRequest, request: Request, serving: Serving):
     return await serving.infill(req, request)  # llama.cpp's fill-in-the-middle (serve/infill.py)
 
 
+@v1.post("/responses")
+async def create_response(req: ResponsesRequest, request: Request, serving: Serving):
+    return await responses_api.create(serving, req, request)
+
+
+@v1.post("/messages")
+async def create_message(req: MessagesRequest, request: Request, serving: Serving):
+    return await messages_api.create(serving, req, request)
+
+
+@v1.post("/messages/count_tokens")
+async def count_message_tokens(req: CountTokensRequest, serving: Serving):
+    return await messages_api.count_tokens(serving, req)
+
+
 @v1.get("/models", response_model=ModelList)
 async def list_models(serving: Serving):
     return JSONResponse(dump(serving.models()))
@@ -149,7 +168,9 @@ async def _error(request: Request, e: Exception) -> JSONResponse:
     serving = request.app.state.serving
     if serving.metrics is not None:
         serving.metrics.error(err.status_code)
-    return JSONResponse(dump(ErrorResponse(error=err.info)), status_code=err.status_code, headers=err.headers)
+    body = (messages_api.error_body(err) if request.url.path.startswith(messages_api.PATH)  # Anthropic's shape
+            else dump(ErrorResponse(error=err.info)))
+    return JSONResponse(body, status_code=err.status_code, headers=err.headers)
 
 
 def build_app(cfg: ServerConfig, load, on_load_error=None) -> FastAPI:

@@ -114,7 +114,7 @@ class ChatCompletionRequest(GenerationRequest):
     # tool calls (serve/tools.py): honoured where the bundle's template renders tools, else a 400
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: StrictBool | None = None  # false: at most one call
+    parallel_tool_calls: StrictBool | None = None  # unset or false: at most one call; true: several
     audio: dict[str, Any] | None = None
     modalities: list[Literal["text", "audio"]] | None = None
 

@@ -89,15 +89,21 @@ class OpenAIServing:
         return ModelList(data=[ModelCard(id=self.cfg.model_id, created=self.created,
                                          max_model_len=self.ready().max_seq_len)])
 
-    async def chat(self, req: ChatCompletionRequest, request: Request) -> Response:
+    async def chat(self, req: ChatCompletionRequest, request: Request, shape=None) -> Response:
+        """shape(model, plan, prompt tokens) -> the output of an API translated onto chat
+        (translate.py: /v1/responses, /v1/messages); None: chat's own."""
+        ids, out = self.render(req, shape)
+        return await self.client.respond(req, ids, "messages", out, request)
+
+    def render(self, req: ChatCompletionRequest, shape=None) -> tuple[list[int], object]:
+        """A chat request -> (prompt ids, response shape). Raises APIError (400)."""
         front = self._served(req.model)
         try:  # tools go through the template (serve/tools.py); the response shape follows them
-            ids, out = chat_prompt(req, front.tokenizer)
+            return chat_prompt(req, front.tokenizer, shape)
         except ToolError as e:  # tools this bundle's template cannot render, malformed tools
             raise APIError(400, str(e), param=e.param, code=e.code) from None
         except Exception as e:  # noqa: BLE001 - the bundle's chat template refused these messages
             raise bad(f"the chat template cannot render these messages: {str(e)[:300]}", "messages") from None
-        return await self.client.respond(req, ids, "messages", out, request)
 
     async def complete(self, req: CompletionRequest, request: Request) -> Response:
         front = self._served(req.model)

@@ -27,7 +27,10 @@ SSE_DONE = "data: [DONE]\n\n"
 
 
 def sse_event(model) -> str:
-    """One response model as an SSE `data:` line."""
+    """One response model as an SSE `data:` line (a str: SSE text an output of another wire
+    format built, translate.py)."""
+    if isinstance(model, str):
+        return model
     return f"data: {json.dumps(dump(model), ensure_ascii=False)}\n\n"
 
 
@@ -120,8 +123,9 @@ class Reply:
             if chunk is not None:  # None: nothing to say yet (tool calls: a tag held back, serve/tools.py)
                 yield chunk
         lp = job.out.new_logprobs()  # tokens whose text is still empty (held by the detokenizer)
-        if lp:
-            yield out.piece(i, "", lp)
+        tail = out.piece(i, "", lp) if lp else None
+        if tail is not None:  # None here too: a tool chat's held piece (serve/tools.py)
+            yield tail
         yield out.last(i, job.out.finish_reason())
 
     def _pumps(self) -> tuple[list[asyncio.Future], asyncio.Queue]:
@@ -169,10 +173,10 @@ class Reply:
                 yield sse_event(chunk)
             if include_usage:
                 yield sse_event(self.out.usage(self.usage()))
-            yield SSE_DONE
+            yield getattr(self.out, "done", SSE_DONE)  # other wire formats end with their own event
         except Exception as e:  # noqa: BLE001 - mid-stream: the status is sent; say it in the stream
             log.error("specrt: request %s failed mid-stream: %s", self.out.id, e)
-            yield sse_error(e)
+            yield getattr(self.out, "sse_error", sse_error)(e)
         finally:  # a client that went away cancels its requests; each pump ends with its request
             await self._close(tasks)
 

@@ -37,12 +37,15 @@ from .protocol_chat import (
 from .responses import ChatOutput
 
 
-def chat_prompt(req: ChatCompletionRequest, tokenizer) -> tuple[list[int], ChatOutput]:
-    """-> (prompt ids, response shape). Raises ToolError (a 400 naming its param)."""
+def chat_prompt(req: ChatCompletionRequest, tokenizer, shape=None) -> tuple[list[int], ChatOutput]:
+    """-> (prompt ids, response shape; shape(model, plan, prompt tokens) builds it for an API
+    translated onto chat). Raises ToolError (a 400 naming its param)."""
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
-    parallel = req.parallel_tool_calls is not False
+    parallel = req.parallel_tool_calls is True  # unset: one call (docs/design.md "Tool calls")
     ids, plan = prepare(tokenizer, req.chat_messages(), tools, choice, parallel)
+    if shape is not None:
+        return ids, shape(req.model, plan, len(ids))
     return ids, (ToolChatOutput(req.model, plan) if plan.tools is not None else ChatOutput(req.model))
 
 

@@ -28,7 +28,7 @@ class ChatResult:
 
 
 def prepare(tokenizer, messages: list[dict], tools: list[dict] | None = None, tool_choice=None,
-            parallel_tool_calls: bool = True, tool_grammar: bool = True) -> tuple[list[int], ToolPlan]:
+            parallel_tool_calls: bool = False, tool_grammar: bool = True) -> tuple[list[int], ToolPlan]:
     """-> (prompt ids, ToolPlan). Raises ToolError (with the param to blame) for tools or tool
     history the bundle's template cannot render, and for malformed tools / tool_choice."""
     p = plan(tools, tool_choice, parallel_tool_calls, tool_grammar, tags_are_tokens(tokenizer))
@@ -43,7 +43,7 @@ def prepare(tokenizer, messages: list[dict], tools: list[dict] | None = None, to
 
 
 def stream_chat(pipe, messages: list[dict], *, tools: list[dict] | None = None, tool_choice=None,
-                parallel_tool_calls: bool = True, tool_grammar: bool = True, stop: list[str] | None = None,
+                parallel_tool_calls: bool = False, tool_grammar: bool = True, stop: list[str] | None = None,
                 result: list | None = None, **kw) -> Iterator[Delta]:
     """Deltas (content, tool-call pieces) as tokens are committed; `result` (a list) receives
     the ChatResult at the end. kw: `Pipeline.request`'s options (not `grammar`: the tools

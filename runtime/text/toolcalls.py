@@ -105,12 +105,12 @@ class ToolPlan:
         return self.constraint is not None
 
 
-def plan(tools: list[dict] | None, tool_choice: str | dict | None = None, parallel: bool = True,
+def plan(tools: list[dict] | None, tool_choice: str | dict | None = None, parallel: bool = False,
          grammar: bool = True, tag_tokens: bool = True) -> ToolPlan:
     """OpenAI's `tools`, `tool_choice` ("none" | "auto" | "required" | {"type": "function",
     "function": {"name": N}}; None: "auto" with tools) and `parallel_tool_calls` -> a ToolPlan.
-    grammar=False: no constraint for "auto" (measurement only: how often the model writes a
-    well-formed call unaided); "required" and named calls always need one. tag_tokens: see
+    grammar=False: no constraint for any choice (measurement only, tools/tool_eval.py: what the
+    model writes unaided; the server always constrains). tag_tokens: see
     `tool_grammar` (`tags_are_tokens(tokenizer)` says which a bundle has)."""
     fs = functions(tools or [])
     choice, named = _choice(tool_choice, fs)
@@ -118,7 +118,7 @@ def plan(tools: list[dict] | None, tool_choice: str | dict | None = None, parall
         return ToolPlan(None, None, frozenset(), "none")
     rendered = [{"type": "function", "function": _openai_function(f)} for f in fs]
     names = frozenset(f.name for f in fs)
-    if choice == "auto" and not grammar:
+    if not grammar:
         return ToolPlan(rendered, None, names, choice)
     offered = [f for f in fs if f.name == named] if named else fs
     return ToolPlan(rendered, Constraint.lark(tool_grammar(offered, choice, parallel, tag_tokens)), names, choice)
@@ -156,9 +156,17 @@ def _lark_string(s: str) -> str:
     return json.dumps(s)  # a JSON string literal is a Lark string literal
 
 
-# a reply may open with a bare call, optionally fenced (runtime/text/toolstream.py reads it as one)
-FENCES = ("```json\n", "```\n", "")
+# A reply may open with a bare call (Qwen2.5-Coder often answers so): the call's JSON object in any
+# JSON whitespace (pretty-printed or compact), optionally in a ```json / ``` fence. WS bounds the
+# whitespace between its tokens, so a constrained call cannot loop on blank lines.
+WS = "[ \\t\\n\\r]{0,8}"
+FENCE_RE = "```(json)?[ \\t]{0,4}\\n"
 FENCE_END = "\n```"
+
+
+def _bare_head(name: str) -> str:
+    """A regex for a bare call's opening up to its arguments object."""
+    return (f'{WS}\\{{{WS}"name"{WS}:{WS}"{name}"{WS},{WS}"arguments"{WS}:{WS}')
 
 
 def tool_grammar(fs: list[Function], choice: str, parallel: bool, tag_tokens: bool = True) -> str:
@@ -167,7 +175,8 @@ def tool_grammar(fs: list[Function], choice: str, parallel: bool, tag_tokens: bo
     tag_tokens: the tokenizer has the tags as added tokens (Qwen2.5's), which llguidance treats
     as special tokens: the grammar names them `<tool_call>`, and free text cannot hold them;
     else they are text. Either way free text may not spell the open tag out, nor start as a
-    bare call would, so every call is a constrained one."""
+    bare call would (a JSON object whose first key is "name"), so every call is a constrained
+    one; a bare call is the whole reply (its fence closed if it opened one)."""
     open_, close = (OPEN, CLOSE) if tag_tokens else (_lark_string(OPEN), _lark_string(CLOSE))
     lines = [f'call: "\\n" fn "\\n" {close}', f"fn: {' | '.join(f'fn_{i}' for i in range(len(fs)))}"]
     for i, f in enumerate(fs):
@@ -175,27 +184,24 @@ def tool_grammar(fs: list[Function], choice: str, parallel: bool, tag_tokens: bo
         lines.append(f"args_{i}: %json {json.dumps(f.args_schema())}")
     more = f' ("\\n" {open_} call)*' if parallel and choice != "named" else ""
     if choice == "auto":
-        # a reply that opens as a bare call ({"name": ..., maybe in a ```json fence: Qwen2.5-Coder
-        # often answers so) must be one. Each opening is one lexeme with its fence: TEXT is alive
-        # until the name's quote, and the lexer does not split a live greedy lexeme
+        # Each opening is one lexeme with its fence: TEXT is alive until the "name" key, and the
+        # lexer does not split a live greedy lexeme
         lines[:0] = [f"start: TEXT | TEXT {open_} call{more} | bare" if tag_tokens
                      else f"start: TEXT | head call{more} | bare",
-                     "TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/ & ~/(```(json)?\\n)?\\{\"name\": \"(?s:.*)/",
+                     f'TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/ & ~/[ \\t\\n\\r]*({FENCE_RE})?[ \\t\\n\\r]*'
+                     f'\\{{[ \\t\\n\\r]*"name"(?s:.*)/',
                      f"bare: {' | '.join(f'bare_{i}' for i in range(len(fs)))}",
-                     f'FENCE_END: {_lark_string(FENCE_END)}']
+                     f"BARE_END: /{WS}\\}}/",
+                     f"FENCE_END: /{WS}```/"]
         for i, f in enumerate(fs):
-            lines.append(f"bare_{i}: BARE_{i} args_{i} \"}}\" FENCE_END?")
-            lines.append(f"BARE_{i}: {' | '.join(_lark_string(fence + f.header()[1:]) for fence in FENCES)}")
+            lines.append(f"bare_{i}: BARE_{i} args_{i} BARE_END | FENCED_{i} args_{i} BARE_END FENCE_END")
+            lines.append(f"BARE_{i}: /{_bare_head(f.name)}/")
+            lines.append(f"FENCED_{i}: /{WS}{FENCE_RE}{_bare_head(f.name)}/")
         if not tag_tokens:  # the shortest text that ends in the tag (a lazy lexeme)
             lines.insert(2, "head[lazy]: /(?s:.*)<tool_call>/")
     else:
         lines[:0] = [f"start: {open_} call{more}"]
     return "\n".join(lines) + "\n"
-
-
-def bare_openers(names) -> list[str]:
-    """The starts of a reply that make it a bare call of one of `names`."""
-    return [f'{fence}{{"name": "{n}"' for fence in FENCES for n in sorted(names)]
 
 
 # ---- history: OpenAI's messages as the template reads them ---------------------------------

@@ -9,24 +9,31 @@ gives the same content and calls as any split of it into pushes (the non-streame
 the same calls. Rules:
   * text outside calls is content; a prefix of `<tool_call>` at the end of a push is held back
     until the next push says whether it opens a call; whitespace next to a call is dropped;
+  * a reply that opens as a bare call — the call's JSON object, `{"name": N, "arguments": {...}}`
+    in any JSON whitespace, optionally in a ```json / ``` fence (Qwen2.5-Coder answers so) — is
+    one call (held until the object closes; a name not offered or malformed JSON stays content);
   * constrained (a grammar made every call well formed): a call whose header is exactly
-    `\\n{"name": "N", "arguments": ` with N offered streams its arguments as they arrive,
-    ended by their closing brace (tracked through strings and escapes);
+    `\\n{"name": "N", "arguments": ` with N offered is sent whole once its arguments close
+    (tracked through strings and escapes), before its closing tag;
   * otherwise a call is held until `</tool_call>` (or the end of the text) and parsed as JSON:
     {"name": an offered function, "arguments": an object (or a JSON string of one)} becomes a
     call, anything else — malformed JSON, a function not offered — is content, verbatim.
-A call cut off by the token budget keeps the arguments written so far (OpenAI does the same
-with finish_reason "length").
+A call is never sent before its arguments are complete JSON: a call cut off by the token budget
+is not a call (OpenAI would return the arguments written so far, which no client can parse);
+its text is content, verbatim, and the reply's finish_reason is "length".
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .toolcalls import CLOSE, FENCE_END, OPEN, bare_openers
+from .toolcalls import CLOSE, OPEN
+
+_WS = " \t\n\r"  # JSON whitespace
 
 
 @dataclass
@@ -114,6 +121,42 @@ def parse_call(inner: str, names: frozenset[str]) -> tuple[str, str] | None:
     return obj["name"], json.dumps(args, ensure_ascii=False)
 
 
+_FENCE = re.compile(r"```(json)?[ \t]*\n")
+_FENCE_PREFIX = re.compile(r"`{1,3}(j(s(o(n)?)?)?)?[ \t]*")
+
+
+def _bare_object(buf: str, names: frozenset[str], final: bool):
+    """Where a reply opening as a bare call has its object: (fenced, index of its "{"); False:
+    the reply does not open so; None: it may still (wait for more text, unless final)."""
+    k = len(buf) - len(buf.lstrip(_WS))
+    m = _FENCE.match(buf, k)
+    if m is None and _FENCE_PREFIX.fullmatch(buf, k):
+        return False if final else None
+    j = m.end() if m else k
+    j += len(buf[j:]) - len(buf[j:].lstrip(_WS))
+    state = _header(buf[j:], names)
+    if state is None:
+        return False if final else None
+    return (m is not None, j) if state else False
+
+
+def _header(text: str, names) -> bool | None:
+    """Whether `text` opens `{"name": "N"` (any JSON whitespace, N offered): True, False, or
+    None while it is a prefix of such an opening."""
+    i = 0
+    for part in ("{", '"name"', ":"):
+        i += len(text[i:]) - len(text[i:].lstrip(_WS))
+        seg = text[i : i + len(part)]
+        if seg != part:
+            return None if i + len(seg) == len(text) and part.startswith(seg) else False
+        i += len(part)
+    i += len(text[i:]) - len(text[i:].lstrip(_WS))
+    rest, quoted = text[i:], [f'"{n}"' for n in names]
+    if any(rest.startswith(q) for q in quoted):
+        return True
+    return None if any(q.startswith(rest) for q in quoted) else False
+
+
 class CallParser:
     def __init__(self, names, constrained: bool = False, new_id: Callable[[], str] = new_call_id):
         self.names, self.constrained, self.new_id = frozenset(names), constrained, new_id
@@ -126,8 +169,8 @@ class CallParser:
         self._held = ""  # whitespace not yet emitted (dropped if a call follows)
         self._gap = ""  # the whitespace before the open call (content again if the call is not one)
         self._after_call = False  # leading whitespace is dropped
-        self._openers = bare_openers(self.names)
         self._start_read = False  # whether the reply's start was checked for a bare call
+        self._pending, self._args = "", ""  # a constrained call's name and arguments, until they close
 
     def push(self, text: str) -> Delta:
         return self._run(text, final=False)
@@ -149,27 +192,27 @@ class CallParser:
 
     # ---- a reply that is one bare call ----------------------------------------------------
     def _bare_start(self, out: Delta, final: bool) -> bool:
-        """Whether the reply opens as a bare call ({"name": N, ...}, maybe in a ```json fence)
-        has been decided (a call taken, or the text left to the rest); False: wait."""
-        buf = self._buf.lstrip()
-        opener = next((o for o in self._openers if buf.startswith(o)), None)
-        if opener is None:
-            if not final and any(o.startswith(buf) for o in self._openers):
-                return False  # may still open one
+        """Whether the reply opens as a bare call has been decided (a call taken, or the text
+        left to the rest); False: wait for more text."""
+        at = _bare_object(self._buf, self.names, final)
+        if at is None:
+            return False
+        if at is False:
             self._start_read = True
             return True
-        fence = buf[: buf.index("{")]
-        body = buf[len(fence) :]
+        fenced, k = at
         end = _ObjectEnd()
-        n = end.feed(body)
-        rest = body[n:]
-        if not final and (not end.closed or (fence and len(rest) < len(FENCE_END) and FENCE_END.startswith(rest))):
+        n = end.feed(self._buf[k:])
+        rest = self._buf[k + n :]
+        tail = rest.lstrip(_WS)
+        fence_coming = fenced and len(tail) < 3 and "```".startswith(tail)
+        if not final and (not end.closed or fence_coming):
             return False  # the object, or its closing fence, is still coming
         self._start_read = True
-        call = parse_call(body[:n], self.names) if end.closed else None
-        if call is not None:  # else the text is content, as any other
+        call = parse_call(self._buf[k : k + n], self.names) if end.closed else None
+        if call is not None:  # else the text is content, as any other (a call cut short included)
             self._start(out, *call)
-            self._buf = rest[len(FENCE_END) :] if fence and rest.startswith(FENCE_END) else rest
+            self._buf = tail[3:] if fenced and tail.startswith("```") else rest
             self._after_call = True
         return True
 
@@ -204,18 +247,18 @@ class CallParser:
         if self._mode is None and not self._choose_mode(out, final):
             return False
         if self._mode == "stream":
-            return self._stream_args(out)
+            return self._stream_args(out, final)
         return self._buffered(out, final)
 
     def _choose_mode(self, out: Delta, final: bool) -> bool:
-        """Stream the call if the grammar made it well formed and its header is complete;
-        wait while the header may still come; else hold the call whole."""
+        """Follow the arguments if the grammar made the call well formed and its header is
+        complete; wait while the header may still come; else hold the call whole."""
         if self.constrained:
             for name in self.names:
                 head = f'\n{{"name": "{name}", "arguments": '
                 if self._buf.startswith(head):
                     self._mode, self._end, self._buf = "stream", _ObjectEnd(), self._buf[len(head) :]
-                    self._start(out, name, "")
+                    self._pending, self._args = name, ""
                     return True
             if not final and any(f'\n{{"name": "{n}", "arguments": '.startswith(self._buf) for n in self.names):
                 return False
@@ -228,21 +271,20 @@ class CallParser:
         out.calls.append(CallDelta(len(self.calls) - 1, arguments, call.id, name))
         self._gap = ""
 
-    def _add_args(self, out: Delta, frag: str) -> None:
-        if not frag:
-            return
-        i = len(self.calls) - 1
-        self.calls[i].arguments += frag
-        if out.calls and out.calls[-1].index == i:
-            out.calls[-1].arguments += frag
-        else:
-            out.calls.append(CallDelta(i, frag))
-
-    def _stream_args(self, out: Delta) -> bool:
+    def _stream_args(self, out: Delta, final: bool) -> bool:
+        """A constrained call: sent whole once its arguments object closes; cut before that, its
+        text is content."""
         if not self._end.closed:
             n = self._end.feed(self._buf)
-            self._add_args(out, self._buf[:n])
-            self._buf = self._buf[n:]
+            self._args, self._buf = self._args + self._buf[:n], self._buf[n:]
+            if self._end.closed:
+                self._start(out, self._pending, self._args)
+            elif final:
+                head = f'\n{{"name": "{self._pending}", "arguments": '
+                self._held, gap = "", self._gap
+                self._say(out, gap + OPEN + head + self._args, force=True)
+                self._in_call, self._mode = False, None
+                return False
         j = self._buf.find(CLOSE)  # after the arguments: '}\n' then the closing tag
         if j < 0:
             return False

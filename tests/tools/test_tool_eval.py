@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tool_eval import WORKLOAD, evaluate
+from tool_eval import WORKLOAD, evaluate, evaluate_http
 
 from fakes import fake_pipeline
 from specrt.runtime.text.toolcalls import plan
@@ -15,6 +15,10 @@ from toolfakes import MINI_TEMPLATE, tool_tokens
 
 BOUNDED = {"type": "object", "additionalProperties": False, "required": ["a"],
            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}}
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": BOUNDED}} for n in ("add", "mul", "neg")]
+ROWS = [{"id": "a", "prompt": "add", "expect": "add", "tools": TOOLS},
+        {"id": "b", "prompt": "mul", "expect": "mul", "tools": TOOLS},
+        {"id": "c", "prompt": "say hi", "expect": None, "tools": TOOLS}]
 
 
 def _rows():
@@ -23,8 +27,9 @@ def _rows():
 
 def test_the_workload_has_enough_prompts_and_every_tool_set_compiles(tmp_path):
     rows = _rows()
-    assert len(rows) >= 20 and all(len(r["tools"]) >= 3 for r in rows)
+    assert len(rows) >= 26 and all(len(r["tools"]) >= 3 for r in rows)
     assert sum(bool(r["expect"]) for r in rows) >= 20 and len({r["id"] for r in rows}) == len(rows)
+    assert sum(not r["expect"] for r in rows) >= 10  # enough to measure "no call where none is needed"
     pipe = fake_pipeline(tmp_path, tokens=tool_tokens(MINI_TEMPLATE), draft=None)
     try:
         for r in rows:
@@ -38,22 +43,43 @@ def test_the_workload_has_enough_prompts_and_every_tool_set_compiles(tmp_path):
 
 @pytest.mark.parametrize("draft", ["none", "model"])
 def test_evaluate_scores_each_arm(tmp_path, draft):
-    tools = [{"type": "function", "function": {"name": n, "parameters": BOUNDED}} for n in ("add", "mul", "neg")]
-    rows = [{"id": "a", "prompt": "add", "expect": "add", "tools": tools},
-            {"id": "b", "prompt": "mul", "expect": "mul", "tools": tools},
-            {"id": "c", "prompt": "say hi", "expect": None, "tools": tools}]
     pipe = fake_pipeline(tmp_path, tokens=tool_tokens(MINI_TEMPLATE), draft="self")
     try:
-        res = evaluate(pipe, rows, tokens=60, repeats=2, temperature=0.0, draft=draft, k=3)
+        res = evaluate(pipe, ROWS, tokens=60, repeats=2, temperature=0.0, draft=draft, k=3)
     finally:
         pipe.close()
     s = res["summary"]
-    assert s["required"]["schema_valid"] == 1.0 and s["named"]["schema_valid"] == 1.0
-    assert s["named"]["schema_valid_when_complete"] == 1.0
+    for arm in ("required", "named"):  # forced calls: valid, and the reply ends after its one call
+        assert s[arm]["schema_valid"] == 1.0 and s[arm]["proper_end"] == 1.0 and s[arm]["calls_mean"] == 1.0, s[arm]
     assert s["named"]["expected_function"] == 1.0  # the named call is the expected one
     assert s["named"]["replies"] == 4 and s["required"]["replies"] == 6  # named: prompts that expect a call
-    for arm in ("plain", "auto", "auto_nogrammar"):
-        assert 0.0 <= s[arm]["parsed_call"] <= 1.0 and s[arm]["tokens_per_s_median"] > 0
-    assert s["plain"]["parsed_call"] == 0.0  # no tools, no calls
+    assert s["named_nogrammar"]["replies"] == 4 and s["required_nogrammar"]["replies"] == 6
+    for arm in ("plain", "auto", "auto_nogrammar", "required_nogrammar"):
+        assert 0.0 <= s[arm]["called_where_needed"] <= 1.0 and s[arm]["tokens_per_s_median"] > 0
+        assert 0.0 <= s[arm]["not_called_where_not"] <= 1.0
+    assert s["plain"]["called_where_needed"] == 0.0 and s["plain"]["not_called_where_not"] == 1.0  # no tools
     assert s["required"]["mask_ms_per_token_median"] > 0 and s["plain"]["mask_ms_per_token_median"] == 0
+    assert s["required_nogrammar"]["mask_ms_per_token_median"] == 0  # no grammar, no masks
     assert s["auto_tokens_per_s_vs_plain"] > 0
+
+
+def test_the_same_prompts_against_a_server(tmp_path):
+    """--base-url: the workload through the official client against a real server (here specrt
+    serve over the fake; llama-server in the measurement); the arms a server has, same rates."""
+    import openai
+    from test_serve_tools import _Server
+
+    s = _Server(fake_pipeline(tmp_path, tokens=tool_tokens(MINI_TEMPLATE), draft="self"))
+    try:
+        res = evaluate_http(s.client, "fake", ROWS, tokens=60)
+        local = evaluate(s.pipe, ROWS, tokens=60, temperature=0.0, arms=("required", "named"))
+    finally:
+        s.stop()
+    got = res["summary"]
+    assert set(got) >= {"plain", "auto", "required", "named"} and "auto_nogrammar" not in got
+    for arm in ("required", "named"):
+        assert got[arm]["schema_valid"] == local["summary"][arm]["schema_valid"] == 1.0
+        assert [(x["id"], x["calls"]) for x in res["replies"] if x["arm"] == arm] == [
+            (x["id"], [{"name": c["name"], "arguments": c["arguments"]} for c in x["calls"]])
+            for x in local["replies"] if x["arm"] == arm]
+    assert isinstance(s.client, openai.OpenAI)

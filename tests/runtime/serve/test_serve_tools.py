@@ -130,12 +130,37 @@ def test_the_sdks_stream_accumulation_gives_the_whole_replys_calls(srv, parallel
     for ch in chunks:
         state.handle_chunk(ch)
     final = state.current_completion_snapshot  # (not parsed: the fake chains parallel calls to "length")
-    def raw(message):  # the last of parallel calls may be cut by the token budget: compare the text
+    def raw(message):
         return [(c.function.name, c.function.arguments) for c in message.tool_calls]
 
     assert raw(final.choices[0].message) == raw(whole.choices[0].message)
     assert final.choices[0].finish_reason == whole.choices[0].finish_reason
-    assert len(raw(whole.choices[0].message)) == 1 if not parallel else len(raw(whole.choices[0].message)) > 1
+    assert (final.choices[0].message.content or None) == whole.choices[0].message.content
+    if not parallel:
+        assert len(raw(whole.choices[0].message)) == 1 and whole.choices[0].finish_reason == "tool_calls"
+    else:  # the fake chains calls until the budget cuts one: that one is content, never a call
+        assert whole.choices[0].finish_reason == "length" and '<tool_call>' in whole.choices[0].message.content
+    for _, arguments in raw(whole.choices[0].message):
+        json.loads(arguments)  # every call a client gets parses
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_by_max_tokens_is_not_a_call(srv, stream):
+    """The budget ends the reply inside the call's arguments: finish_reason "length", no
+    tool_calls entry (its arguments would not parse), the cut text as content."""
+    kw = dict(model="fake", messages=MSGS, tools=TOOLS, tool_choice="required", max_tokens=12, temperature=0)
+    if stream:
+        state = ChatCompletionStreamState()
+        for ch in srv.client.chat.completions.create(stream=True, **kw):
+            assert not (ch.choices and ch.choices[0].delta.tool_calls)
+            state.handle_chunk(ch)
+        choice = state.current_completion_snapshot.choices[0]
+    else:
+        choice = srv.client.chat.completions.create(**kw).choices[0]
+    want = srv.pipe.tokenizer.decode(srv.pipe.chat(MSGS, tools=TOOLS, tool_choice="required", max_new_tokens=12,
+                                                   draft="none").token_ids)
+    assert choice.finish_reason == "length" and not choice.message.tool_calls
+    assert choice.message.content == want and want.startswith("<tool_call>")
 
 
 def test_parse_with_a_pydantic_tool(srv):

@@ -105,3 +105,30 @@ def test_a_second_turn_carries_the_tools_result(srv):
     text = srv.pipe.tokenizer.decode(ids)
     assert "<tool_response>\n{\"temperature\": 18" in text and call.function.name in text
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_the_agent_apis_make_the_chat_call(srv):
+    """/v1/responses (Codex's API) and /v1/messages (Claude Code's), streamed and not, make the
+    call chat completions makes for the same conversation: one engine path."""
+    import anthropic
+
+    c = srv.client()
+    want = c.chat.completions.create(model=srv.model, messages=MSGS, tools=TOOLS, tool_choice="required",
+                                     max_tokens=80, temperature=0).choices[0].message.tool_calls
+    want = [(t.function.name, json.loads(t.function.arguments)) for t in want]
+    kw = dict(model=srv.model, input=MSGS[0]["content"], tools=[{"type": "function", **t["function"]} for t in TOOLS],
+              tool_choice="required", max_output_tokens=80, temperature=0)
+    r = c.responses.create(**kw)
+    with c.responses.stream(**kw) as st:
+        streamed = st.get_final_response()
+    for resp in (r, streamed):
+        assert [(o.name, json.loads(o.arguments)) for o in resp.output if o.type == "function_call"] == want
+    a = anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0)
+    akw = dict(model=srv.model, max_tokens=80, messages=MSGS, tool_choice={"type": "any"}, extra_body={"temperature": 0},
+               tools=[{"name": t["function"]["name"], "description": t["function"]["description"],
+                       "input_schema": t["function"]["parameters"]} for t in TOOLS])
+    m = a.messages.create(**akw)
+    with a.messages.stream(**akw) as st:
+        ms = st.get_final_message()
+    for msg in (m, ms):
+        assert msg.stop_reason == "tool_use" and [(b.name, b.input) for b in msg.content if b.type == "tool_use"] == want

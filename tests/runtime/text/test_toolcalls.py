@@ -41,6 +41,7 @@ MODES = [("none", False), ("model", False), ("ngram", False), ("auto", False), (
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 22}}\n</tool_call>'
 CALL2 = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "paris"}}\n</tool_call>'
 BARE = '{"name": "add", "arguments": {"a": 1, "b": 2}}'  # a call without tags (Qwen2.5-Coder writes them)
+PRETTY = '{\n  "name": "add",\n  "arguments": {"a": 1, "b": 2}\n}'  # the same, pretty-printed (issue 36)
 
 
 @pytest.fixture
@@ -140,18 +141,23 @@ def _accepts(pipe, c, text: str) -> bool:
 
 
 @pytest.mark.parametrize("choice,parallel,accepted,refused", [
-    ("auto", True, ["just text", CALL, "ok " + CALL, CALL + "\n" + CALL2, BARE, "```json\n" + BARE + "\n```"],
+    ("auto", True, ["just text", CALL, "ok " + CALL, CALL + "\n" + CALL2, BARE, "```json\n" + BARE + "\n```",
+                    PRETTY, "```json\n" + PRETTY + "\n```", '```\n{ "name" : "add" , "arguments" : {"a": 1, "b": 2} }```',
+                    '{"title": "x"}', "```python\nx\n```"],
      ['<tool_call>\n{"name": "mul", "arguments": {}}', '<tool_call>\n{"name": "add", "arguments": {"a": 1}}',
       CALL + " more", '<tool_call>\n{"name": "add", "arguments": {"a": 100, "b": 1}}',
-      '{"name": "mul", "arguments": {}}', '```json\n{"name": "add", "arguments": {"a": 1}}', BARE + " and text"]),
+      '{"name": "mul", "arguments": {}}', '```json\n{"name": "add", "arguments": {"a": 1}}', BARE + " and text",
+      "```json\n" + PRETTY, PRETTY + "\n" + BARE, '{\n  "name": "mul"', '{\n\n\n\n\n\n\n\n\n\n"name": "add"',
+      '{"name": "add", "arguments": {"a": 1, "b": 2}' + "\n" * 12 + "}"]),
     ("auto", False, ["text", CALL], [CALL + "\n" + CALL2]),
+    ("auto", None, ["text", CALL], [CALL + "\n" + CALL2]),  # unset: one call (plan's default)
     ("required", True, [CALL, CALL2 + "\n" + CALL], ["text", "", "a" + CALL]),
     ("required", False, [CALL2], [CALL + "\n" + CALL2]),
     ({"type": "function", "function": {"name": "add"}}, True, [CALL], [CALL2, CALL + "\n" + CALL, "x"]),
 ])
 def test_each_tool_choice_constrains_the_output(make, choice, parallel, accepted, refused):
     pipe = make(draft=None)
-    c = plan(TOOLS, choice, parallel).constraint
+    c = (plan(TOOLS, choice) if parallel is None else plan(TOOLS, choice, parallel)).constraint
     for text in accepted:
         assert _accepts(pipe, c, text), text
     for text in refused:
@@ -203,6 +209,11 @@ TEXTS = [
     "  " + BARE + "\nthen text",  # bare at the start: a call, the rest content
     '```json\n{"name": "mul", "arguments": {}}\n```',  # not offered: content
     "Here: " + BARE,  # not at the start: content
+    "```json\n" + PRETTY + "\n```",  # pretty-printed and fenced: one call
+    "\n" + PRETTY + "\nok",  # pretty-printed, bare
+    '```json\n{\n  "name": "add",\n  "arguments": {"a": 1, "b',  # a bare call cut by the budget: content
+    '```python\nprint(1)\n```',  # another fence: content
+    '{"b": 1}',  # another object: content
 ]
 
 
@@ -240,7 +251,7 @@ def test_streamed_pieces_reassemble_to_the_whole_parse(text, constrained):
 
 PIECES = ["hi", " ", "\n", "  \n", "<tool_call>", "</tool_call>", "<tool_", "call>", '\n{"name": "add", "arguments": ',
           '{"a": 1, "b": 2}', "}\n", '{"x": "}\\""}', '{"name": "mul", "arguments": {}}', "<", ">", '"', "\\", "{", "}",
-          "```json\n", "\n```", '{"name": "add"', ', "arguments": ']
+          "```json\n", "\n```", '{"name": "add"', ', "arguments": ', '{\n  "name": "add",\n  ', "```"]
 
 
 @pytest.mark.parametrize("constrained", [False, True])
@@ -270,8 +281,14 @@ def test_parse_results():
     assert json.loads(parse(TEXTS[7], NAMES)[1][0].arguments) == {"a": 1, "b": 2}
     assert json.loads(parse(TEXTS[8], NAMES)[1][0].arguments) == {"a": 1, "b": {"c": '}"'}}
     assert parse(TEXTS[10], NAMES) == (TEXTS[10], [])
-    assert parse(TEXTS[11], NAMES, True)[1][0].arguments == '{"a": 1, "b"'  # streamed so far, as OpenAI's "length"
-    assert parse(TEXTS[11], NAMES, False) == (TEXTS[11], [])
+    for constrained in (True, False):  # a call cut by the budget is never a call (broken JSON): content
+        assert parse(TEXTS[11], NAMES, constrained) == (TEXTS[11], [])
+        assert parse(CALL + "\n" + TEXTS[11], NAMES, constrained)[1][0].name == "add"  # the whole call before it is
+    for text in TEXTS[17:19]:
+        assert [(c.name, json.loads(c.arguments)) for c in parse(text, NAMES)[1]] == [("add", {"a": 1, "b": 2})]
+    assert parse(TEXTS[18], NAMES)[0] == "ok"
+    for text in TEXTS[19:22]:
+        assert parse(text, NAMES) == (text, [])
     for text, content in [(TEXTS[13], None), (TEXTS[14], "then text")]:
         got, calls = parse(text, NAMES)
         assert got == content and [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 1, "b": 2})]
@@ -284,9 +301,10 @@ def test_a_partial_tag_is_held_back_until_resolved():
     d = p.push('call>\n{"name": "ad')
     assert d.content == "" and not d.calls  # the header may still name `add`
     d = p.push('d", "arguments": {"a": 3')
-    assert [(c.index, c.name, c.arguments) for c in d.calls] == [(0, "add", '{"a": 3')]
+    assert not d  # the call goes out whole, once its arguments are complete JSON
     d = p.push(', "b": 4}}\n</tool_call>')
-    assert [(c.index, c.id, c.arguments) for c in d.calls] == [(0, None, ', "b": 4}')] and p.flush().content == ""
+    assert [(c.index, c.name, c.arguments) for c in d.calls] == [(0, "add", '{"a": 3, "b": 4}')]
+    assert d.calls[0].id and p.flush().content == ""
     p = CallParser(NAMES)
     assert p.push("x <tool").content == "x" and p.push("box>").content == " <toolbox>"
 
@@ -350,7 +368,8 @@ def test_auto_opens_a_call_where_the_model_does(make):
     msgs = _messages("add two numbers")
     prompt_ids, _ = prepare(pipe.tokenizer, msgs, TOOLS)
     plain = pipe.chat(msgs, tools=TOOLS, max_new_tokens=40, k=3)
-    assert OPEN_ID not in plain.token_ids or plain.tool_calls  # either text, or a parsed call
+    # either text, or a parsed call, or a call the budget cut (its text is content: never broken JSON)
+    assert OPEN_ID not in plain.token_ids or plain.tool_calls or plain.finish_reason == "length"
     with _bias_to_call(pipe, prompt_ids):
         r = pipe.chat(msgs, tools=TOOLS, max_new_tokens=80, k=3)
     assert r.token_ids[0] == OPEN_ID and r.tool_calls and r.finish_reason in ("tool_calls", "length")
@@ -369,4 +388,4 @@ def test_stream_chat_reassembles_to_chat(make):
     content, calls = _reassemble(deltas)
     assert [(c["name"], c["arguments"]) for c in calls] == [(c.name, c.arguments) for c in whole.tool_calls]
     assert (content or None) == whole.content and out[0].token_ids == whole.token_ids
-    assert whole.tool_calls and len(deltas) > 1  # streamed in pieces
+    assert whole.tool_calls and all(len(d.calls) <= 1 for d in deltas)  # each call sent whole, once complete
