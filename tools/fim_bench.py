@@ -36,6 +36,8 @@ from pathlib import Path
 
 import httpx
 
+from specrt.runtime.bench.serve_load import start_server
+
 N_PREDICT = {"line": 32, "block": 128}
 
 
@@ -134,20 +136,10 @@ def start(arm: str, a) -> tuple[subprocess.Popen, str]:
     else:
         cmd = [sys.executable, "-m", "specrt.cli", "serve", "--engines", a.engines, "--port", str(port), "--draft",
                arm, "--max-batch", "2"] + (["--threads", str(a.threads)] if a.threads else [])
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 900
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{arm}: the server exited: {proc.stderr.read()[-2000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"{arm}: the server did not become healthy")
+    try:
+        return start_server(arm, cmd, port, 900)
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
 
 
 def run_arm(arm: str, cases: list[Case], a) -> list[dict]:

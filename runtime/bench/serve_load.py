@@ -58,17 +58,24 @@ def _free_port() -> int:
 
 
 def _start(arm: Arm, level: int, timeout: float) -> tuple[subprocess.Popen, str]:
-    import httpx
-
     port = _free_port()
     cmd = [c.format(port=port, level=level, ctx=2048 * level) for c in arm.cmd]
+    return start_server(arm.name, cmd, port, timeout, arm.env)
+
+
+def start_server(name: str, cmd: list[str], port: int, timeout: float, env: dict | None = None
+                 ) -> tuple[subprocess.Popen, str]:
+    """Start a server listening on 127.0.0.1:port and wait until /health answers 200.
+    -> (the process, its base URL); RuntimeError if it exits or stays unhealthy."""
+    import httpx
+
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **arm.env})
+                            env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{arm.name} exited at start ({proc.returncode}): {proc.stderr.read()[-800:]}")
+            raise RuntimeError(f"{name} exited at start ({proc.returncode}): {proc.stderr.read()[-800:]}")
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
                 return proc, url
@@ -76,7 +83,7 @@ def _start(arm: Arm, level: int, timeout: float) -> tuple[subprocess.Popen, str]
             pass
         time.sleep(0.25)
     proc.kill()
-    raise RuntimeError(f"{arm.name} did not become healthy within {timeout:.0f} s")
+    raise RuntimeError(f"{name} did not become healthy within {timeout:.0f} s")
 
 
 def _stop(proc: subprocess.Popen) -> None:

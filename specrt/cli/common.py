@@ -32,41 +32,31 @@ def progress(i: int, n: int, what: str) -> None:
 engines_option = click.option("--engines", default=None, help="bundle folder (default engines/default or $SPECRT_ENGINES)")
 
 
-class Slots(click.ParamType):
-    """--max-batch: a positive integer, or `auto` (as many KV slots as fit in memory)."""
+class CountOr(click.ParamType):
+    """A positive integer, or one word that means something else (`word` -> `means`)."""
 
-    name = "N|auto"
+    def __init__(self, word: str, means):
+        self.word, self.means, self.name = word, means, f"N|{word}"
 
     def convert(self, value, param, ctx):
-        if value == "auto" or isinstance(value, int) and value >= 1:
+        if value is None or value == self.means or isinstance(value, int) and value >= 1:
             return value
+        if value == self.word:
+            return self.means
         try:
             n = int(value)
         except ValueError:
             n = 0
         if n < 1:
-            self.fail(f"{value!r} is neither a positive integer nor 'auto'", param, ctx)
+            self.fail(f"{value!r} is neither a positive integer nor {self.word!r}", param, ctx)
         return n
+
+
+Slots = CountOr("auto", "auto")  # --max-batch: KV slots, or as many as fit in memory
+Window = CountOr("none", None)  # --draft-window: tokens a separate draft reads, or all of them
 
 
 # LoadOptions field -> (its flag, click's settings); the default is the command's (`load_flags`)
-class Window(click.ParamType):
-    """--draft-window: a positive number of tokens, or `none` (the draft reads everything)."""
-
-    name = "N|none"
-
-    def convert(self, value, param, ctx):
-        if value is None or value == "none" or isinstance(value, int) and value >= 1:
-            return None if value == "none" else value
-        try:
-            n = int(value)
-        except ValueError:
-            n = 0
-        if n < 1:
-            self.fail(f"{value!r} is neither a positive integer nor 'none'", param, ctx)
-        return n
-
-
 LOAD_FLAGS = {
     "draft": ("--draft", dict(type=click.Choice(DRAFTS), help=(
         "model: the bundle's draft; none; ngram: prompt lookup; auto: n-gram when it matches, else the model "
@@ -78,13 +68,13 @@ LOAD_FLAGS = {
     "device": ("--device", dict(type=click.Choice(DEVICES), help="cpu / cuda: onnxruntime execution provider; "
                                                                  "trt: the bundle's TensorRT plans")),
     "threads": ("--threads", dict(type=int, help="intra-op threads (default: all cores)")),
-    "max_batch": ("--max-batch", dict(type=Slots(), help="KV slots: requests decoded at once; auto: as many as fit "
+    "max_batch": ("--max-batch", dict(type=Slots, help="KV slots: requests decoded at once; auto: as many as fit "
                                                          "in memory (at most 64)")),
     "max_seq_len": ("--max-seq-len", dict(type=int, help="context per slot (default: the bundle's S_max): shorter "
                                                          "slots, more of them")),
     "memory_fraction": ("--memory-fraction", dict(type=float, help="share of the available memory that --max-batch "
                                                                    "auto fills (default 0.9; docs/design.md)")),
-    "draft_window": ("--draft-window", dict(type=Window(), help="committed tokens a separate draft model reads to "
+    "draft_window": ("--draft-window", dict(type=Window, help="committed tokens a separate draft model reads to "
                                                                 "catch up on a long prompt; none: all of them")),
     "max_queue": ("--max-queue", dict(type=int, help="requests waiting for a slot before 503")),
     "hugepages": ("--hugepages/--no-hugepages", dict(help="2 MiB pages for the sessions' memory: faster steps for a "
