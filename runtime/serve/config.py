@@ -23,10 +23,15 @@ class ServerConfig:
     request_timeout_s: float | None = None  # a request still running then ends (finish_reason "timeout")
     draft: str | None = None  # per-request drafter (None: the pipeline's default)
     adaptive: bool | None = None
+    # fill-in-the-middle requests (/infill, completions with a suffix) on a server that drafts:
+    # n-gram drafting, measured fastest for editors' short completions in a file they resend
+    # (no draft model reading the file first; docs/benchmarks.md §18). None: the server's drafter
+    fim_draft: str | None = "ngram"
 
-    def server_options(self) -> dict:
+    def server_options(self, fim: bool = False) -> dict:
         """The RequestOptions fields the server sets for every request (the client cannot)."""
-        return dict(draft=self.draft, adaptive=self.adaptive, timeout_s=self.request_timeout_s)
+        draft = self.fim_draft if fim and self.fim_draft and self.draft != "none" else self.draft
+        return dict(draft=draft, adaptive=self.adaptive, timeout_s=self.request_timeout_s)
 
 
 # what the server loads unless told otherwise: 8 slots, adaptive k, one onnxruntime thread pool

@@ -58,6 +58,8 @@ class InfillOutput:
     """/infill's response shapes (llama.cpp's non-OpenAI form; plain data like the other
     outputs of responses.py), and the text stream its editor stops cut."""
 
+    fim = True  # the server's drafter for editors (ServerConfig.fim_draft)
+
     def __init__(self, req: InfillRequest, truncated: bool = False):
         self.model, self.warmup, self.truncated = req.model, req.warmup, truncated
         self.n_indent, self.t_max_s, self.fields = req.n_indent, req.t_max_s, req.response_fields

@@ -82,6 +82,7 @@ class CompletionOutput:
     def __init__(self, model: str):
         self.id, self.model, self.created = "cmpl-" + uuid.uuid4().hex[:24], model, int(time.time())
         self.offsets: dict[int, int] = {}  # per choice: characters its logprobs' text_offset has passed
+        self.fim = False  # a fill-in-the-middle completion (a suffix): serving.py sets it
 
     def first(self, index: int) -> list[CompletionResponse]:
         return []  # completions have no role chunk

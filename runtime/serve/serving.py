@@ -108,7 +108,9 @@ class OpenAIServing:
     async def complete(self, req: CompletionRequest, request: Request) -> Response:
         front = self._served(req.model)
         ids = completion_ids(front, req)  # a FIM prompt when the request has a suffix (infill.py)
-        return await self.client.respond(req, ids, "prompt", CompletionOutput(req.model), request)
+        out = CompletionOutput(req.model)
+        out.fim = bool(req.suffix)  # the server's drafter for editors (ServerConfig.fim_draft)
+        return await self.client.respond(req, ids, "prompt", out, request)
 
     async def infill(self, req: InfillRequest, request: Request) -> Response:
         front = self._served(req.model if req.model is not None else self.cfg.model_id)
@@ -174,7 +176,7 @@ class LocalClient:
         EngineBusy or EngineClosed (503: errors.py)."""
         pipe = self.pipe
         try:  # choice i samples from its own stream derived from the seed (RequestOptions.stream_seed)
-            opts = with_tool_grammar(req.to_options(pipe.room(len(ids)), **self.cfg.server_options()), out)
+            opts = with_tool_grammar(req.to_options(pipe.room(len(ids)), **self.cfg.server_options(getattr(out, "fim", False))), out)
             rs = [pipe.request(ids, opts, sibling=i) for i in range(req.n or 1)]
         except GrammarError as e:  # a schema / regex / grammar (or the tools' schemas) the engine cannot compile
             raise bad(str(e), tool_grammar_field(out) or req.grammar_field(), "invalid_grammar") from None

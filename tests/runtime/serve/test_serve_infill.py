@@ -190,3 +190,13 @@ def test_a_client_that_disconnects_frees_its_slot(srv):
     assert done.wait(10)
     assert _wait_idle(srv.pipe) == 0
     assert srv.pipe.counters()["tokens"] - before < 2 * 230  # both cut short
+
+
+def test_fill_in_the_middle_drafts_by_n_gram_on_a_server_that_drafts():
+    from specrt.runtime.serve.config import ServerConfig
+
+    cfg = ServerConfig("m")
+    assert cfg.server_options(fim=True)["draft"] == "ngram"
+    assert cfg.server_options()["draft"] is None  # other requests: the server's drafter
+    assert ServerConfig("m", draft="none").server_options(fim=True)["draft"] == "none"
+    assert ServerConfig("m", fim_draft=None, draft="model").server_options(fim=True)["draft"] == "model"
