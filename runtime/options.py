@@ -120,7 +120,7 @@ def default_draft(asked: str | None, has_draft_model: bool) -> str:
 DRAFTS = ("model", "none", "ngram", "auto")  # drafters: the bundle's draft model, none, prompt lookup, either
 DEVICES = ("cpu", "cuda", "trt")  # onnxruntime's CPU / CUDA provider, or the bundle's TensorRT plans
 DEFAULT_MAX_BATCH = 4  # KV slots allocated at load (`kv_bytes_per_slot` each; docs/benchmarks.md §5)
-DEFAULT_DRAFT_WINDOW = 512  # a separate draft reads at most this much of a long prompt (docs/benchmarks.md §18)
+DEFAULT_DRAFT_WINDOW = 256  # a separate draft reads at most this much of a long prompt (docs/benchmarks.md §18)
 
 
 @dataclass(frozen=True)
