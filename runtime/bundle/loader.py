@@ -29,7 +29,7 @@ __all__ = ["DRAFTS", "LoadedModels", "load_models", "memory_plan", "size_load"]
 
 @dataclass
 class LoadedModels:
-    """What a load built (export/parts.py `Parts` is the exporter's, a different thing)."""
+    """What a load built: the sessions, their KV pools, the tokenizer and the manifest."""
 
     folder: Path
     manifest: Manifest
