@@ -105,7 +105,10 @@ class Costs:
             base = self._curve = np.interp(np.arange(1, n + 1), known, [self.target_ms[t] for t in known])
         out = self.scale * base[:n]
         if self.slope and context is not None and context > self.context:
-            out = out + self.scale * np.array([self.extra_ms(T, context) for T in range(1, n + 1)])
+            slopes = getattr(self, "_slopes", None)  # slope(T) for T = 1..n, interpolated once
+            if slopes is None or len(slopes) < n:
+                slopes = self._slopes = np.array([_interp(self.slope, T) for T in range(1, n + 1)])
+            out = out + self.scale * (context - self.context) * slopes[:n]
         return out
 
     def verify_ms(self, T: int, context: int | None = None) -> float:

@@ -54,7 +54,6 @@ def plan(rows: list[Row], costs: Costs) -> list[int]:
     K = max((r.k for r in rows), default=0)
     if n == 0 or K == 0:
         return [0] * n
-    plain_all = n / costs.target_rows_ms(n, [r.context for r in rows])
     caps = np.arange(1, K + 1)  # [C]
     k_row = np.array([r.k for r in rows])  # [n]
     E = np.ones((n, K + 1))
@@ -77,6 +76,7 @@ def plan(rows: list[Row], costs: Costs) -> list[int]:
     draft_extra = np.array([0.0 if r.lookup else costs.draft_extra_ms(r.context) for r in rows])
     r_ms = np.array([0.0] + [costs.target_rows_ms(b) for b in range(1, n + 1)])
     d_ms = np.array([0.0] + [costs.draft_step_ms(b) for b in range(1, n + 1)])
+    plain_all = n / (r_ms[n] + plain_extra.sum())  # every row plain: target_rows_ms(n, contexts)
     m = np.arange(1, n + 1)  # drafting rows
     js = np.arange(1, K + 1)
     depth = np.cumsum((ks_s[:, :, None] >= js) & model[:, :, None], axis=1)  # [C, m, j] rows drafting step j

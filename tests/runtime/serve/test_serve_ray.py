@@ -131,15 +131,21 @@ def solo(tiny_bundles):
         yield pipe
 
 
-def test_both_replicas_serve_and_greedy_equals_one_process(rs, solo):
+def _replicas_answering_as_one(rs, solo, prompts: list[str], n: int) -> set[str]:
+    """Each prompt's completion through the replicas equals one process's greedy text;
+    -> the replicas that answered."""
     seen = set()
-    for i in range(6):  # prompts that share nothing: spread over the replicas
-        prompt = f"w{10 + i} w{30 + i} w{50 + i}"
-        r = rs.complete(prompt, 16)
+    for prompt in prompts:
+        r = rs.complete(prompt, n)
         assert r.status_code == 200, r.text
-        assert r.json()["choices"][0]["text"] == _solo(solo, prompt, 16, chat=False).text
+        assert r.json()["choices"][0]["text"] == _solo(solo, prompt, n, chat=False).text
         seen.add(r.headers[REPLICA_HEADER])
-    assert len(seen) == 2
+    return seen
+
+
+def test_both_replicas_serve_and_greedy_equals_one_process(rs, solo):
+    # prompts that share nothing: spread over the replicas
+    assert len(_replicas_answering_as_one(rs, solo, [f"w{10 + i} w{30 + i} w{50 + i}" for i in range(6)], 16)) == 2
     c = openai.OpenAI(base_url=rs.url + "/v1", api_key="x")
     out = c.chat.completions.create(model="none", messages=[{"role": "user", "content": "w7 w8"}], max_tokens=12,
                                     temperature=0)
@@ -301,11 +307,4 @@ def test_the_pow2_router_serves_through_public_api(rs, solo):
     the module's application (run last)."""
     serve.run(build(dict(rs.args, router="pow2")), name=APP_NAME, route_prefix="/")
     rs.wait_replicas(2)
-    seen = set()
-    for i in range(12):
-        prompt = f"w{80 + i} w{40 + i}"
-        r = rs.complete(prompt, 6)
-        assert r.status_code == 200, r.text
-        assert r.json()["choices"][0]["text"] == _solo(solo, prompt, 6, chat=False).text
-        seen.add(r.headers[REPLICA_HEADER])
-    assert len(seen) == 2
+    assert len(_replicas_answering_as_one(rs, solo, [f"w{80 + i} w{40 + i}" for i in range(12)], 6)) == 2
