@@ -147,6 +147,8 @@ class LoadOptions:
     cost_cache: bool = True  # adaptive k starts from this machine's cached call-cost probe (runtime/policy/cost_cache.py)
     draft_window: int | None = DEFAULT_DRAFT_WINDOW  # committed tokens a separate draft reads to catch up
     #                                                  (runtime/drafters/model.py); None: all of them
+    packed: bool = True  # the target's packed graph where the bundle has one: one call per step for
+    #                     every row (runtime/backends/packed.py); False: the bundle's graph as before
 
     def __post_init__(self):
         if self.draft is not None and self.draft not in DRAFTS:

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..backends.kvpool import KVPool, kv_bytes_per_slot
 from ..backends.ort import OrtModel, pick_providers, prefill_width
+from ..backends.packed import PackedModel
 from ..backends.protocol import PoolModel
 from ..options import DRAFTS, LoadOptions, load_options
 from . import memory
@@ -75,7 +76,8 @@ def load_models(folder: str | Path, options: LoadOptions | None = None, **kw) ->
     threads, global_pool = o.threads, o.global_pool
     before = anonymous_pages() if o.hugepages and dev == "cpu" else None
     pool = KVPool(man.target.kv, slots, dev, allocate=False, max_seq_len=seq)  # after the sessions: lower peak RSS
-    target = _model(folder, man.target, pool, "target", threads, global_pool)
+    target = _model(folder, man.target, pool, "target", threads, global_pool,
+                    packed=o.packed and dev == "cpu" and not eagle)
     d = None
     shared = False
     if want_draft:
@@ -132,8 +134,14 @@ def size_load(folder: Path, man: Manifest, *, want_draft: bool, device: str, max
     return memory.size(plan, max_batch, seq, memory.available_bytes(device), fraction=memory_fraction, s_max=s_max)
 
 
-def _model(folder: Path, entry: ModelEntry, pool: KVPool, track: str, threads, global_pool) -> OrtModel:
+def _model(folder: Path, entry: ModelEntry, pool: KVPool, track: str, threads, global_pool,
+           packed: bool = False) -> OrtModel | PackedModel:
+    """The model over `pool`: the entry's packed graph when asked for and the bundle has one
+    (export/packed.py), else its graph."""
     try:
+        if packed and entry.packed.graph:
+            return PackedModel(folder / entry.packed.graph, entry, pool, track=track, threads=threads,
+                               global_pool=global_pool)
         return OrtModel(folder / entry.graph, entry, pool, track=track, threads=threads, global_pool=global_pool)
     except (BundleError, ValueError):
         raise

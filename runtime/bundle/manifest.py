@@ -66,6 +66,31 @@ class TRTPlan:
 
 
 @dataclass
+class PackedIO:
+    """Names of a packed graph's IO (docs/bundle.md "Packed calls"; export/packed.py);
+    `{i}` is the layer, `{r}` the lane."""
+
+    lane_index: str = "lane_index.{r}"  # int64 [T_r]: lane r's tokens, indices into the N
+    lane_seqlens: str = "lane_seqlens"  # int32 [lanes]: per lane, total length - 1
+    unpack_index: str = "unpack_index"  # int64 [N]: token i's row in the lanes' outputs
+    logits_index: str = "logits_index"  # int64 [n]: the tokens that get logits
+    past_key: str = "past_key_values.{i}.key.lane{r}"  # [1, Hkv, S, D], bound with its present
+    past_value: str = "past_key_values.{i}.value.lane{r}"
+    present_key: str = "present.{i}.key.lane{r}"
+    present_value: str = "present.{i}.value.lane{r}"
+
+
+@dataclass
+class PackedGraph:
+    """The target's packed form, when the bundle has one (additive: readers that ignore it run
+    `graph` as before)."""
+
+    graph: str = ""  # ONNX file relative to the bundle ("" = none); shares the entry's `data`
+    lanes: int = 0  # sequences one call can carry
+    io: PackedIO = field(default_factory=PackedIO)
+
+
+@dataclass
 class ModelEntry:
     graph: str = ""  # ONNX file, relative to the bundle
     data: str | None = None  # external weights file next to the graph
@@ -87,6 +112,7 @@ class ModelEntry:
     # count and the form it took (docs/bundle.md); {} for float graphs
     quantization: dict = field(default_factory=dict)
     trt_plans: list[TRTPlan] = field(default_factory=list)
+    packed: PackedGraph = field(default_factory=PackedGraph)  # target only (export/packed.py)
 
 
 @dataclass
@@ -161,6 +187,8 @@ _NESTED = {
     (ModelEntry, "io"): IONames,
     (ModelEntry, "kv"): KVLayout,
     (ModelEntry, "trt_plans"): TRTPlan,
+    (ModelEntry, "packed"): PackedGraph,
+    (PackedGraph, "io"): PackedIO,
     (Manifest, "target"): ModelEntry,
     (Manifest, "draft"): ModelEntry,
     (Manifest, "tokenizer"): TokenizerInfo,

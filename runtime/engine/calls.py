@@ -99,6 +99,21 @@ class ModelCalls:
         self._count(model)
         return out
 
+    def packed(self, model, entries: list[tuple[Request, np.ndarray]]) -> list[np.ndarray]:
+        """One packed call (runtime/backends/packed.py) holding every entry's tokens at its
+        track's length in its slot: at most `model.lanes` entries. -> per entry logits [T, V],
+        views of the model's output buffer (valid until the next call on `model`)."""
+        pool = model.pool
+        seqs = []
+        for r, tokens in entries:
+            tokens = np.asarray(tokens, dtype=np.int64)
+            seqs.append((r.slot, tokens, pool.reserve(model.track, r.slot, len(tokens)), None))
+        out = model.run_packed(seqs)
+        for r, tokens in entries:
+            pool.advance(model.track, r.slot, len(tokens))
+        self._count(model)
+        return out
+
     def drafts(self, calls: list[tuple[Request, DraftCall]]) -> list:
         """The draft model's calls of one draft step: the one-token calls of many requests in one
         batched call where the model takes rows, the others one by one.

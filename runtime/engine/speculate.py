@@ -115,6 +115,9 @@ class Round:
         c.steps += 1
         c.rows += len(rows)
         c.drafting_steps += bool(drafting)
+        if getattr(self.target, "packs", False):
+            self.packed(rows, proposals, draft_ms, running == 1)
+            return self.outcomes
         if plain:
             self.decode_plain(plain, draft_ms if drafting else 0.0, running == 1)
         for r in drafting:
@@ -164,26 +167,61 @@ class Round:
             return
         verify_ms = 1000 * (time.perf_counter() - t0)
         for r, (logits, _) in zip(rows, results, strict=True):
-            with alone(self.fail, r):
-                check_finite(logits)
-                nxt = pick(r, process(r, logits[None])[0])
-            if r.id in self.failed:
+            self.finish_plain(r, logits[None], draft_ms, verify_ms, learn)
+
+    def finish_plain(self, r: Request, raw: np.ndarray, draft_ms: float, verify_ms: float, learn: bool) -> None:
+        """A plain row's target row [1, V] -> its next token, committed."""
+        with alone(self.fail, r):
+            check_finite(raw)
+            nxt = pick(r, process(r, raw)[0])
+        if r.id in self.failed:
+            return
+        pol = r.policies.get(r.route)
+        if pol is not None and learn:
+            pol.costs.observe(0, 0.0, verify_ms, context=len(r.seq))
+        self.commit(r, NO_DRAFT, 0, nxt, draft_ms, verify_ms, raw)
+
+    def packed(self, rows: list[Request], proposals: dict[int, Proposal], draft_ms: float, learn: bool) -> None:
+        """Every row's tokens in one packed target call (runtime/backends/packed.py; calls of
+        `lanes` rows at most): [last] for a plain row, [last, d0 .. dk-1] for a drafting one;
+        each row then verifies and commits from its own rows of the call."""
+        lanes = self.target.lanes
+        for a in range(0, len(rows), lanes):
+            group = rows[a : a + lanes]
+            props = [proposals.get(r.id, NO_DRAFT) for r in group]
+            t0 = time.perf_counter()
+            try:
+                raws = self.calls.packed(self.target, [(r, np.concatenate(([r.seq[-1]], p.tokens)))
+                                                       for r, p in zip(group, props, strict=True)])
+            except Exception as e:  # noqa: BLE001 - the call failed for all its rows
+                for r in group:
+                    self.fail(r, e)
                 continue
-            pol = r.policies.get(r.route)
-            if pol is not None and learn:
-                pol.costs.observe(0, 0.0, verify_ms, context=len(r.seq))
-            self.commit(r, NO_DRAFT, 0, nxt, draft_ms, verify_ms, logits[None])
+            verify_ms = 1000 * (time.perf_counter() - t0)
+            drafted = any(len(p.tokens) for p in props)
+            for r, p, raw in zip(group, props, raws, strict=True):
+                if len(p.tokens):
+                    self.finish_drafted(r, p, raw, draft_ms, verify_ms, alone_in_step=len(rows) == 1)
+                else:
+                    self.finish_plain(r, raw, draft_ms if drafted else 0.0, verify_ms, learn)
 
     def verify_drafted(self, r: Request, prop: Proposal, draft_ms: float, alone_in_step: bool) -> None:
         """One target call over [last, d0 .. dk-1], verification, commit."""
         t0 = time.perf_counter()
         with alone(self.fail, r):
             raw = self.calls.one(self.target, r, np.concatenate(([r.seq[-1]], prop.tokens)))  # [k+1, V]
+        if r.id in self.failed:
+            return
+        self.finish_drafted(r, prop, raw, draft_ms, 1000 * (time.perf_counter() - t0), alone_in_step)
+
+    def finish_drafted(self, r: Request, prop: Proposal, raw: np.ndarray, draft_ms: float, verify_ms: float,
+                       alone_in_step: bool) -> None:
+        """A drafting row's target rows [k+1, V] -> verification, its policy's update, commit."""
+        with alone(self.fail, r):
             check_finite(raw)
             n_ok, nxt = verify(r, prop, process(r, raw, prop.tokens))  # row i as if after d[:i]
         if r.id in self.failed:
             return
-        verify_ms = 1000 * (time.perf_counter() - t0)
         pol = r.policies.get(prop.drafter if prop.drafter in r.policies else r.route)
         if pol is not None:
             pol.update(len(prop.tokens), n_ok, prop.confs, draft_ms if alone_in_step else None,
@@ -205,4 +243,6 @@ class Round:
         r.stats.draft_ms += draft_ms
         r.stats.verify_ms += verify_ms
         r.stats.record_round(len(prop.tokens), n_ok, prop.drafter if len(prop.tokens) else None)
-        self.outcomes.append(Outcome(r, new, raw))
+        # raw is a view of the target's output buffer, which the round's next call overwrites:
+        # the rows logprobs read are copied (only when asked for)
+        self.outcomes.append(Outcome(r, new, raw[: len(new)].copy() if r.logprobs is not None else None))

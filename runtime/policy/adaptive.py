@@ -63,6 +63,15 @@ class Costs:
     draft_slope: float = 0.0  # the same for one draft step, per position of the draft's own context
     draft_window: int | None = None  # the draft reads at most this many positions (a windowed
     #                                  separate draft, runtime/drafters/model.py); None: all
+    packed: bool = False  # the target runs every row of a step in one call (runtime/backends/packed.py):
+    #                     a step costs call_ms(total tokens), not a call per drafting row
+
+    def call_ms(self, tokens: np.ndarray | int) -> np.ndarray | float:
+        """One packed call of `tokens` tokens in all (any rows) at the probe's context: the
+        one-sequence curve target_ms, linear beyond its widest probe (the weights are streamed
+        once; each token adds its share of the compute)."""
+        return self.scale * np.vectorize(lambda t: _interp(self.target_ms, int(t)) if t > 0 else 0.0,
+                                         otypes=[float])(tokens)
 
     def extra_ms(self, T: int, context: int | None) -> float:
         """What attending to `context` positions adds to a target call of T tokens (0 at or

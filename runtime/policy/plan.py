@@ -36,9 +36,13 @@ class Row:
 
 def step_ms(rows: list[Row], ks: list[int], costs: Costs) -> float:
     """The time model of one step (the docstring's formula), for one choice of k per row."""
-    plain = [r.context for r, k in zip(rows, ks, strict=True) if k == 0]
-    ms = costs.target_rows_ms(len(plain), plain) if plain else 0.0
-    ms += sum(costs.verify_ms(k + 1, r.context) for r, k in zip(rows, ks, strict=True) if k > 0)
+    if costs.packed:
+        ms = float(costs.call_ms(sum(k + 1 for k in ks)))
+        ms += sum(costs.scale * costs.extra_ms(k + 1, r.context) for r, k in zip(rows, ks, strict=True))
+    else:
+        plain = [r.context for r, k in zip(rows, ks, strict=True) if k == 0]
+        ms = costs.target_rows_ms(len(plain), plain) if plain else 0.0
+        ms += sum(costs.verify_ms(k + 1, r.context) for r, k in zip(rows, ks, strict=True) if k > 0)
     for j in range(1, max(ks, default=0) + 1):
         at = [r.context for r, k in zip(rows, ks, strict=True) if k >= j and not r.lookup]
         if at:
@@ -74,15 +78,21 @@ def plan(rows: list[Row], costs: Costs) -> list[int]:
     v = np.array([costs.verify_curve(K + 1, r.context) for r in rows])[order]  # [C, m, K + 1]: verify_ms(k + 1) at k
     plain_extra = np.array([costs.scale * costs.extra_ms(1, r.context) for r in rows])
     draft_extra = np.array([0.0 if r.lookup else costs.draft_extra_ms(r.context) for r in rows])
-    r_ms = np.array([0.0] + [costs.target_rows_ms(b) for b in range(1, n + 1)])
     d_ms = np.array([0.0] + [costs.draft_step_ms(b) for b in range(1, n + 1)])
-    plain_all = n / (r_ms[n] + plain_extra.sum())  # every row plain: target_rows_ms(n, contexts)
     m = np.arange(1, n + 1)  # drafting rows
     js = np.arange(1, K + 1)
     depth = np.cumsum((ks_s[:, :, None] >= js) & model[:, :, None], axis=1)  # [C, m, j] rows drafting step j
     verify = np.take_along_axis(v, ks_s[:, :, None], 2)[:, :, 0]  # [C, m]
     attention = plain_extra.sum() - np.cumsum(plain_extra[order], axis=1) + np.cumsum(ks_s * draft_extra[order], axis=1)
-    t = r_ms[n - m][None, :] + np.cumsum(verify, axis=1) + d_ms[depth].sum(axis=2) + attention
+    if costs.packed:  # one call of n + sum(k) tokens; a drafting row's own attention share on top
+        base = costs.verify_curve(K + 1)
+        v_extra = verify - base[ks_s]
+        plain_all = n / (float(costs.call_ms(n)) + plain_extra.sum())
+        t = costs.call_ms(n + np.cumsum(ks_s, axis=1)) + np.cumsum(v_extra, axis=1) + d_ms[depth].sum(axis=2) + attention
+    else:
+        r_ms = np.array([0.0] + [costs.target_rows_ms(b) for b in range(1, n + 1)])
+        plain_all = n / (r_ms[n] + plain_extra.sum())  # every row plain: target_rows_ms(n, contexts)
+        t = r_ms[n - m][None, :] + np.cumsum(verify, axis=1) + d_ms[depth].sum(axis=2) + attention
     tokens = (n - m)[None, :] + np.cumsum(exp_s, axis=1)
     rate = np.where(valid, tokens / t, -np.inf)
     c, mm = np.unravel_index(int(np.argmax(rate)), rate.shape)

@@ -18,7 +18,7 @@ class PolicyStore:
         self.parts, self.max_k = parts, max_k
         self.draft_window = draft_window
         self._key_extra = (f"draft={parts.draft is not None} pool={global_pool} hugepages={hugepages} "
-                           f"slots={parts.target.pool.slots}")
+                           f"slots={parts.target.pool.slots} packed={getattr(parts.target, 'packs', False)}")
         self.threads, self.device, self.cost_cache = threads, device, cost_cache
         self._costs: Costs | None = None
         self._learned: dict[tuple[str, bool], tuple[AcceptanceModel, Calibration]] = {}
@@ -58,6 +58,7 @@ class PolicyStore:
                 if key:
                     probe_cache.save(key, self._costs)  # never raises: no cache then
         self._costs.draft_window = self.draft_window
+        self._costs.packed = getattr(self.parts.target, "packs", False)
         return self._costs
 
     def policies(self, r) -> dict[str, AdaptivePolicy]:
