@@ -20,7 +20,7 @@ from specrt.runtime.bundle.manifest import (
 )
 from specrt.runtime.bundle.tokenizer import find_fim_tokens
 
-from . import tokcheck
+from . import packed, tokcheck
 from .bundle import staging
 from .eagle import load_head
 from .errors import SourceError
@@ -214,8 +214,9 @@ def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry 
     )
     man.save(tmp)
     genai.write(tmp, man)  # onnxruntime-genai reads the same graphs (runtime/bundle/genai.py)
-    load_manifest(tmp)
-    return man
+    if packed.packable(t_entry):  # one call for many sequences (export/packed.py)
+        packed.pack_bundle(tmp)
+    return load_manifest(tmp)
 
 
 def _save_tokenizer(tok, config, tmp: Path) -> TokenizerInfo:

@@ -26,7 +26,7 @@ Outputs: logits float32 [1, n, V]; the presents. A lane the call does not use is
 two-row scratch buffer with lane_seqlens 1 and any two indices.
 
 Built by rewriting the emitted graph (its attention nodes, the mask arithmetic and the LM head's
-Slice), so it holds the same weights, kernels and numbers per token; `pack_bundle` adds it to a
+Slice), so it holds the same weights, kernels and numbers per token; `pack_bundle` adds them to a
 bundle that already exists (the rewrite takes seconds; no weights are read).
 """
 
@@ -37,10 +37,12 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from specrt.runtime.bundle.manifest import MANIFEST, PackedIO, load_manifest
+from specrt.runtime.bundle.manifest import PackedIO, load_manifest
 
-GRAPH = "packed.onnx"  # next to the target's model.onnx, sharing its external data file
-DEFAULT_LANES = 8
+GRAPH = "packed{lanes}.onnx"  # next to the target's model.onnx, sharing its external data file
+# one graph per lane count: every lane costs a call its attention nodes (~17 us per layer on the
+# default pair), so a load runs the fewest lanes that hold its slots (docs/benchmarks.md §19)
+LANES = (1, 2, 4, 8, 16)
 
 
 def _drop_mask_nodes(g: onnx.GraphProto, mask: str) -> None:
@@ -93,12 +95,18 @@ def _split_attention(n: onnx.NodeProto, layer: int, lanes: int, scalars, io: Pac
     return nodes
 
 
-def pack_graph(model: onnx.ModelProto, entry, lanes: int = DEFAULT_LANES) -> onnx.ModelProto:
+def packable(entry) -> bool:
+    """Whether `entry`'s graph has a packed form: the `ort` lowering, with num_logits_to_keep,
+    without EAGLE feature IO."""
+    return entry.lowering == "ort" and bool(entry.io.logits_to_keep) and not entry.io.hidden_in and not entry.io.hidden_out
+
+
+def pack_graph(model: onnx.ModelProto, entry, lanes: int) -> onnx.ModelProto:
     """The packed form (module docstring) of an `ort` graph emitted by export/graph.py for
     `entry` (its ModelEntry: IO names, KV layout). Initializers stay where they are (external
     data references included), so the result shares the original's weights file."""
     src, io = entry.io, PackedIO()
-    if entry.lowering != "ort" or not src.logits_to_keep or src.hidden_in or src.hidden_out:
+    if not packable(entry):
         raise ValueError("only ort graphs with num_logits_to_keep and no EAGLE features have a packed form")
     m = onnx.ModelProto()
     m.CopyFrom(model)
@@ -160,27 +168,30 @@ def _rewrite_io(g: onnx.GraphProto, entry, src, io: PackedIO, lanes: int) -> Non
     del g.value_info[:]
 
 
-def pack_bundle(folder: str | Path, lanes: int = DEFAULT_LANES) -> Path:
-    """Write `target/packed.onnx` into a bundle whose target is an `ort` graph and record it in
-    the manifest (`target.packed`). -> the graph's path."""
+def pack_bundle(folder: str | Path, lanes=LANES) -> list[Path]:
+    """Write the packed graphs (`target/packed{lanes}.onnx`, one per lane count) into a bundle
+    whose target is an `ort` graph and record them in the manifest (`target.packed`).
+    -> the graphs' paths."""
     folder = Path(folder)
     man = load_manifest(folder)
     entry = man.target
     graph = folder / entry.graph
     model = onnx.load(str(graph), load_external_data=False)
-    packed = pack_graph(model, entry, lanes)
-    out = graph.with_name(GRAPH)
-    tmp = out.with_suffix(".tmp")
-    onnx.save(packed, str(tmp))
-    tmp.replace(out)
-    entry.packed.graph = str(out.relative_to(folder))
-    entry.packed.lanes = lanes
+    out = []
+    for n in lanes:
+        path = graph.with_name(GRAPH.format(lanes=n))
+        tmp = path.with_suffix(".tmp")
+        onnx.save(pack_graph(model, entry, n), str(tmp))
+        tmp.replace(path)
+        out.append(path)
+    entry.packed.graph = str(graph.with_name(GRAPH).relative_to(folder))
+    entry.packed.lanes = list(lanes)
     man.save(folder)
     return out
 
 
-if __name__ == "__main__":  # python -m export.packed BUNDLE [LANES]
+if __name__ == "__main__":  # python -m export.packed BUNDLE: add the packed graphs to a bundle
     import sys
 
-    print(pack_bundle(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_LANES))
-    assert (Path(sys.argv[1]) / MANIFEST).exists()
+    for p in pack_bundle(sys.argv[1]):
+        print(p)

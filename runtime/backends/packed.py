@@ -37,9 +37,10 @@ class PackedModel:
     min_t = 1
     packs = True
 
-    def __init__(self, graph: str | Path, entry: ModelEntry, pool: KVPool, *, track: str = "model",
+    def __init__(self, graph: str | Path, entry: ModelEntry, pool: KVPool, *, lanes: int, track: str = "model",
                  threads: int | None = None, global_pool: bool = False, prefill_tokens: int = PREFILL_TOKENS,
                  prepack: bool = True):
+        """graph: the entry's packed graph of `lanes` lanes (`entry.packed.file(lanes)`)."""
         if pool.layout != entry.kv:
             raise ValueError(f"{graph}: KV layout {entry.kv} does not match the pool's {pool.layout}")
         providers, self.device_type = pick_providers(pool.device)
@@ -50,7 +51,7 @@ class PackedModel:
         self.entry, self.pool, self.track = entry, pool, pool.track(track)
         self.name = track
         self.vocab = entry.vocab_size
-        self.lanes = entry.packed.lanes
+        self.lanes = lanes
         self.max_seq_len = pool.capacity - 1  # room for a lone token's filler
         self.max_t = entry.max_tokens_per_call
         self.max_prefill_t = prefill_width(entry, prefill_tokens)

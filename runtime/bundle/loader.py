@@ -140,8 +140,9 @@ def _model(folder: Path, entry: ModelEntry, pool: KVPool, track: str, threads, g
     (export/packed.py), else its graph."""
     try:
         if packed and entry.packed.graph:
-            return PackedModel(folder / entry.packed.graph, entry, pool, track=track, threads=threads,
-                               global_pool=global_pool)
+            lanes = entry.packed.lanes_for(pool.slots)
+            return PackedModel(folder / entry.packed.file(lanes), entry, pool, lanes=lanes, track=track,
+                               threads=threads, global_pool=global_pool)
         return OrtModel(folder / entry.graph, entry, pool, track=track, threads=threads, global_pool=global_pool)
     except (BundleError, ValueError):
         raise

@@ -85,9 +85,18 @@ class PackedGraph:
     """The target's packed form, when the bundle has one (additive: readers that ignore it run
     `graph` as before)."""
 
-    graph: str = ""  # ONNX file relative to the bundle ("" = none); shares the entry's `data`
-    lanes: int = 0  # sequences one call can carry
+    graph: str = ""  # ONNX file per lane count, relative to the bundle, "{lanes}" in its name
+    #                  ("" = none); every one shares the entry's `data`
+    lanes: list[int] = field(default_factory=list)  # the lane counts written (sequences one call carries)
     io: PackedIO = field(default_factory=PackedIO)
+
+    def file(self, lanes: int) -> str:
+        return self.graph.format(lanes=lanes)
+
+    def lanes_for(self, slots: int) -> int:
+        """The fewest lanes that hold `slots` sequences (each lane costs every call a little),
+        else the most there are (calls of more rows are split)."""
+        return min((n for n in self.lanes if n >= slots), default=max(self.lanes))
 
 
 @dataclass
@@ -232,6 +241,7 @@ def _check_files(folder: Path, man: Manifest) -> None:
     """Every file the manifest names exists (an interrupted copy is not a bundle)."""
     named = [(role, rel) for role, entry in (("target", man.target), ("draft", man.draft)) if entry is not None
              for rel in filter(None, [entry.graph, entry.data])]
+    named += [("target", man.target.packed.file(n)) for n in man.target.packed.lanes if man.target.packed.graph]
     for role, rel in named + [("tokenizer", man.tokenizer.file)]:
         if not (folder / rel).is_file():
             what = rel if role == "tokenizer" else f"{role} file {rel}"
