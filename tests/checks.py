@@ -1,5 +1,5 @@
 """Assertions and drivers the tests share: greedy equality up to near-ties, a chi-square check
-of sampled counts, one request through a pipeline's engine."""
+of sampled counts, one request through a pipeline's engine, a packed target's row invariance."""
 
 from __future__ import annotations
 
@@ -113,3 +113,62 @@ def second_token_dist(pipe, prompt, cfg, prepack: bool = True):
         dec.rewind(base)
         total += p1[x] * probs(dec.forward([x])[0], cfg)
     return total
+
+
+def packed_model(bundle, slots=8, lanes=8):
+    """-> (target entry, its KV pool, a PackedModel of `lanes` lanes over it)."""
+    from specrt.runtime.backends.kvpool import KVPool
+    from specrt.runtime.backends.packed import PackedModel
+    from specrt.runtime.bundle.manifest import load_manifest
+
+    e = load_manifest(bundle).target
+    pool = KVPool(e.kv, slots, "cpu")
+    return e, pool, PackedModel(bundle / e.packed.file(lanes), e, pool, lanes=lanes, threads=2)
+
+
+def fill_slot(model, slot, tokens):
+    """Prefill `tokens` into `slot` in the model's widest chunks."""
+    p = 0
+    while p < len(tokens):
+        n = min(model.max_prefill_t, len(tokens) - p)
+        model.run(slot, tokens[p : p + n], p, keep=1)
+        p += n
+
+
+class Snapshot:
+    def __init__(self, pool):
+        self.pool, self.saved = pool, [h.copy() for h in pool.host]
+
+    def restore(self):
+        for h, s in zip(self.pool.host, self.saved, strict=True):
+            h[...] = s
+
+
+def check_row_invariance(bundle, contexts, widths=(1, 2, 3, 5, 9, 17)) -> int:
+    """A packed target's row alone against the same row beside 1, 3 and 7 others of other
+    widths and lengths (slot s prefilled with contexts[s] tokens), logits and K/V bit for bit.
+    -> the cases checked."""
+    e, pool, pm = packed_model(bundle)
+    rng = np.random.default_rng(0)
+    V = e.vocab_size
+    seqs = [rng.integers(3, V - 1, c + 20) for c in contexts]
+    for s, c in enumerate(contexts):
+        fill_slot(pm, s, seqs[s][:c])
+    snap = Snapshot(pool)
+    checked = 0
+    for T in widths:
+        T = min(T, pm.max_t)
+        own = (0, seqs[0][contexts[0] : contexts[0] + T], contexts[0], None)
+        snap.restore()
+        alone = pm.run_packed([own])[0].copy()
+        kv_alone = [h[0].copy() for h in pool.host]
+        for others in (1, 3, 7):
+            snap.restore()
+            batch = [own] + [(s, seqs[s][contexts[s] : contexts[s] + 1 + (s * 5 + T) % 9], contexts[s], None)
+                             for s in range(1, 1 + others)]
+            got = pm.run_packed(batch[::-1] if others == 3 else batch)  # any order in the call
+            mine = got[-1] if others == 3 else got[0]
+            assert np.array_equal(mine, alone), f"{bundle.name}: width {T} beside {others} rows"
+            assert all(np.array_equal(h[0], k) for h, k in zip(pool.host, kv_alone, strict=True))
+            checked += 1
+    return checked

@@ -59,10 +59,13 @@ def test_missing_graph_file(tiny_bundles, tmp_path):
     assert r.returncode == 2 and "incomplete" in r.stderr
 
 
-def test_corrupt_graph_file(tiny_bundles, tmp_path):
+@pytest.mark.parametrize("graph", ["model.onnx", "packed1.onnx"])
+def test_corrupt_graph_file(tiny_bundles, tmp_path, graph):
+    """The graph a load runs is corrupt: the bundle graph (`--no-packed`) or the packed graph
+    of the load's lanes (docs/bundle.md "Packed calls")."""
     b = shutil.copytree(tiny_bundles["none"], tmp_path / "b")
-    (b / "target" / "model.onnx").write_bytes(b"not a model")
-    r = run("generate", "--engines", str(b), "--draft", "none", "hi")
+    (b / "target" / graph).write_bytes(b"not a model")
+    r = run("generate", "--engines", str(b), "--draft", "none", *(["--no-packed"] if graph == "model.onnx" else []), "hi")
     assert r.returncode == 2 and "cannot load target graph" in r.stderr
 
 
@@ -126,8 +129,11 @@ def test_non_finite_logits_are_a_model_fault_not_a_user_error(tiny_bundles):
 
     err = NonFiniteLogits("x")
     assert not isinstance(err, USER_ERRORS) and isinstance(err, MODEL_ERRORS)
-    script = ("import sys\nimport numpy as np\nfrom specrt.runtime.backends.ort import OrtModel\nreal = OrtModel.run\n"
+    script = ("import sys\nimport numpy as np\nfrom specrt.runtime.backends.ort import OrtModel\n"
+              "from specrt.runtime.backends.packed import PackedModel\nreal = OrtModel.run\n"
               "OrtModel.run = lambda self, *a, **k: real(self, *a, **k) * np.float32('nan')\n"
+              "packed = PackedModel.run_packed\n"
+              "PackedModel.run_packed = lambda self, *a, **k: [x * np.float32('nan') for x in packed(self, *a, **k)]\n"
               "from specrt.cli import main\nmain()\n")
     r = subprocess.run([sys.executable, "-c", script, "generate", "--engines", str(tiny_bundles["none"]), "--raw",
                         "--max-new-tokens", "4", "w5"], capture_output=True, text=True, timeout=120)

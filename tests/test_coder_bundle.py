@@ -218,3 +218,50 @@ def test_fim_on_the_real_pair_is_the_targets_own_through_both_endpoints(pipe, ur
     # a keystroke: the cursor's line grows; everything before <|fim_middle|> is reused
     typed = httpx.post(url + "/infill", json={**body, "prompt": "if"}, timeout=600).json()
     assert typed["tokens_cached"] >= len(ids) - len(parts.middle) + 1 and typed["timings"]["prompt_n"] <= 4
+
+
+def test_a_packed_rows_bits_do_not_depend_on_the_call():
+    """The coder target's packed graph (Q4_K_M blocks, int8 activations at accuracy level 4): a
+    row alone against the same row beside 1, 3 and 7 others, contexts below and across the
+    attention's KV block and near the end of the buffer, logits and K/V bit for bit."""
+    from checks import check_row_invariance
+
+    assert check_row_invariance(BUNDLE, [505, 40, 3000, 5, 700, 4070, 90, 1200], widths=(1, 2, 6)) == 9
+
+
+def test_long_prompts_and_eight_requests_are_the_targets_own_with_their_logprobs():
+    """Issues 38/39: prompts of 922 .. 2,900 tokens (stdlib modules) and short code prompts, eight
+    at once over one packed call per step: every request's tokens and logprobs are the floats it
+    gets alone without a draft."""
+    import specrt
+
+    long_ = [json.loads(ln) for ln in (ROOT / "configs" / "workloads" / "long_code.jsonl").read_text().splitlines()
+             if ln]
+    picked = ("long-code-imghdr", "long-code-graphlib", "long-code-shlex")  # 1,179 / 2,124 / 2,872 tokens
+    items = [it["prompt"] for it in long_ if it["id"] in picked] + [it["prompt"] for it in WORKLOAD[:5]]
+    p = specrt.load(BUNDLE, max_batch=8)
+    try:
+        assert type(p.parts.target).__name__ == "PackedModel" and p.parts.target.lanes == 8
+        prompts = [p.tokenizer.encode(t) for t in items]
+        assert max(len(x) for x in prompts) > 2048
+
+        def run(ids, **kw):
+            r = p.request(ids, max_new_tokens=24, logprobs=1, **kw)
+            toks = [t for c in p.submit(r) for t in c]
+            return toks, [(e.token, e.logprob) for e in r.token_logprobs]
+
+        want = [run(ids, draft="none") for ids in prompts]
+        got: list = [None] * len(prompts)
+
+        def one(i):
+            got[i] = run(prompts[i], draft="model")
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(1200)
+        for i, (w, g) in enumerate(zip(want, got, strict=True)):
+            assert g == w, f"prompt {i} ({len(prompts[i])} tokens)"
+    finally:
+        p.close()

@@ -10,8 +10,9 @@
 
 A sequence's rows are the same bits in any such call (alone, beside others, at any width), so
 `min_t` is 1: a lone token gets a filler after it inside its lane (its K/V row lands past the
-sequence's length, where the next call writes first), which is why `max_seq_len` is one less than
-the pool's rows. Lanes are bound to slots by pointer and stay bound while the same slots keep
+sequence's length, where the next call writes first). A lone token at the pool's last row has no
+row after it: the caller sends the token before it with it (runtime/engine/calls.py `_room`),
+which rewrites that row with the same bits. Lanes are bound to slots by pointer and stay bound while the same slots keep
 coming (a call rebinds only lanes whose slot changed); a lane the call does not use runs two
 filler tokens over a two-row scratch buffer.
 """
@@ -52,7 +53,7 @@ class PackedModel:
         self.name = track
         self.vocab = entry.vocab_size
         self.lanes = lanes
-        self.max_seq_len = pool.capacity - 1  # room for a lone token's filler
+        self.max_seq_len = pool.capacity
         self.max_t = entry.max_tokens_per_call
         self.max_prefill_t = prefill_width(entry, prefill_tokens)
         # a call holds at most every lane at its widest verification, or one prompt chunk
@@ -120,8 +121,8 @@ class PackedModel:
         for (slot, tokens, past, keep), lane in zip(seqs, lanes, strict=True):
             T = len(tokens)
             if T < 1 or past + max(T, 2) > self.pool.capacity:
-                raise ValueError(f"{self.name}: {T} tokens at {past} do not fit slot {slot} "
-                                 f"(max_seq_len {self.max_seq_len})")
+                raise ValueError(f"{self.name}: {T} tokens at {past} do not fit slot {slot} (max_seq_len "
+                                 f"{self.max_seq_len}; a lone token needs the row after it)")
             self._ids[o : o + T] = tokens
             width = max(T, 2)
             idx = self._lane_idx[lane, :width]
@@ -133,7 +134,7 @@ class PackedModel:
             self._keep[n : n + k] = np.arange(o + T - k, o + T)
             keeps.append((n, k))
             o, n = o + T, n + k
-        row = 0
+        row = 0  # lanes' output rows, in lane order
         for lane in range(self.lanes):
             got = by_lane.get(lane)
             if got is None:  # unused: two fillers over its scratch (or a slot nobody reads past)
@@ -149,7 +150,9 @@ class PackedModel:
         if o == 1:  # a packed axis of one token would send the projections to M = 1 kernels
             self._ids[1], self._unpack[1] = self._ids[0], self._unpack[0]
             o = 2
-        self._bind_call(o, n, {lane: max(got[1], 2) for lane, got in by_lane.items()})
+        rows = max(n, 2)  # the same for the LM head: one kept row is asked for twice
+        self._keep[n:rows] = self._keep[0]
+        self._bind_call(o, rows, {lane: max(got[1], 2) for lane, got in by_lane.items()})
         self.session.run_with_iobinding(self._io)
         logits = self._logits[: n * self.vocab].reshape(n, self.vocab)
         return [logits[a : a + k] for a, k in keeps]

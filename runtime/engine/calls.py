@@ -43,6 +43,8 @@ class ModelCalls:
         start, ids, before = pos, tokens, 0
         if model is self.target and n < model.min_t:
             start, ids, before = self._widen(model, r, tokens, pos)
+        elif self._last_row(model, n, pos):
+            start, ids, before = self._widen(model, r, tokens, pos, 2)
         wide = len(ids)
         logits = model.run(r.slot, ids, start, hidden, None if keep is None else min(n, keep) + wide - n - before)
         if wide > n:  # the rows of `tokens` only: logits holds the call's last len(logits) rows
@@ -56,16 +58,23 @@ class ModelCalls:
         return logits
 
     @staticmethod
-    def _widen(model, r: Request, tokens: np.ndarray, pos: int) -> tuple[int, np.ndarray, int]:
-        """A call of `model.min_t` tokens holding `tokens` at `pos`: -> (start, ids, rows before).
-        Forward, a filler after them (its row lies past the track: stale, overwritten by the next
-        call); at the end of the buffer, backward: the row before recomputed, which writes what a
-        wide call wrote there before (every row of such a target comes from wide calls)."""
-        pad = model.min_t - len(tokens)
+    def _last_row(model, n: int, pos: int) -> bool:
+        """A packed model's lone token at the pool's last row: its lane has no row for the
+        filler after it (runtime/backends/packed.py), so the call takes the token before too."""
+        return getattr(model, "packs", False) and n == 1 and pos + 2 > model.pool.capacity
+
+    @staticmethod
+    def _widen(model, r: Request, tokens: np.ndarray, pos: int, width: int | None = None) -> tuple[int, np.ndarray, int]:
+        """A call of `width` (default `model.min_t`) tokens holding `tokens` at `pos`: -> (start,
+        ids, rows before). Forward, a filler after them (its row lies past the track: stale,
+        overwritten by the next call); at the end of the buffer, backward: the row before
+        recomputed, which writes what a wide call wrote there before (every row of such a
+        target comes from wide calls)."""
+        pad = (width or model.min_t) - len(tokens)
         if pos + len(tokens) + pad <= model.max_seq_len:
             return pos, np.concatenate((tokens, np.repeat(tokens[-1:], pad))), 0
         if pos < pad:
-            raise ValueError(f"{model.name}: no room for a {model.min_t}-token call at {pos}")
+            raise ValueError(f"{model.name}: no room for a {len(tokens) + pad}-token call at {pos}")
         return pos - pad, np.concatenate((np.asarray(r.seq[pos - pad : pos], dtype=np.int64), tokens)), pad
 
     def rows(self, model, reqs: list[Request], tokens, hidden=None) -> list[tuple[np.ndarray, np.ndarray | None]]:
@@ -104,15 +113,20 @@ class ModelCalls:
         track's length in its slot: at most `model.lanes` entries. -> per entry logits [T, V],
         views of the model's output buffer (valid until the next call on `model`)."""
         pool = model.pool
-        seqs = []
+        seqs, cut = [], []
         for r, tokens in entries:
             tokens = np.asarray(tokens, dtype=np.int64)
-            seqs.append((r.slot, tokens, pool.reserve(model.track, r.slot, len(tokens)), None))
+            pos = pool.reserve(model.track, r.slot, len(tokens))
+            start, ids, before = pos, tokens, 0
+            if self._last_row(model, len(tokens), pos):
+                start, ids, before = self._widen(model, r, tokens, pos, 2)
+            seqs.append((r.slot, ids, start, None))
+            cut.append(before)
         out = model.run_packed(seqs)
         for r, tokens in entries:
             pool.advance(model.track, r.slot, len(tokens))
         self._count(model)
-        return out
+        return [rows[before:] for rows, before in zip(out, cut, strict=True)]
 
     def drafts(self, calls: list[tuple[Request, DraftCall]]) -> list:
         """The draft model's calls of one draft step: the one-token calls of many requests in one

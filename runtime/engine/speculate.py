@@ -193,9 +193,14 @@ class Round:
             try:
                 raws = self.calls.packed(self.target, [(r, np.concatenate(([r.seq[-1]], p.tokens)))
                                                        for r, p in zip(group, props, strict=True)])
-            except Exception as e:  # noqa: BLE001 - the call failed for all its rows
-                for r in group:
-                    self.fail(r, e)
+            except Exception as e:  # noqa: BLE001 - the call failed: whose row was it?
+                if len(group) == 1:
+                    self.fail(group[0], e)
+                    continue
+                # each row again in a call of its own (the same bits: rows do not depend on the
+                # call), so a failure ends only the request whose call fails alone
+                for r, p in zip(group, props, strict=True):
+                    self._finish(r, p, draft_ms, rows, learn)
                 continue
             verify_ms = 1000 * (time.perf_counter() - t0)
             drafted = any(len(p.tokens) for p in props)
@@ -204,6 +209,19 @@ class Round:
                     self.finish_drafted(r, p, raw, draft_ms, verify_ms, alone_in_step=len(rows) == 1)
                 else:
                     self.finish_plain(r, raw, draft_ms if drafted else 0.0, verify_ms, learn)
+
+    def _finish(self, r: Request, p: Proposal, draft_ms: float, rows: list, learn: bool) -> None:
+        """One row's packed call of its own, then its verification and commit."""
+        t0 = time.perf_counter()
+        with alone(self.fail, r):
+            raw = self.calls.packed(self.target, [(r, np.concatenate(([r.seq[-1]], p.tokens)))])[0]
+        if r.id in self.failed:
+            return
+        verify_ms = 1000 * (time.perf_counter() - t0)
+        if len(p.tokens):
+            self.finish_drafted(r, p, raw, draft_ms, verify_ms, alone_in_step=len(rows) == 1)
+        else:
+            self.finish_plain(r, raw, draft_ms, verify_ms, learn)
 
     def verify_drafted(self, r: Request, prop: Proposal, draft_ms: float, alone_in_step: bool) -> None:
         """One target call over [last, d0 .. dk-1], verification, commit."""

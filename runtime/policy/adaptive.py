@@ -169,10 +169,13 @@ def measure_costs(target, draft, slot: int, max_t: int, rows: int = 1, busy=(), 
     far = min(target.max_seq_len - max_t if far is None else far, target.max_seq_len - max_t)
     far = far if far >= context + 128 else None  # too close to tell a slope from noise
     widths = sorted({1, 2, 3, 5, 9, max_t} & set(range(1, max_t + 1)))
+    far_widths = list(widths)
+    if getattr(target, "packs", False):  # one call holds every row's tokens: price wide calls too
+        widths += [T for T in (2 * max_t, 4 * max_t) if max_t < T <= min(target.max_prefill_t, target.max_seq_len - context)]
     # a target with min_t > 1 runs its plain rows one widened call each (runtime/engine/calls.py)
     batch = sorted({1, 2, 4, 8, 16, rows} & set(range(1, rows + 1))) if target.batch_rows and target.min_t == 1 else []
     shapes = [("t", T) for T in widths] + [("tb", b) for b in batch if b > 1]
-    shapes += [("tf", T) for T in widths] if far else []
+    shapes += [("tf", T) for T in far_widths] if far else []
     if draft is not None:
         shapes += [("d", 1)] + ([("db", b) for b in batch if b > 1] if draft.batch_rows else [])
         shapes += [("df", 1)] if far and draft.max_seq_len > far else []
@@ -191,9 +194,9 @@ def measure_costs(target, draft, slot: int, max_t: int, rows: int = 1, busy=(), 
     draft_rows = {1: draft_ms, **{b: med(("db", b)) for b in batch if b > 1}} if draft is not None and draft.batch_rows else {}
     slope, draft_slope = {}, 0.0
     if far:
-        fm = np.maximum.accumulate([med(("tf", T)) for T in widths])
-        slope = {T: max(0.0, float(f) - target_ms[T]) / (far - context) for T, f in zip(widths, fm, strict=True)}
-        slope.update({T: slope[narrowest] for T in widths if T < narrowest})
+        fm = np.maximum.accumulate([med(("tf", T)) for T in far_widths])
+        slope = {T: max(0.0, float(f) - target_ms[T]) / (far - context) for T, f in zip(far_widths, fm, strict=True)}
+        slope.update({T: slope[narrowest] for T in far_widths if T < narrowest})
         if ("df", 1) in times:
             draft_slope = max(0.0, med(("df", 1)) - draft_ms) / (far - context)
     return Costs(target_ms, draft_ms, rows_ms=_monotone(rows_ms), draft_rows_ms=_monotone(draft_rows),

@@ -79,6 +79,8 @@ LOAD_FLAGS = {
     "max_queue": ("--max-queue", dict(type=int, help="requests waiting for a slot before 503")),
     "hugepages": ("--hugepages/--no-hugepages", dict(help="2 MiB pages for the sessions' memory: faster steps for a "
                                                           "longer load (pays on long runs; docs/benchmarks.md §1)")),
+    "packed": ("--packed/--no-packed", dict(help="run the target's packed graph: one call per step for every request "
+                                                 "(docs/design.md \"Packed calls\"); --no-packed: the bundle graph")),
     "prefix_cache": ("--prefix-cache/--no-prefix-cache", dict(help="reuse the KV rows of prompt prefixes held by "
                                                                    "finished or running requests (chat turns, "
                                                                    "system prompts)")),

@@ -27,7 +27,7 @@ from .common import engines_default, engines_option, fail, load_flags, loading
 @click.option("--request-timeout", type=float, default=None, help="seconds; a request still running then ends")
 @click.option("--max-body-mb", type=float, default=1.0, show_default=True, help="larger request bodies get 413")
 @click.option("--grace", type=float, default=30.0, show_default=True, help="seconds in-flight requests get after SIGTERM")
-@load_flags(SERVE_LOADING, "threads", "hugepages", "prefix_cache", "draft_window")
+@load_flags(SERVE_LOADING, "threads", "hugepages", "prefix_cache", "draft_window", "packed")
 @click.option("--replicas", type=int, default=None,
               help="serve through Ray Serve with N engine replicas (extra `ray`; with --min/--max-replicas: the initial count)")
 @click.option("--min-replicas", type=int, default=None, help="Ray: autoscale from this many replicas (with --max-replicas)")

@@ -186,15 +186,25 @@ def test_a_failing_request_does_not_disturb_the_others(int8, monkeypatch):
         int8.stream_ids(prompts[0], temperature=-1.0)
     # ... and one whose model call fails mid-run ends alone, with its error
     target = int8.parts.target
-    real = target.run
     bad = int8.request(prompts[0], max_new_tokens=25, k=3)
+    if getattr(target, "packs", False):  # every row of a step in one call: the call fails for all,
+        real = target.run_packed  # each row is retried alone, and only the bad one fails again
 
-    def failing(slot, tokens, *a, **kw):
-        if slot == bad.slot and len(tokens) > 1 and bad.produced > 3:  # a verification call, mid-run
-            raise RuntimeError("boom")
-        return real(slot, tokens, *a, **kw)
+        def failing(seqs):
+            if any(s == bad.slot and len(t) > 1 for s, t, _, _ in seqs) and bad.produced > 3:
+                raise RuntimeError("boom")
+            return real(seqs)
 
-    monkeypatch.setattr(target, "run", failing)
+        monkeypatch.setattr(target, "run_packed", failing)
+    else:
+        real = target.run
+
+        def failing(slot, tokens, *a, **kw):
+            if slot == bad.slot and len(tokens) > 1 and bad.produced > 3:  # a verification call, mid-run
+                raise RuntimeError("boom")
+            return real(slot, tokens, *a, **kw)
+
+        monkeypatch.setattr(target, "run", failing)
     got, errs = {}, []
 
     def good(i):
@@ -376,12 +386,13 @@ def test_plan_equals_a_brute_force_search():
         assert rate(rows, plan(rows, costs)) == pytest.approx(brute(rows), rel=1e-12)
 
 
-@pytest.mark.parametrize("plan_batches", [True, False])
-def test_policy_mode_drafts_nothing_under_load(tiny_bundles, plan_batches):
-    """Call costs where drafting pays alone but not beside three others: with the batch plan,
-    adaptive requests decoding together draft nothing (without it they do), and their outputs
-    are still their solo outputs."""
-    pipe = specrt.load(tiny_bundles["int8"], max_batch=4, adaptive=True, plan_batches=plan_batches)
+@pytest.mark.parametrize("plan_batches,packed", [(True, False), (False, False), (True, True)])
+def test_policy_mode_drafts_nothing_under_load(tiny_bundles, plan_batches, packed):
+    """Call costs where drafting pays alone but not beside three others when every drafting row
+    is a call of its own: with the batch plan, adaptive requests decoding together draft nothing
+    (without it they do), and their outputs are still their solo outputs. With a packed target
+    the drafting rows share the step's one call, and the same costs make the plan draft."""
+    pipe = specrt.load(tiny_bundles["int8"], max_batch=4, adaptive=True, plan_batches=plan_batches, packed=packed)
     try:
         costs = Costs({1: 10.0, 2: 11.0, 3: 12.0, 5: 14.0, 9: 18.0}, draft_ms=1.0,
                       rows_ms={1: 10.0, 2: 10.3, 4: 11.0}, draft_rows_ms={1: 1.0, 2: 1.1, 4: 1.2})
@@ -397,7 +408,7 @@ def test_policy_mode_drafts_nothing_under_load(tiny_bundles, plan_batches):
         assert got == want
         together = [ks for n, ks in seen if n > 1]
         assert together
-        assert all(k == 0 for ks in together for k in ks) == plan_batches
+        assert all(k == 0 for ks in together for k in ks) == (plan_batches and not packed)
     finally:
         pipe.close()
 

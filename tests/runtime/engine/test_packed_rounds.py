@@ -1,0 +1,85 @@
+"""Rounds over a packed target (runtime/backends/packed.py, `Round.packed`): every running row's
+tokens in one target call per step, and each request's tokens *and logprobs* the same floats
+alone, beside other requests, and without a draft — no near-tie allowance: the packed path
+computes a row the same way in any call (tests/export/test_packed.py)."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import specrt
+
+LENS = [24, 40, 17, 33, 28, 12, 36, 20]
+
+
+def _prompts(pipe, n):
+    rng = np.random.default_rng(7)
+    return [list(map(int, rng.integers(3, pipe.manifest.target.vocab_size - 1, 5 + 3 * i))) for i in range(n)]
+
+
+def _run(pipe, prompt, n, **kw):
+    r = pipe.request(prompt, max_new_tokens=n, logprobs=2, **kw)
+    toks = [t for c in pipe.submit(r) for t in c]
+    return toks, [(e.token, e.logprob, tuple(e.top)) for e in r.token_logprobs]
+
+
+def _together(pipe, prompts, **kw):
+    got = {}
+
+    def client(i):
+        got[i] = _run(pipe, prompts[i], LENS[i], **kw)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return [got[i] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("bundle", ["good", "int8"])
+def test_tokens_and_logprobs_are_the_same_floats_alone_together_and_without_a_draft(tiny_bundles, bundle):
+    pipe = specrt.load(tiny_bundles[bundle], max_batch=8)
+    try:
+        assert type(pipe.parts.target).__name__ == "PackedModel" and pipe.parts.target.lanes == 8
+        prompts = _prompts(pipe, 8)
+        want = [_run(pipe, p, n, draft="none") for p, n in zip(prompts, LENS, strict=True)]
+        for draft, adaptive in [("model", False), ("model", True), ("ngram", True), ("auto", True)]:
+            for n in (1, 4, 8):
+                got = _together(pipe, prompts[:n], draft=draft, adaptive=adaptive, k=4)
+                for i in range(n):
+                    assert got[i] == want[i], f"{bundle} {draft} adaptive={adaptive} at {n}: request {i}"
+    finally:
+        pipe.close()
+
+
+def test_seeded_sampling_equals_target_only_under_load(tiny_bundles):
+    pipe = specrt.load(tiny_bundles["good"], max_batch=4)
+    try:
+        prompts = _prompts(pipe, 4)
+        kw = dict(temperature=0.9, top_p=0.95, seed=11)
+        want = [_run(pipe, p, n, draft="none", **kw) for p, n in zip(prompts, LENS[:4], strict=True)]
+        got = _together(pipe, prompts, draft="model", adaptive=True, **kw)
+        assert got == want
+    finally:
+        pipe.close()
+
+
+def test_drafting_rows_share_the_steps_call(tiny_bundles):
+    """Four requests drafting with a fixed k: each step is one target call for all of them
+    (prefill chunks apart), where the unpacked graph makes one per drafting row."""
+    calls = {}
+    for packed in (True, False):
+        pipe = specrt.load(tiny_bundles["good"], max_batch=4, packed=packed)
+        try:
+            prompts = _prompts(pipe, 4)
+            before = pipe.counters()
+            _together(pipe, prompts, draft="model", adaptive=False, k=4)
+            after = pipe.counters()
+            calls[packed] = (after["target_calls"] - before["target_calls"], after["steps"] - before["steps"])
+        finally:
+            pipe.close()
+    (packed_calls, packed_steps), (plain_calls, _) = calls[True], calls[False]
+    assert packed_calls < plain_calls
+    assert packed_calls <= packed_steps + 4  # one per step, plus each prompt's one prefill chunk
