@@ -4,6 +4,7 @@
   specrt-fixed    the bundle's k (or `k`), fixed
   specrt-policy   adaptive k under the batch plan (the server's default)
   specrt-nocache  specrt-policy without prefix reuse
+  specrt-unpacked specrt-policy on the bundle graph (`--no-packed`: a call per drafting row)
   rayN            specrt-policy on N Ray Serve replicas (1 CPU each), prefix affinity
   rayN-pow2       the same behind Ray's default power-of-two router
   llama           llama-server on a GGUF of the same weights
@@ -69,7 +70,8 @@ def _arm(name: str, s: Servers) -> Arm:
             "--max-batch", str(s.slots), "--max-queue", str(s.slots), "--threads", str(s.threads)]
     model = s.bundle.resolve().name
     specrt = {"specrt-off": ["--draft", "none"], "specrt-fixed": ["--fixed-k"] + (["--k", str(s.k)] if s.k else []),
-              "specrt-policy": ["--adaptive"], "specrt-nocache": ["--adaptive", "--no-prefix-cache"]}
+              "specrt-policy": ["--adaptive"], "specrt-nocache": ["--adaptive", "--no-prefix-cache"],
+              "specrt-unpacked": ["--adaptive", "--no-packed"]}
     if name in specrt:
         return Arm(name, base + specrt[name], model)
     if m := re.fullmatch(r"ray(\d+)(-pow2)?", name):  # ray2: 2 Ray replicas

@@ -24,11 +24,11 @@ def test_probe_once_then_reuse(tiny_bundles, cache, monkeypatch):
     assert len(files) == 1
     monkeypatch.setattr(policies, "measure_costs", _no_probe)
     pipe = specrt.load(tiny_bundles["int8"])  # a new process would do the same
-    # the engine fetches the costs for the first adaptive request (a failed probe there would
-    # only turn adaptive k off, so the test looks at what the scheduler got)
-    assert pipe.scheduler.costs is None
-    list(pipe.stream_ids([1, 5, 9, 33, 7], max_new_tokens=8, adaptive=True))
+    # the pipeline takes the costs at load, before any request (from the cache here: a probe
+    # would have raised; a failed probe only leaves it to the first adaptive request)
     again = pipe.scheduler.costs
+    list(pipe.stream_ids([1, 5, 9, 33, 7], max_new_tokens=8, adaptive=True))
+    assert pipe.scheduler.costs is again
     assert again is not None and ("model", True) in pipe.store._learned  # the request ran adaptive
     assert again.target_ms == first.target_ms and again.draft_ms == first.draft_ms
     assert again.rows_ms == first.rows_ms and again.draft_rows_ms == first.draft_rows_ms  # batched shapes too
@@ -98,3 +98,19 @@ def test_no_home_means_no_cache_not_an_error(tiny_bundles, monkeypatch):
     monkeypatch.setattr(Path, "home", staticmethod(no_home))
     assert cost_cache.cache_dir() is None
     assert specrt.load(tiny_bundles["int8"]).costs().target_ms[1] > 0  # probed, nothing written
+
+
+def test_the_probe_runs_at_load_not_in_the_first_requests(tiny_bundles, cache):
+    """Issue 39 part 4: a pipeline that may draft adaptively has its costs before any request
+    (a server reports ready after); one that cannot draft never probes."""
+    pipe = specrt.load(tiny_bundles["int8"], max_batch=2)
+    try:
+        assert pipe.scheduler.costs is not None and pipe.scheduler.costs.packed
+        assert len(list(cache.glob("costs-*.json"))) == 1
+    finally:
+        pipe.close()
+    pipe = specrt.load(tiny_bundles["int8"], max_batch=2, draft="none")
+    try:
+        assert pipe.scheduler.costs is None
+    finally:
+        pipe.close()
