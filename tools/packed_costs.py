@@ -42,8 +42,8 @@ def main() -> None:
             per = [n // rows + (i < n % rows) for i in range(rows)]
             seqs = [(s, ids[:t], ctx, None) for s, t in enumerate(per)]
             shapes[("packed", rows, n)] = lambda seqs=seqs: pm.run_packed(seqs)
-            if rows == 1:
-                shapes[("bundle", 1, n)] = lambda n=n: om.run(0, ids[:n], ctx)
+            if rows == 1:  # what the engine runs: a min_t = 2 target widens a lone token
+                shapes[("bundle", 1, n)] = lambda n=max(n, om.min_t): om.run(0, ids[:n], ctx)
             elif n == rows and om.min_t == 1:  # one-token rows batch in one call
                 shapes[("bundle", rows, n)] = lambda rows=rows: om.run_rows(0, ids[:rows], np.full(rows, ctx))
             else:  # one call per row of more than one token (and per row on a min_t = 2 target)
