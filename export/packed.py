@@ -169,23 +169,26 @@ def _rewrite_io(g: onnx.GraphProto, entry, src, io: PackedIO, lanes: int) -> Non
 
 
 def pack_bundle(folder: str | Path, lanes=LANES) -> list[Path]:
-    """Write the packed graphs (`target/packed{lanes}.onnx`, one per lane count) into a bundle
-    whose target is an `ort` graph and record them in the manifest (`target.packed`).
-    -> the graphs' paths."""
+    """Write the packed graphs (`<model>/packed{lanes}.onnx`, one per lane count) of a bundle's
+    target, and of its draft model where it has one of the same form, and record them in the
+    manifest (`packed` of each entry). A draft's packed calls batch its catch-up reads of several
+    tokens with the one-token steps of other rows. -> the graphs' paths."""
     folder = Path(folder)
     man = load_manifest(folder)
-    entry = man.target
-    graph = folder / entry.graph
-    model = onnx.load(str(graph), load_external_data=False)
     out = []
-    for n in lanes:
-        path = graph.with_name(GRAPH.format(lanes=n))
-        tmp = path.with_suffix(".tmp")
-        onnx.save(pack_graph(model, entry, n), str(tmp))
-        tmp.replace(path)
-        out.append(path)
-    entry.packed.graph = str(graph.with_name(GRAPH).relative_to(folder))
-    entry.packed.lanes = list(lanes)
+    for entry in (man.target, man.draft):
+        if entry is None or not packable(entry):
+            continue
+        graph = folder / entry.graph
+        model = onnx.load(str(graph), load_external_data=False)
+        for n in lanes:
+            path = graph.with_name(GRAPH.format(lanes=n))
+            tmp = path.with_suffix(".tmp")
+            onnx.save(pack_graph(model, entry, n), str(tmp))
+            tmp.replace(path)
+            out.append(path)
+        entry.packed.graph = str(graph.with_name(GRAPH).relative_to(folder))
+        entry.packed.lanes = list(lanes)
     man.save(folder)
     return out
 

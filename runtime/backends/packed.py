@@ -40,8 +40,11 @@ class PackedModel:
 
     def __init__(self, graph: str | Path, entry: ModelEntry, pool: KVPool, *, lanes: int, track: str = "model",
                  threads: int | None = None, global_pool: bool = False, prefill_tokens: int = PREFILL_TOKENS,
-                 prepack: bool = True):
-        """graph: the entry's packed graph of `lanes` lanes (`entry.packed.file(lanes)`)."""
+                 prepack: bool = True, exact: bool = True):
+        """graph: the entry's packed graph of `lanes` lanes (`entry.packed.file(lanes)`).
+        exact=False (a draft model, whose numbers only decide how much is accepted): no filler
+        tokens, so a lone token is a one-token lane and a call of one token is one token."""
+        self.exact = exact
         if pool.layout != entry.kv:
             raise ValueError(f"{graph}: KV layout {entry.kv} does not match the pool's {pool.layout}")
         providers, self.device_type = pick_providers(pool.device)
@@ -57,7 +60,8 @@ class PackedModel:
         self.max_t = entry.max_tokens_per_call
         self.max_prefill_t = prefill_width(entry, prefill_tokens)
         # a call holds at most every lane at its widest verification, or one prompt chunk
-        # beside one-token lanes
+        # beside one-token lanes; logits: every lane's widest verification, or a whole chunk's
+        # (runtime/bundle/memory.py counts them)
         self.max_tokens = max(self.lanes * self.max_t, self.max_prefill_t + self.lanes)
         cap = self.max_tokens + 2 * self.lanes
         self._ids = np.zeros(cap, dtype=np.int64)
@@ -65,7 +69,8 @@ class PackedModel:
         self._seqlens = np.ones(self.lanes, dtype=np.int32)
         self._unpack = np.zeros(cap, dtype=np.int64)
         self._keep = np.zeros(cap, dtype=np.int64)
-        self._logits = np.empty(cap * self.vocab, dtype=np.float32)
+        self.max_logits = max(self.lanes * self.max_t, self.max_prefill_t)
+        self._logits = np.empty((self.max_logits + 2) * self.vocab, dtype=np.float32)
         self._logits.fill(0)  # commit the pages now: RSS stays flat during generation
         kv = entry.kv
         self._scratch = [np.zeros((1, kv.kv_heads, 2, kv.head_dim), dtype=pool.dtype) for _ in range(2 * kv.layers)]
@@ -115,22 +120,24 @@ class PackedModel:
         if total > self.max_tokens:
             raise ValueError(f"{self.name}: {total} tokens in one call, at most {self.max_tokens}")
         lanes = self._assign_lanes([s for s, _, _, _ in seqs])
-        by_lane: dict[int, tuple[int, int]] = {}  # lane -> (first packed index, tokens)
+        by_lane: dict[int, tuple[int, int, int]] = {}  # lane -> (first packed index, tokens, lane width)
         o, n = 0, 0
         keeps = []
         for (slot, tokens, past, keep), lane in zip(seqs, lanes, strict=True):
             T = len(tokens)
-            if T < 1 or past + max(T, 2) > self.pool.capacity:
+            width = max(T, 2) if self.exact else T
+            if T < 1 or past + width > self.pool.capacity:
                 raise ValueError(f"{self.name}: {T} tokens at {past} do not fit slot {slot} (max_seq_len "
                                  f"{self.max_seq_len}; a lone token needs the row after it)")
             self._ids[o : o + T] = tokens
-            width = max(T, 2)
             idx = self._lane_idx[lane, :width]
             idx[:T] = np.arange(o, o + T)
             idx[T:] = o + T - 1  # filler: the lone token again, one row further
             self._seqlens[lane] = past + width - 1
-            by_lane[lane] = (o, T)
+            by_lane[lane] = (o, T, width)
             k = T if keep is None else max(1, min(keep, T))
+            if n + k > self.max_logits:
+                raise ValueError(f"{self.name}: a call returns at most {self.max_logits} rows of logits")
             self._keep[n : n + k] = np.arange(o + T - k, o + T)
             keeps.append((n, k))
             o, n = o + T, n + k
@@ -144,15 +151,17 @@ class PackedModel:
                 self._seqlens[lane] = 1
                 row += 2
                 continue
-            first, T = got
+            first, T, width = got
             self._unpack[first : first + T] = np.arange(row, row + T)
-            row += max(T, 2)
-        if o == 1:  # a packed axis of one token would send the projections to M = 1 kernels
+            row += width
+        rows = n
+        if self.exact and o == 1:  # a packed axis of one token would send the projections to M = 1 kernels
             self._ids[1], self._unpack[1] = self._ids[0], self._unpack[0]
             o = 2
-        rows = max(n, 2)  # the same for the LM head: one kept row is asked for twice
-        self._keep[n:rows] = self._keep[0]
-        self._bind_call(o, rows, {lane: max(got[1], 2) for lane, got in by_lane.items()})
+        if self.exact:  # the same for the LM head: one kept row is asked for twice
+            rows = max(n, 2)
+            self._keep[n:rows] = self._keep[0]
+        self._bind_call(o, rows, {lane: got[2] for lane, got in by_lane.items()})
         self.session.run_with_iobinding(self._io)
         logits = self._logits[: n * self.vocab].reshape(n, self.vocab)
         return [logits[a : a + k] for a, k in keeps]

@@ -71,7 +71,7 @@ def load_models(folder: str | Path, options: LoadOptions | None = None, **kw) ->
                            o.max_seq_len)
     _, dev = pick_providers(o.device)
     sizing = size_load(folder, man, want_draft=want_draft, device=dev, max_batch=o.max_batch,
-                       max_seq_len=o.max_seq_len, memory_fraction=o.memory_fraction)
+                       max_seq_len=o.max_seq_len, memory_fraction=o.memory_fraction, packed=o.packed)
     slots, seq = sizing.slots, sizing.seq
     threads, global_pool = o.threads, o.global_pool
     before = anonymous_pages() if o.hugepages and dev == "cpu" else None
@@ -84,7 +84,8 @@ def load_models(folder: str | Path, options: LoadOptions | None = None, **kw) ->
         shared = _shares_kv(man, eagle)
         dpool = pool if shared else KVPool(man.draft.kv, slots, dev, allocate=False,
                                            max_seq_len=min(seq, man.draft.kv.max_seq_len))
-        d = _model(folder, man.draft, dpool, "draft", threads, global_pool)
+        d = _model(folder, man.draft, dpool, "draft", threads, global_pool,
+                   packed=o.packed and dev == "cpu" and not eagle, exact=False)
         dpool.allocate()
     pool.allocate()
     features = None
@@ -102,7 +103,8 @@ def _shares_kv(man: Manifest, eagle: bool) -> bool:
     return man.draft.recipe in SELF_DRAFT_PRECISION and not eagle and man.draft.kv == man.target.kv
 
 
-def memory_plan(folder: Path, man: Manifest, *, want_draft: bool, device: str = "cpu") -> memory.MemoryPlan:
+def memory_plan(folder: Path, man: Manifest, *, want_draft: bool, device: str = "cpu",
+                packed: bool = True) -> memory.MemoryPlan:
     """What the models `load_models` builds will hold (runtime/bundle/memory.py), from the manifest and
     the files' sizes; nothing is loaded."""
     eagle = man.draft is not None and bool(man.draft.io.hidden_in)
@@ -112,8 +114,10 @@ def memory_plan(folder: Path, man: Manifest, *, want_draft: bool, device: str = 
         size = memory.file_bytes(folder, e.graph, e.data)
         # prepacking on CPU changes the size; on a GPU the weights are the files' bytes
         factor = memory.WEIGHT_FACTOR.get(e.precision, 1.0) if device == "cpu" else 1.0
+        lanes = tuple(e.packed.lanes) if name == "target" and packed and device == "cpu" and not eagle else ()
         models.append(memory.ModelMemory(name, size, int(size * factor), e.vocab_size, prefill_width(e),
-                                         e.hidden_size * (bool(e.io.hidden_in) + bool(e.io.hidden_out))))
+                                         e.hidden_size * (bool(e.io.hidden_in) + bool(e.io.hidden_out)),
+                                         lanes, e.max_tokens_per_call))
     kv = man.target.kv.bytes_per_token()
     if want_draft and not _shares_kv(man, eagle):
         kv += man.draft.kv.bytes_per_token()
@@ -122,7 +126,7 @@ def memory_plan(folder: Path, man: Manifest, *, want_draft: bool, device: str = 
 
 
 def size_load(folder: Path, man: Manifest, *, want_draft: bool, device: str, max_batch: int | str,
-              max_seq_len: int | None, memory_fraction: float) -> memory.Sizing:
+              max_seq_len: int | None, memory_fraction: float, packed: bool = True) -> memory.Sizing:
     """Slots and context for this load, checked against the memory available now (the seam
     tests replace: `memory.available_bytes`). Raises InsufficientMemory or ValueError."""
     s_max = man.target.kv.max_seq_len
@@ -130,19 +134,19 @@ def size_load(folder: Path, man: Manifest, *, want_draft: bool, device: str, max
     shortest = man.target.max_tokens_per_call + 1  # a widest verification call after one token
     if not isinstance(seq, int) or not shortest <= seq <= s_max:
         raise ValueError(f"max_seq_len must be between {shortest} and the bundle's S_max {s_max}, got {max_seq_len!r}")
-    plan = memory_plan(folder, man, want_draft=want_draft, device=device)
+    plan = memory_plan(folder, man, want_draft=want_draft, device=device, packed=packed)
     return memory.size(plan, max_batch, seq, memory.available_bytes(device), fraction=memory_fraction, s_max=s_max)
 
 
 def _model(folder: Path, entry: ModelEntry, pool: KVPool, track: str, threads, global_pool,
-           packed: bool = False) -> OrtModel | PackedModel:
+           packed: bool = False, exact: bool = True) -> OrtModel | PackedModel:
     """The model over `pool`: the entry's packed graph when asked for and the bundle has one
-    (export/packed.py), else its graph."""
+    (export/packed.py; `exact`: row-invariant calls, for a target), else its graph."""
     try:
         if packed and entry.packed.graph:
             lanes = entry.packed.lanes_for(pool.slots)
             return PackedModel(folder / entry.packed.file(lanes), entry, pool, lanes=lanes, track=track,
-                               threads=threads, global_pool=global_pool)
+                               threads=threads, global_pool=global_pool, exact=exact)
         return OrtModel(folder / entry.graph, entry, pool, track=track, threads=threads, global_pool=global_pool)
     except (BundleError, ValueError):
         raise

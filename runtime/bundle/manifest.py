@@ -121,7 +121,7 @@ class ModelEntry:
     # count and the form it took (docs/bundle.md); {} for float graphs
     quantization: dict = field(default_factory=dict)
     trt_plans: list[TRTPlan] = field(default_factory=list)
-    packed: PackedGraph = field(default_factory=PackedGraph)  # target only (export/packed.py)
+    packed: PackedGraph = field(default_factory=PackedGraph)  # its packed graphs (export/packed.py)
 
 
 @dataclass
@@ -241,7 +241,8 @@ def _check_files(folder: Path, man: Manifest) -> None:
     """Every file the manifest names exists (an interrupted copy is not a bundle)."""
     named = [(role, rel) for role, entry in (("target", man.target), ("draft", man.draft)) if entry is not None
              for rel in filter(None, [entry.graph, entry.data])]
-    named += [("target", man.target.packed.file(n)) for n in man.target.packed.lanes if man.target.packed.graph]
+    named += [(role, entry.packed.file(n)) for role, entry in (("target", man.target), ("draft", man.draft))
+              if entry is not None and entry.packed.graph for n in entry.packed.lanes]
     for role, rel in named + [("tokenizer", man.tokenizer.file)]:
         if not (folder / rel).is_file():
             what = rel if role == "tokenizer" else f"{role} file {rel}"

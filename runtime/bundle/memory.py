@@ -48,11 +48,17 @@ class ModelMemory:
     vocab: int
     rows: int  # widest call (tokens): rows of its ids and logits buffers below `slots`
     features: int  # float32 feature values per buffer row (EAGLE IO: H per input or output)
+    lanes: tuple[int, ...] = ()  # a packed target's lane counts (runtime/backends/packed.py)
+    lane_rows: int = 0  # its logits rows per lane (a lane's widest verification)
 
     def buffers(self, slots: int, seq: int) -> int:
         """Host IO buffers (bytes): ids int64 [rows], logits float32 [rows, V], features
-        float32 [rows, features], mask int64 [slots * seq]; rows = max(slots, widest call)."""
+        float32 [rows, features], mask int64 [slots * seq]; rows = max(slots, widest call), or
+        for a packed target every lane's widest verification (the lanes the slots load)."""
         rows = max(slots, self.rows)
+        if self.lanes:
+            lanes = min((n for n in self.lanes if n >= slots), default=max(self.lanes))
+            rows = max(self.rows, lanes * self.lane_rows) + 2
         return rows * (8 + 4 * self.vocab + 4 * self.features) + 8 * slots * seq
 
 

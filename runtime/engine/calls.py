@@ -59,9 +59,9 @@ class ModelCalls:
 
     @staticmethod
     def _last_row(model, n: int, pos: int) -> bool:
-        """A packed model's lone token at the pool's last row: its lane has no row for the
+        """An exact packed model's lone token at the pool's last row: its lane has no row for the
         filler after it (runtime/backends/packed.py), so the call takes the token before too."""
-        return getattr(model, "packs", False) and n == 1 and pos + 2 > model.pool.capacity
+        return getattr(model, "exact", False) and n == 1 and pos + 2 > model.pool.capacity
 
     @staticmethod
     def _widen(model, r: Request, tokens: np.ndarray, pos: int, width: int | None = None) -> tuple[int, np.ndarray, int]:
@@ -108,7 +108,7 @@ class ModelCalls:
         self._count(model)
         return out
 
-    def packed(self, model, entries: list[tuple[Request, np.ndarray]]) -> list[np.ndarray]:
+    def packed(self, model, entries: list[tuple[Request, np.ndarray]], keep: int | None = None) -> list[np.ndarray]:
         """One packed call (runtime/backends/packed.py) holding every entry's tokens at its
         track's length in its slot: at most `model.lanes` entries. -> per entry logits [T, V],
         views of the model's output buffer (valid until the next call on `model`)."""
@@ -120,19 +120,22 @@ class ModelCalls:
             start, ids, before = pos, tokens, 0
             if self._last_row(model, len(tokens), pos):
                 start, ids, before = self._widen(model, r, tokens, pos, 2)
-            seqs.append((r.slot, ids, start, None))
+            seqs.append((r.slot, ids, start, keep))
             cut.append(before)
         out = model.run_packed(seqs)
         for r, tokens in entries:
             pool.advance(model.track, r.slot, len(tokens))
         self._count(model)
-        return [rows[before:] for rows, before in zip(out, cut, strict=True)]
+        return [rows[before:] if keep is None else rows[-min(keep, len(rows) - before):]
+                for rows, before in zip(out, cut, strict=True)]
 
     def drafts(self, calls: list[tuple[Request, DraftCall]]) -> list:
         """The draft model's calls of one draft step: the one-token calls of many requests in one
         batched call where the model takes rows, the others one by one.
         -> per call (logits row [V], hidden row [H] | None), or the exception that call raised."""
         model = self.draft
+        if getattr(model, "packs", False):
+            return self._draft_packed(model, calls)
         out: list = [None] * len(calls)
         ones = [i for i, (_, c) in enumerate(calls) if len(c.tokens) == 1]
         if model.batch_rows and len(ones) > 1:
@@ -144,6 +147,41 @@ class ModelCalls:
             if out[i] is None:
                 out[i] = self._draft_one(model, r, c)
         return out
+
+    def _draft_packed(self, model, calls: list[tuple[Request, DraftCall]]) -> list:
+        """A packed draft: every request's call of this draft step, catch-up reads of several
+        tokens included, in packed calls of at most `lanes` requests and `max_tokens` tokens.
+        A failed call is retried request by request, so a failure ends only its own request."""
+        out: list = [None] * len(calls)
+        group: list[int] = []
+        for i, (_, c) in enumerate(calls):
+            if group and (len(group) == model.lanes or sum(len(calls[j][1].tokens) for j in group) + len(c.tokens)
+                          > model.max_tokens):
+                self._draft_group(model, calls, group, out)
+                group = []
+            group.append(i)
+        if group:
+            self._draft_group(model, calls, group, out)
+        return out
+
+    def _draft_group(self, model, calls, group: list[int], out: list) -> None:
+        pool = model.pool
+        try:
+            t0 = time.perf_counter()
+            reads = [pool.length(model.track, calls[i][0].slot) < len(calls[i][0].prompt) for i in group]
+            logits = self.packed(model, [(calls[i][0], calls[i][1].tokens) for i in group], keep=1)
+            ms = 1000 * (time.perf_counter() - t0)
+            for i, rows, reading in zip(group, logits, reads, strict=True):
+                out[i] = (rows[-1].copy(), None)
+                if reading:  # a separate draft reads the prompt in its first rounds: the call's time
+                    calls[i][0].stats.draft_prefill_ms += ms
+                    calls[i][0].stats.prefill_ms += ms
+        except Exception as e:  # noqa: BLE001 - whose call was it? each one alone
+            if len(group) == 1:
+                out[group[0]] = e
+                return
+            for i in group:
+                self._draft_group(model, calls, [i], out)
 
     def _draft_one(self, model, r: Request, c: DraftCall):
         try:

@@ -22,6 +22,15 @@ SMALL = MemoryPlan(models=(ModelMemory("target", 1000, 1000, vocab=10, rows=4, f
                    kv_per_token=100, features_per_token=0, runtime=500)
 
 
+def test_a_packed_targets_logits_rows_follow_its_lanes():
+    """A packed target holds every lane's widest verification: the lanes its slots load."""
+    m = ModelMemory("t", 0, 0, vocab=10, rows=64, features=0, lanes=(1, 2, 4, 8, 16), lane_rows=17)
+    mask = 8 * 3 * 8
+    assert m.buffers(3, 8) == (max(64, 4 * 17) + 2) * 48 + mask  # 3 slots load 4 lanes
+    assert m.buffers(1, 8) == (64 + 2) * 48 + 8 * 8  # one lane: a prompt chunk is wider
+    assert m.buffers(40, 8) == (16 * 17 + 2) * 48 + 8 * 40 * 8  # at most 16 lanes
+
+
 def test_buffers_grow_with_slots_past_the_widest_call():
     m = ModelMemory("t", 1000, 1010, vocab=10, rows=4, features=0)
     assert m.buffers(2, 8) == 4 * (8 + 40) + 8 * 2 * 8  # rows stay 4: ids + logits, then the mask
