@@ -119,41 +119,8 @@ class PackedModel:
         total = sum(len(t) for _, t, _, _ in seqs)
         if total > self.max_tokens:
             raise ValueError(f"{self.name}: {total} tokens in one call, at most {self.max_tokens}")
-        lanes = self._assign_lanes([s for s, _, _, _ in seqs])
-        by_lane: dict[int, tuple[int, int, int]] = {}  # lane -> (first packed index, tokens, lane width)
-        o, n = 0, 0
-        keeps = []
-        for (slot, tokens, past, keep), lane in zip(seqs, lanes, strict=True):
-            T = len(tokens)
-            width = max(T, 2) if self.exact else T
-            if T < 1 or past + width > self.pool.capacity:
-                raise ValueError(f"{self.name}: {T} tokens at {past} do not fit slot {slot} (max_seq_len "
-                                 f"{self.max_seq_len}; a lone token needs the row after it)")
-            self._ids[o : o + T] = tokens
-            idx = self._lane_idx[lane, :width]
-            idx[:T] = np.arange(o, o + T)
-            idx[T:] = o + T - 1  # filler: the lone token again, one row further
-            self._seqlens[lane] = past + width - 1
-            by_lane[lane] = (o, T, width)
-            k = T if keep is None else max(1, min(keep, T))
-            if n + k > self.max_logits:
-                raise ValueError(f"{self.name}: a call returns at most {self.max_logits} rows of logits")
-            self._keep[n : n + k] = np.arange(o + T - k, o + T)
-            keeps.append((n, k))
-            o, n = o + T, n + k
-        row = 0  # lanes' output rows, in lane order
-        for lane in range(self.lanes):
-            got = by_lane.get(lane)
-            if got is None:  # unused: two fillers over its scratch (or a slot nobody reads past)
-                self._lane_idx[lane, :2] = 0
-                if self._lane_slot[lane] >= 0:
-                    self._bind_lane(lane, -1)
-                self._seqlens[lane] = 1
-                row += 2
-                continue
-            first, T, width = got
-            self._unpack[first : first + T] = np.arange(row, row + T)
-            row += width
+        by_lane, keeps, o, n = self._layout(seqs, self._assign_lanes([s for s, _, _, _ in seqs]))
+        self._unpack_rows(by_lane)
         rows = n
         if self.exact and o == 1:  # a packed axis of one token would send the projections to M = 1 kernels
             self._ids[1], self._unpack[1] = self._ids[0], self._unpack[0]
@@ -165,6 +132,50 @@ class PackedModel:
         self.session.run_with_iobinding(self._io)
         logits = self._logits[: n * self.vocab].reshape(n, self.vocab)
         return [logits[a : a + k] for a, k in keeps]
+
+    def _layout(self, seqs, lanes):
+        """Tokens onto the packed axis, each sequence's indices into its lane (a filler after a
+        lone token when exact), its lane's write position and its kept logits rows.
+        -> ({lane: (first packed index, tokens, lane width)}, [(first logits row, rows)],
+        tokens, logits rows)."""
+        by_lane: dict[int, tuple[int, int, int]] = {}
+        keeps, o, n = [], 0, 0
+        for (slot, tokens, past, keep), lane in zip(seqs, lanes, strict=True):
+            T = len(tokens)
+            width = max(T, 2) if self.exact else T
+            if T < 1 or past + width > self.pool.capacity:
+                raise ValueError(f"{self.name}: {T} tokens at {past} do not fit slot {slot} (max_seq_len "
+                                 f"{self.max_seq_len}; a lone token needs the row after it)")
+            k = T if keep is None else max(1, min(keep, T))
+            if n + k > self.max_logits:
+                raise ValueError(f"{self.name}: a call returns at most {self.max_logits} rows of logits")
+            self._ids[o : o + T] = tokens
+            idx = self._lane_idx[lane, :width]
+            idx[:T] = np.arange(o, o + T)
+            idx[T:] = o + T - 1  # filler: the lone token again, one row further
+            self._seqlens[lane] = past + width - 1
+            by_lane[lane] = (o, T, width)
+            self._keep[n : n + k] = np.arange(o + T - k, o + T)
+            keeps.append((n, k))
+            o, n = o + T, n + k
+        return by_lane, keeps, o, n
+
+    def _unpack_rows(self, by_lane: dict[int, tuple[int, int, int]]) -> None:
+        """Where each token's attention output sits in the lanes' outputs (lane order); unused
+        lanes run two fillers over their scratch buffer."""
+        row = 0
+        for lane in range(self.lanes):
+            got = by_lane.get(lane)
+            if got is None:
+                self._lane_idx[lane, :2] = 0
+                if self._lane_slot[lane] >= 0:  # its two rows would land in a slot's rows 0 and 1
+                    self._bind_lane(lane, -1)
+                self._seqlens[lane] = 1
+                row += 2
+                continue
+            first, T, width = got
+            self._unpack[first : first + T] = np.arange(row, row + T)
+            row += width
 
     def _bind_call(self, tokens: int, n: int, widths: dict[int, int]) -> None:
         io, names, src = self._io, self.entry.packed.io, self.entry.io

@@ -176,7 +176,9 @@ def test_a_load_that_cannot_fit_is_refused_before_anything_is_built(tiny_bundles
     monkeypatch.setattr("specrt.runtime.bundle.loader.OrtModel", lambda *a, **kw: built.append("session"))
     monkeypatch.setattr(KVPool, "allocate", lambda self: built.append("pool"))
     with pytest.raises(InsufficientMemory) as e:
-        specrt.load(folder, max_batch=6, hugepages=False)
+        # the bundle graph (the hand arithmetic's 64 logits rows; a packed target's rows follow
+        # its lanes: test_a_packed_targets_logits_rows_follow_its_lanes)
+        specrt.load(folder, max_batch=6, hugepages=False, packed=False)
     assert "6 KV slots of 256 tokens" in str(e.value) and "at most 5 slots" in str(e.value)
     assert built == []
 

@@ -394,9 +394,13 @@ def test_policy_mode_drafts_nothing_under_load(tiny_bundles, plan_batches, packe
     the drafting rows share the step's one call, and the same costs make the plan draft."""
     pipe = specrt.load(tiny_bundles["int8"], max_batch=4, adaptive=True, plan_batches=plan_batches, packed=packed)
     try:
-        costs = Costs({1: 10.0, 2: 11.0, 3: 12.0, 5: 14.0, 9: 18.0}, draft_ms=1.0,
+        # a verification call costs about a step (the weights streamed again), while a token
+        # more in a call costs little: the packed step holds every row's drafts for ~1.5 steps
+        costs = Costs({1: 10.0, 2: 10.2, 3: 10.4, 5: 10.8, 9: 11.6}, draft_ms=1.0,
                       rows_ms={1: 10.0, 2: 10.3, 4: 11.0}, draft_rows_ms={1: 1.0, 2: 1.1, 4: 1.2})
         pipe.store._costs = costs  # the probe's place: a probe on this machine measures its own
+        costs.packed = packed
+        pipe.scheduler.costs = costs  # the pipeline took the probe's at load
         prompts = _prompts(4, seed=31)
         want = [_solo(pipe, p, 20) for p in prompts]
         seen = []

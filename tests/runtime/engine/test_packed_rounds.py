@@ -43,6 +43,8 @@ def test_tokens_and_logprobs_are_the_same_floats_alone_together_and_without_a_dr
     pipe = specrt.load(tiny_bundles[bundle], max_batch=8)
     try:
         assert type(pipe.parts.target).__name__ == "PackedModel" and pipe.parts.target.lanes == 8
+        d = pipe.parts.draft  # the draft packs too, without fillers (its numbers only decide acceptance)
+        assert type(d).__name__ == "PackedModel" and d.exact is False and pipe.parts.target.exact is True
         prompts = _prompts(pipe, 8)
         want = [_run(pipe, p, n, draft="none") for p, n in zip(prompts, LENS, strict=True)]
         for draft, adaptive in [("model", False), ("model", True), ("ngram", True), ("auto", True)]:
@@ -83,3 +85,43 @@ def test_drafting_rows_share_the_steps_call(tiny_bundles):
     (packed_calls, packed_steps), (plain_calls, _) = calls[True], calls[False]
     assert packed_calls < plain_calls
     assert packed_calls <= packed_steps + 4  # one per step, plus each prompt's one prefill chunk
+
+
+def test_a_failing_draft_call_ends_only_its_request(tiny_bundles, monkeypatch):
+    """A packed draft call that fails is retried request by request: only the request whose
+    call fails alone ends (with its error); the others get their solo output."""
+    pipe = specrt.load(tiny_bundles["good"], max_batch=4)
+    try:
+        prompts = _prompts(pipe, 3)
+        want = [_run(pipe, p, n, draft="none")[0] for p, n in zip(prompts, LENS[:3], strict=True)]
+        draft = pipe.parts.draft
+        real = draft.run_packed
+        bad = pipe.request(prompts[0], max_new_tokens=LENS[0], draft="model", adaptive=False, k=3)
+
+        def failing(seqs):
+            if any(s == bad.slot for s, _, _, _ in seqs) and bad.produced > 3:
+                raise RuntimeError("draft boom")
+            return real(seqs)
+
+        monkeypatch.setattr(draft, "run_packed", failing)
+        errs, got = [], {}
+
+        def bad_client():
+            try:
+                list(pipe.submit(bad))
+            except RuntimeError as e:
+                errs.append(str(e))
+
+        def good(i):
+            got[i] = [t for c in pipe.stream_ids(prompts[i], max_new_tokens=LENS[i], draft="model", adaptive=False,
+                                                 k=3) for t in c]
+
+        threads = [threading.Thread(target=bad_client)] + [threading.Thread(target=good, args=(i,)) for i in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errs == ["draft boom"] and bad.stats.stop_reason == "error"
+        assert got[1] == want[1] and got[2] == want[2]
+    finally:
+        pipe.close()
