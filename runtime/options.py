@@ -32,6 +32,7 @@ class RequestOptions:
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
+    infill: bool = False  # llama.cpp's infill sampler after top-p (runtime/sampling/infill.py; editors' FIM)
     seed: int | None = 0  # numpy Generator seed (any int, reduced mod 2**64); None: fresh entropy
     stop: tuple[str, ...] = ()  # the text ends where one of these begins (runtime/text/textstream.py); "" ignored
     ignore_eos: bool = False  # run to max_new_tokens (benchmarks)

@@ -10,9 +10,11 @@ adaptive k learns across requests; this file checks requests (what they ask for:
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from .backends.kvpool import ContextOverflow
@@ -31,7 +33,9 @@ from .options import (
 )
 from .policy.store import PolicyStore
 from .sampling.grammar import Grammars
+from .sampling.infill import InfillSampler
 from .text.output import TextOutput
+from .text.pieces import pieces
 from .text.results import DONE, Events, Result
 
 __all__ = ["Pipeline", "Result", "load"]
@@ -96,6 +100,15 @@ class Pipeline:
         adaptive request)."""
         return self.store.costs()
 
+    @functools.cached_property
+    def infill(self) -> InfillSampler:
+        """llama.cpp's infill sampler over this bundle's vocabulary (built on first use, ~0.1 s)."""
+        eos = self.manifest.tokenizer.eos_token_ids
+        if not eos:
+            raise InvalidRequest("the infill sampler ends a row on an end-of-text token; this bundle has none", "infill")
+        table = pieces(self.tokenizer).table(self.manifest.target.vocab_size, special=False)
+        return InfillSampler(table, frozenset(self.tokenizer.eos_ids), eos[0])
+
     def room(self, n_prompt: int) -> int:
         """Tokens the loaded context leaves after a prompt of n_prompt tokens (a server's default
         max_new_tokens); a prompt that leaves none raises ContextOverflow (param "prompt")."""
@@ -145,7 +158,8 @@ class Pipeline:
         self._check_draft(draft)
         adaptive = self.default_adaptive if o.adaptive is None else o.adaptive
         eos = frozenset() if o.ignore_eos else frozenset(self.tokenizer.eos_ids)
-        return Request(list(prompt_ids), o.sampling(), o.max_new_tokens, eos, k=k if draft != "none" else 0,
+        cfg = replace(o.sampling(), infill=self.infill) if o.infill else o.sampling()
+        return Request(list(prompt_ids), cfg, o.max_new_tokens, eos, k=k if draft != "none" else 0,
                        draft=draft, adaptive=adaptive and draft != "none", seed=o.stream_seed(sibling), stats=stats,
                        timeout_s=o.timeout_s, penalties=pen if pen.active else None, logprobs=o.logprobs,
                        grammar=matcher)

@@ -38,12 +38,12 @@ def tiny_config(family: str, seed_std: float = 0.3):
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3"]
 
 
-def tiny_model(family: str, seed: int = 0):
+def tiny_model(family: str, seed: int = 0, std: float = 0.3):
     import torch
     import transformers as tf
 
     torch.manual_seed(seed)
-    cfg = tiny_config(family)
+    cfg = tiny_config(family, std)
     model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     return model.eval()
 
@@ -71,9 +71,11 @@ def tiny_tokenizer(shift: int = 0, fim: bool = False):
     return tok
 
 
-def save_tiny(folder: Path, family: str = "llama", seed: int = 0, shift: int = 0, fim: bool = False) -> Path:
+def save_tiny(folder: Path, family: str = "llama", seed: int = 0, shift: int = 0, fim: bool = False,
+              std: float = 0.3) -> Path:
+    """std: the weights' init std (larger: more decisive next-token distributions)."""
     folder.mkdir(parents=True, exist_ok=True)
-    tiny_model(family, seed).save_pretrained(folder)
+    tiny_model(family, seed, std).save_pretrained(folder)
     tiny_tokenizer(shift, fim).save_pretrained(folder)
     return folder
 

@@ -1,5 +1,5 @@
-"""logits -> probabilities with temperature, top-k, top-p (pure NumPy), and a request's
-randomness (`Draws`: keyed by output position).
+"""logits -> probabilities with temperature, top-k, top-p and llama.cpp's infill filter (pure
+NumPy), and a request's randomness (`Draws`: keyed by output position).
 
 The same `SamplingConfig` is applied to target and draft rows, which exact speculative sampling
 requires: verification compares the two *processed* distributions.
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidRequest
+from .infill import InfillSampler
 
 NOISE_DOMAIN = 1  # keys [seed, choice, NOISE_DOMAIN, t] of the coupled noise: apart from the uncoupled stream
 
@@ -25,6 +26,7 @@ class SamplingConfig:
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
+    infill: InfillSampler | None = None  # llama.cpp's infill sampler after top-p (sampling/infill.py); None: off
 
     def __post_init__(self):
         if not np.isfinite(self.temperature) or self.temperature < 0:
@@ -43,7 +45,8 @@ def probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     """logits [..., V] float -> probabilities [..., V] float64 (rows sum to 1).
 
     top-k keeps the k largest logits (ties at the boundary kept); top-p keeps the smallest set
-    of most probable tokens whose mass reaches p (the token that crosses p is kept).
+    of most probable tokens whose mass reaches p (the token that crosses p is kept); then the
+    infill filter, if the config has one.
     """
     x = np.asarray(logits, dtype=np.float64) / cfg.temperature
     x = x - x.max(axis=-1, keepdims=True)
@@ -54,6 +57,8 @@ def probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     p /= p.sum(axis=-1, keepdims=True)
     if cfg.top_p < 1.0:
         p = _top_p(p, cfg.top_p)
+    if cfg.infill is not None:
+        p = cfg.infill(p, truncated=0 < cfg.top_k < x.shape[-1] or cfg.top_p < 1.0)
     return p
 
 

@@ -1,8 +1,9 @@
 """`specrt serve`: an OpenAI-compatible HTTP API (FastAPI + uvicorn) over a serving object.
 
-Routes: POST /v1/chat/completions, POST /v1/completions, POST /infill (llama.cpp's), GET /v1/models, GET /health (503
-while the bundle loads), GET /metrics (Prometheus), GET /openapi.json (the schema of the
-protocol models). Layers, as in the OpenAI reference servers:
+Routes: POST /v1/chat/completions, POST /v1/completions, POST /infill, /tokenize and /detokenize
+(llama.cpp's), GET /v1/models, GET /health (503 while the bundle loads), GET /metrics
+(Prometheus), GET /openapi.json (the schema of the protocol models). Layers, as in the OpenAI
+reference servers:
 - this file: routes that only take a checked body and hand it on (FastAPI validates it against
   the protocol models first; bodies are read under a size limit), and one exception handler;
 - serving.py: `OpenAIServing` turns a request into a response over an engine client (the pipeline in
@@ -36,6 +37,12 @@ from .protocol_completion import CompletionRequest, CompletionResponse
 from .protocol_infill import InfillRequest, InfillResponse
 from .protocol_messages import CountTokensRequest, MessagesRequest
 from .protocol_responses import ResponsesRequest
+from .protocol_tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from .responses import dump
 from .serving import LocalClient, OpenAIServing
 
@@ -128,6 +135,16 @@ async def create_completion(req: CompletionRequest, request: Request, serving: S
 @llama.post("/infill", response_model=InfillResponse)
 async def create_infill(req: InfillRequest, request: Request, serving: Serving):
     return await serving.infill(req, request)  # llama.cpp's fill-in-the-middle (serve/infill.py)
+
+
+@llama.post("/tokenize", response_model=TokenizeResponse)
+async def tokenize(req: TokenizeRequest, serving: Serving):
+    return JSONResponse(dump(serving.tokenize(req)))
+
+
+@llama.post("/detokenize", response_model=DetokenizeResponse)
+async def detokenize(req: DetokenizeRequest, serving: Serving):
+    return JSONResponse(dump(serving.detokenize(req)))
 
 
 @v1.post("/responses")

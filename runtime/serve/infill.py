@@ -22,6 +22,7 @@ from .errors import bad
 from .protocol import UsageInfo
 from .protocol_completion import CompletionRequest
 from .protocol_infill import InfillRequest, InfillResponse, InfillTimings
+from .responses import dump
 
 RESERVE = 128  # tokens kept free for a completion that names no length (llama.vscode's n_predict)
 
@@ -81,17 +82,20 @@ class InfillOutput:
     def usage(self, usage: UsageInfo) -> InfillResponse:
         return self._counts(InfillResponse(content="", stop=True), usage)
 
-    def whole(self, choices: list[tuple[str, str, list | None]], usage: UsageInfo):
-        text, finish, _ = choices[0]
-        body = self._counts(InfillResponse(content="" if self.warmup else text, stop=True, model=self.model,
-                                           truncated=self.truncated, stop_type=_stop_type(finish)), usage)
-        if self.fields is None:
-            return body
-        return RootModel[dict](_pick(body.model_dump(mode="json"), self.fields))
+    def whole(self, choices: list[tuple[str, str, list | None, int]], usage: UsageInfo) -> RootModel:
+        """One answer, or with n_cmpl > 1 a list of them (each with its own index and counts), as
+        llama.cpp answers."""
+        bodies = []
+        for i, (text, finish, _, n) in enumerate(choices):
+            body = self._counts(InfillResponse(index=i, content="" if self.warmup else text, stop=True, model=self.model,
+                                               truncated=self.truncated, stop_type=_stop_type(finish)), usage, n)
+            bodies.append(dump(body) if self.fields is None else _pick(dump(body), self.fields))
+        return RootModel[dict](bodies[0]) if len(bodies) == 1 else RootModel[list](bodies)
 
-    def _counts(self, r: InfillResponse, usage: UsageInfo) -> InfillResponse:
+    def _counts(self, r: InfillResponse, usage: UsageInfo, new: int | None = None) -> InfillResponse:
+        """The counts of one answer (`new`: its tokens) or of all (None: the usage's)."""
         cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
-        predicted = 0 if self.warmup else usage.completion_tokens
+        predicted = 0 if self.warmup else usage.completion_tokens if new is None else new
         r.tokens_predicted, r.tokens_evaluated, r.tokens_cached = predicted, usage.prompt_tokens, cached
         r.timings = InfillTimings(prompt_n=usage.prompt_tokens - cached, predicted_n=predicted,
                                   predicted_ms=round((time.perf_counter() - self.t0) * 1000, 3))

@@ -4,26 +4,32 @@ Honoured, as llama.cpp defines them: `input_prefix`, `input_suffix`, `input_extr
 ([{filename, text}], laid out before the prefix), `prompt` (the text typed on the cursor's line:
 appended to the prefix), `n_predict` (-1: to the end of the context; 0: a warm-up that only reads
 the prompt into the cache), `temperature` / `top_k` / `top_p` (llama.cpp's defaults 0.8 / 40 /
-0.95), `seed` (-1: random), `stop`, `stream`, `cache_prompt` (the prefix cache is always on and
-never changes output, so either value is honoured), `n_indent`, `t_max_predict_ms`,
-`ignore_eos`, `response_fields`, `samplers` when it names only top_k, top_p and
-temperature, and `model` (optional). Also the OpenAI fields this server shares across endpoints
-(`max_tokens`, grammars, `min_tokens`, `repetition_penalty`, `logit_bias` as OpenAI's object).
-llama.cpp options that change the output and are not built are refused with a 400 naming them
-(`REFUSED_LLAMA`) rather than ignored; other unknown fields are ignored, as on every endpoint.
+0.95), `samplers` (which of those apply, and llama.cpp's `infill` sampler: serve/samplers.py),
+`n_cmpl` (alias `n`: that many completions, a list of answers), `seed` (-1: random), `stop`,
+`stream`, `cache_prompt` (the prefix cache is always on and never changes output, so either
+value is honoured), `n_indent`, `t_max_predict_ms`, `ignore_eos`, `response_fields`, and
+`model` (optional). Accepted because they cannot change what an exact server writes:
+`t_max_prompt_ms` (llama.cpp parses it and never acts on it) and `id_slot` (a slot to run in:
+no slot holds state a request's output depends on, and placement already starts a request from
+the longest prefix any slot holds, which is what editors pin a slot for). Also the OpenAI fields
+this server shares across endpoints (`max_tokens`, grammars, `min_tokens`,
+`repetition_penalty`, `logit_bias` as OpenAI's object). llama.cpp options that change the
+output and are not built are refused with a 400 naming them (`REFUSED_LLAMA`) rather than
+ignored; other unknown fields are ignored, as on every endpoint.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, Field, StrictBool, model_validator
+from pydantic import AliasChoices, BaseModel, BeforeValidator, Field, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..options import RequestOptions
 from ..text.fim import ExtraFile
 from .protocol import GenerationRequest, OpenAIBaseModel, integer, none, number
-
-SAMPLERS = ("top_k", "top_p", "temperature")  # the llama.cpp samplers this server applies
+from .samplers import SamplerChain, chain_options
 
 
 def _num(v) -> float:
@@ -35,8 +41,6 @@ def _num(v) -> float:
 # llama.cpp /completion options the engine does not apply: refused unless neutral (name ->
 # whether the value asks for the option); a value of the wrong type counts as asking
 REFUSED_LLAMA: dict[str, Any] = {
-    "samplers": lambda v: not isinstance(v, list) or any(s not in SAMPLERS for s in v),
-    "t_max_prompt_ms": lambda v: _num(v) > 0,
     "n_probs": lambda v: _num(v) > 0,
     "return_tokens": bool,
     "typical_p": lambda v: _num(v) != 1,
@@ -49,9 +53,7 @@ REFUSED_LLAMA: dict[str, Any] = {
     "presence_penalty": lambda v: _num(v) != 0,  # llama.cpp's count only the last n tokens
     "frequency_penalty": lambda v: _num(v) != 0,
     "n_keep": lambda v: _num(v) != 0,
-    "id_slot": lambda v: _num(v) != -1,
     "lora": bool,
-    "n_cmpl": lambda v: _num(v) > 1,
     "post_sampling_probs": bool,
     "multimodal_data": bool,
     "image_data": bool,
@@ -81,11 +83,17 @@ class InfillRequest(GenerationRequest):
     top_k: integer(ge=0, le=10**9) | None = 40
     top_p: number(gt=0, le=1) | None = 0.95
     seed: Annotated[integer() | None, BeforeValidator(_seed)] = None
+    n: integer(ge=1, le=16) | None = Field(default=1, validation_alias=AliasChoices("n_cmpl", "n"),
+                                           description="llama.cpp's n_cmpl (n: its fallback): completions of the "
+                                                       "prompt, answered as a list")
     cache_prompt: StrictBool = True
     n_indent: integer(ge=0, le=10**6) = 0
     t_max_predict_ms: integer(ge=-1) = -1
+    t_max_prompt_ms: integer() | None = Field(default=None, description="accepted: llama.cpp never acts on it")
+    id_slot: integer(ge=-1) = Field(default=-1, description="accepted: no slot holds state an output depends on")
     response_fields: list[str] | None = None
-    samplers: list[str] | None = None
+    samplers: SamplerChain = Field(default=None, description="llama.cpp's sampler chain (names, or one character "
+                                   "each): those of temperature, top_k, top_p, infill that apply, in this order")
 
     @model_validator(mode="after")
     def _refuse_llama_options(self):
@@ -94,10 +102,7 @@ class InfillRequest(GenerationRequest):
         for name, asks in REFUSED_LLAMA.items():
             if given.get(name) is not None and _asks(asks, given[name]):
                 raise PydanticCustomError("unsupported_parameter", "'{param}' is not supported by this server: "
-                                          "{why}", {"param": name, "why": _why(name)})
-        if (self.n or 1) > 1:
-            raise PydanticCustomError("unsupported_parameter", "'{param}' is not supported by /infill: one "
-                                      "completion per request", {"param": "n"})
+                                          "this llama.cpp option is not built", {"param": name})
         return self
 
     @property
@@ -126,6 +131,15 @@ class InfillRequest(GenerationRequest):
     def _logprobs(self) -> int | None:
         return None
 
+    def to_options(self, room: int, **server) -> RequestOptions:
+        """With `samplers`, what llama.cpp's chain does: a sampler left out does not apply (its
+        field is then ignored, as llama.cpp ignores it), `infill` applies after top-p."""
+        o = super().to_options(room, **server)
+        return o if self.samplers is None else replace(o, **chain_options(self.samplers, o))
+
+    def field_of(self, option: str | None) -> str | None:
+        return "samplers" if option == "infill" else super().field_of(option)
+
     @property
     def t_max_s(self) -> float | None:
         return self.t_max_predict_ms / 1000 if self.t_max_predict_ms > 0 else None
@@ -136,12 +150,6 @@ def _asks(asks, value) -> bool:
         return bool(asks(value))
     except (TypeError, ValueError):
         return True
-
-
-def _why(name: str) -> str:
-    if name == "samplers":
-        return f"only {', '.join(SAMPLERS)} are applied (llama.cpp's 'infill' sampler and others are not built)"
-    return "this llama.cpp option is not built"
 
 
 # ---- responses ------------------------------------------------------------------------------

@@ -68,12 +68,12 @@ class ChatOutput:
             ChatCompletionTokenLogprob(**_token(text, v), top_logprobs=[TopLogprob(**_token(t, w)) for t, w in top])
             for text, v, top in lp])
 
-    def whole(self, choices: list[tuple[str, str, list | None]], usage: UsageInfo) -> ChatCompletionResponse:
-        """choices: (text, finish_reason, logprobs) per choice, in index order."""
+    def whole(self, choices: list[tuple[str, str, list | None, int]], usage: UsageInfo) -> ChatCompletionResponse:
+        """choices: (text, finish_reason, logprobs, new tokens) per choice, in index order."""
         return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, usage=usage, choices=[
             ChatCompletionChoice(index=i, message=AssistantMessage(content=text), finish_reason=finish,
                                  logprobs=self.logprobs(i, lp))
-            for i, (text, finish, lp) in enumerate(choices)])
+            for i, (text, finish, lp, _) in enumerate(choices)])
 
 
 class CompletionOutput:
@@ -111,7 +111,7 @@ class CompletionOutput:
             self.offsets[index] = self.offsets.get(index, 0) + len(text)
         return out
 
-    def whole(self, choices: list[tuple[str, str, list | None]], usage: UsageInfo) -> CompletionResponse:
+    def whole(self, choices: list[tuple[str, str, list | None, int]], usage: UsageInfo) -> CompletionResponse:
         return CompletionResponse(id=self.id, created=self.created, model=self.model, usage=usage, choices=[
             CompletionChoice(index=i, text=text, finish_reason=finish, logprobs=self.logprobs(i, lp))
-            for i, (text, finish, lp) in enumerate(choices)])
+            for i, (text, finish, lp, _) in enumerate(choices)])

@@ -29,8 +29,15 @@ from .protocol import GenerationRequest, ModelCard, ModelList
 from .protocol_chat import ChatCompletionRequest
 from .protocol_completion import CompletionRequest
 from .protocol_infill import InfillRequest
+from .protocol_tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from .responses import CompletionOutput, dump
 from .streaming import SSE_HEADERS, Job, Reply, Stream
+from .tokens import detokenize, tokenize
 from .tools import chat_prompt, tool_grammar_field, with_tool_grammar
 
 log = logging.getLogger("specrt.serve")
@@ -113,9 +120,17 @@ class OpenAIServing:
         return await self.client.respond(req, ids, "prompt", out, request)
 
     async def infill(self, req: InfillRequest, request: Request) -> Response:
-        front = self._served(req.model if req.model is not None else self.cfg.model_id)
-        ids, out = infill_prompt(front, req)
+        ids, out = infill_prompt(self._served(self._model(req.model)), req)
         return await self.client.respond(req, ids, "input_prefix", out, request)
+
+    def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+        return tokenize(self._served(self._model(req.model)).tokenizer, req)  # llama.cpp's (serve/tokens.py)
+
+    def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
+        return detokenize(self._served(self._model(req.model)).tokenizer, req)
+
+    def _model(self, model: str | None) -> str:
+        return self.cfg.model_id if model is None else model  # llama.cpp's endpoints: `model` optional
 
     def _served(self, model: str):
         if model != self.cfg.model_id:

@@ -181,13 +181,14 @@ class Reply:
             await self._close(tasks)
 
     async def collect(self, request: Request | None = None):
-        """The whole response. With an HTTP `request`, a client that disconnects cancels the
+        """The whole response: the output's `whole` over (text, finish reason, logprobs, new
+        tokens) per choice. With an HTTP `request`, a client that disconnects cancels the
         requests (polled every 0.5 s); without one, cancelling the calling task does."""
 
         async def whole(job: Job):
             text = "".join([piece async for piece in job.pieces()])
             self._done(job)
-            return text, job.out.finish_reason(), job.out.new_logprobs()
+            return text, job.out.finish_reason(), job.out.new_logprobs(), len(job.out.ids)
 
         watcher = asyncio.ensure_future(watch_disconnect(request, self.cancel)) if request is not None else None
         tasks = [asyncio.ensure_future(whole(j)) for j in self.jobs]

@@ -94,9 +94,9 @@ class ToolChatOutput(ChatOutput):
         d = p.flush()
         return self.chunk(index, self._delta(d), finish_reason(finish, False, bool(p.calls)))
 
-    def whole(self, choices: list[tuple[str, str, list | None]], usage: UsageInfo) -> ChatCompletionResponse:
+    def whole(self, choices: list[tuple[str, str, list | None, int]], usage: UsageInfo) -> ChatCompletionResponse:
         out = []
-        for i, (text, finish, lp) in enumerate(choices):
+        for i, (text, finish, lp, _) in enumerate(choices):
             content, calls = parse(text, self.plan.names, self.plan.constrained)
             msg = AssistantMessage(content=content, tool_calls=[
                 ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls] or None)

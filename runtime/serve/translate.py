@@ -77,8 +77,8 @@ class BlockOutput:
     def usage(self, usage: UsageInfo) -> str:
         return "".join(self._finish(self.finish, usage))
 
-    def whole(self, choices: list[tuple[str, str, list | None]], usage: UsageInfo):
-        (text, finish, _), = choices
+    def whole(self, choices: list[tuple[str, str, list | None, int]], usage: UsageInfo):
+        (text, finish, _, _), = choices
         self.finish = finish
         return self._body(self.blocks.whole(text), finish, usage)
 

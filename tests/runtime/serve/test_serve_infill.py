@@ -8,12 +8,14 @@ import json
 import shutil
 import threading
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
 from test_serve import KEY, Server
 
 from specrt.runtime.bundle.manifest import FimTokens, load_manifest
+from specrt.runtime.options import RequestOptions
 from specrt.runtime.text.fim import ExtraFile, fim_parts
 from tiny import save_tiny
 
@@ -23,11 +25,13 @@ PREFIX, SUFFIX = "w10 w11 w12\nw13 w14\nw15", "w16 w17\nw18 w19"
 
 @pytest.fixture(scope="module")
 def fim_bundle(tmp_path_factory):
-    """The tiny target with the FIM tokenizer, drafted by its int8 self-draft."""
+    """The tiny target with the FIM tokenizer, drafted by its int8 self-draft. Its weights are
+    wider than the other tiny models' (init std 0.6): at 0.3 its rows are so flat that llama.cpp's
+    infill sampler, which keeps only texts over 20%, ends every completion at once."""
     from specrt.export import export_bundle
 
     base = tmp_path_factory.mktemp("fim")
-    hf = save_tiny(base / "hf", seed=0, fim=True)
+    hf = save_tiny(base / "hf", seed=0, fim=True, std=0.6)
     export_bundle(str(hf), base / "fim", draft="self-int8", max_seq_len=256, max_draft_tokens=8, echo=None)
     return base / "fim"
 
@@ -121,14 +125,15 @@ def test_a_prompt_beyond_the_context_is_trimmed_and_says_so(srv):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"samplers": ["top_k", "infill"]}, "samplers"),
-    ({"t_max_prompt_ms": 500}, "t_max_prompt_ms"),
+    ({"samplers": ["top_k", "min_p"]}, "samplers"),  # a sampler not built
+    ({"samplers": ["top_p", "top_k"]}, "samplers"),  # an order this server does not apply
+    ({"samplers": "kpz"}, "samplers"),  # llama.cpp's characters: z is none
     ({"n_probs": 3}, "n_probs"),
     ({"repeat_penalty": 1.1}, "repeat_penalty"),
     ({"mirostat": 2}, "mirostat"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"min_p": 0.05}, "min_p"),
-    ({"n": 2}, "n"),
+    ({"n_cmpl": 17}, "n_cmpl"),
     ({"return_tokens": True}, "return_tokens"),
     ({"n_predict": -2}, "n_predict"),
     ({"input_extra": [{"filename": "a"}]}, "input_extra[0].text"),
@@ -141,10 +146,133 @@ def test_llama_options_not_built_are_refused_naming_them(srv, body, param):
 
 def test_honoured_llama_options_and_response_fields(srv):
     body = dict(input_prefix="w10\n", input_suffix="w11", n_predict=4, temperature=0, samplers=["top_k", "top_p"],
-                cache_prompt=False, seed=-1, t_max_predict_ms=-1, typical_p=1.0, id_slot=-1, unknown_field=1,
+                cache_prompt=False, seed=-1, t_max_predict_ms=-1, typical_p=1.0, id_slot=3, t_max_prompt_ms=500,
+                unknown_field=1,
                 response_fields=["content", "timings/prompt_n", "tokens_cached", "nothing/here"])
     got = _infill(srv, **body).json()
     assert set(got) == {"content", "timings/prompt_n", "tokens_cached"}
+
+
+# ---- the editors' own bodies ------------------------------------------------------------------
+
+def llama_vscode(prefix: str, suffix: str, prompt: str, chunks: list, nindent: int) -> dict:
+    """llama.vscode's /infill body for a completion as ggml-org/llama.vscode v0.0.63 builds it:
+    src/llama-server.ts `createRequestPayload(noPredict = false, ...)`, spreading its
+    `defaultRequestParams`, with the settings' defaults (package.json: n_predict 128,
+    max_parallel_completions 3, t_max_prompt_ms 500, t_max_predict_ms 500). `n_indent` is sent
+    when the cursor's line is indented; `lora` and `model` only when those settings are set."""
+    return {
+        "id_slot": 0,
+        "input_prefix": prefix,
+        "input_suffix": suffix,
+        "input_extra": chunks,
+        "prompt": prompt,
+        "n_predict": 128,
+        "n_cmpl": 3,
+        "top_k": 40,
+        "top_p": 0.99,
+        "stream": False,
+        "samplers": ["top_k", "top_p", "infill"],
+        "cache_prompt": True,
+        **({"n_indent": nindent} if nindent else {}),
+        "t_max_prompt_ms": 500,
+        "t_max_predict_ms": 500,
+    }
+
+
+def llama_vscode_warmup(chunks: list) -> dict:
+    """The same file's `createRequestPayload(noPredict = true, "", "", chunks, "", ...)`, sent by
+    `updateExtraContext` when its ring of extra chunks changes."""
+    return {"id_slot": 0, "input_prefix": "", "input_suffix": "", "input_extra": chunks, "prompt": "", "n_predict": 0,
+            "samplers": [], "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1}
+
+
+# src/extra-context.ts' chunk shape ({text, time, filename}); src/completion.ts: the prefix's lines
+# joined with a line break at the end, the cursor's line up to the cursor, the rest of it + the
+# suffix's lines
+CHUNKS = [{"text": "w30 w31 w32\nw33 w34", "time": 1755590000000, "filename": "/home/u/proj/util.py"}]
+HEAD, LINE, TAIL = "w10 w11 w12\nw13 w14\n", "w15", "\nw16 w17\nw18 w19\n"
+
+
+def _editor_ids(srv, prefix=HEAD + LINE, suffix=TAIL, chunks=CHUNKS) -> list[int]:
+    return fim_parts(srv.pipe.tokenizer, prefix, suffix, [ExtraFile(c["filename"], c["text"]) for c in chunks]).ids
+
+
+def test_llama_vscodes_default_bodies_are_answered(srv):
+    warm = _infill(srv, **llama_vscode_warmup(CHUNKS))
+    assert warm.status_code == 200, warm.text
+    assert warm.json()["content"] == "" and warm.json()["tokens_predicted"] == 0
+    r = _infill(srv, **llama_vscode(HEAD, TAIL, LINE, CHUNKS, 4))
+    assert r.status_code == 200, r.text
+    answers = r.json()  # n_cmpl 3: a list of answers, as llama.cpp gives (src/completion.ts reads each `content`)
+    assert [a["index"] for a in answers] == [0, 1, 2]
+    ids = _editor_ids(srv)
+    for a in answers:
+        assert isinstance(a["content"], str) and a["stop"] is True and a["stop_type"] in ("eos", "limit")
+        assert a["tokens_evaluated"] == len(ids) and a["truncated"] is False
+    warm_ids = _editor_ids(srv, "", "")
+    shared = next(i for i, (a, b) in enumerate(zip(ids, warm_ids, strict=False)) if a != b)
+    assert answers[0]["tokens_cached"] >= shared > len(CHUNKS[0]["text"].split())  # the warm-up's extra file
+
+
+def _text(srv, ids, opts: RequestOptions, sibling: int, **kw) -> str:
+    toks = [t for c in srv.pipe.stream_ids(ids, opts, sibling=sibling, **kw) for t in c]
+    return srv.pipe.tokenizer.decode(toks)
+
+
+def test_llama_vscodes_body_samples_llama_cpps_chain(srv):
+    """With a seed, each of the three completions is the target's own (no draft) under llama.cpp's
+    chain for these `samplers`: top-k 40, top-p 0.99 at T = 1 (temperature is not in the list), then
+    the infill filter; without the filter the same seeds write other texts."""
+    answers = _infill(srv, **llama_vscode(HEAD, TAIL, LINE, CHUNKS, 0), seed=5).json()
+    ids = _editor_ids(srv)
+    opts = RequestOptions(max_new_tokens=128, temperature=1.0, top_k=40, top_p=0.99, infill=True, seed=5)
+    want = [_text(srv, ids, opts, i, draft="none", k=0) for i in range(3)]
+    plain = [_text(srv, ids, replace(opts, infill=False), i, draft="none", k=0) for i in range(3)]
+    assert [a["content"] for a in answers] == want
+    assert want != plain and any(want)  # the filter changed these texts and left text in some
+
+
+def test_the_infill_filter_under_speculation_equals_target_only(srv):
+    ids = _editor_ids(srv)
+    drafted = srv.pipe.counters()["draft_tokens"]
+    for seed in range(4):
+        opts = RequestOptions(max_new_tokens=64, temperature=1.0, top_k=40, top_p=0.99, infill=True, seed=seed)
+        assert _text(srv, ids, opts, 0, draft="model", k=4) == _text(srv, ids, opts, 0, draft="none", k=0)
+    assert srv.pipe.counters()["draft_tokens"] > drafted  # the draft ran, its proposals filtered alike
+
+
+def llama_vim(prefix: str, suffix: str, middle: str, extra: list, indent: int) -> dict:
+    """llama.vim's /infill body (ggml-org/llama.vim autoload/llama.vim `llama#fim`, its default
+    config: n_predict 128, stop_strings [], t_max_prompt_ms 500, t_max_predict_ms 1000)."""
+    return {
+        "id_slot": 0,
+        "input_prefix": prefix,
+        "input_suffix": suffix,
+        "input_extra": extra,
+        "prompt": middle,
+        "n_predict": 128,
+        "stop": [],
+        "n_indent": indent,
+        "top_k": 40,
+        "top_p": 0.90,
+        "samplers": ["top_k", "top_p", "infill"],
+        "stream": False,
+        "cache_prompt": True,
+        "t_max_prompt_ms": 500,
+        "t_max_predict_ms": 1000,
+        "response_fields": ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
+                            "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
+                            "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated",
+                            "tokens_cached"],
+    }
+
+
+def test_llama_vims_body_is_answered(srv):
+    r = _infill(srv, **llama_vim(HEAD, TAIL, LINE, CHUNKS, 0))
+    assert r.status_code == 200, r.text
+    assert set(r.json()) == {"content", "timings/prompt_n", "timings/predicted_n", "timings/predicted_ms", "truncated",
+                             "tokens_cached"}  # the fields it asks for that this server reports
 
 
 def test_a_bundle_without_fim_tokens_answers_400_naming_the_field(tiny_bundles):
