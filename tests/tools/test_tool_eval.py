@@ -60,7 +60,8 @@ def test_evaluate_scores_each_arm(tmp_path, draft):
     assert s["plain"]["called_where_needed"] == 0.0 and s["plain"]["not_called_where_not"] == 1.0  # no tools
     assert s["required"]["mask_ms_per_token_median"] > 0 and s["plain"]["mask_ms_per_token_median"] == 0
     assert s["required_nogrammar"]["mask_ms_per_token_median"] == 0  # no grammar, no masks
-    assert s["auto_tokens_per_s_vs_plain"] > 0
+    assert s["auto_tokens_per_s_vs_plain"] > 0 and s["auto_tokens_per_s_vs_auto_nogrammar"] > 0
+    assert all(s[arm]["draft_reading_s_median"] >= 0 for arm in ("plain", "auto"))  # in-process: measured
 
 
 def test_the_same_prompts_against_a_server(tmp_path):
