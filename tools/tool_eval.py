@@ -19,10 +19,11 @@ specrt serve) through the official client. Per arm (tool_choice x grammar):
   * not_called_where_not: on prompts that need none, the share answered without a call (goal
     >= 90% for auto); calls_mean: calls per reply;
   * tokens_per_s_median, and auto against the same prompts without tools (the goal: tools cost
-    <= 5% of tokens/s); in-process also the time spent on grammar masks per token (the target's
-    and the draft's) and the separate draft's reading of the prompt (`draft_reading_s_median`:
-    decode time too — the draft catches up in the first round after the first token — and the
-    tool definitions make the prompt ~400 tokens longer).
+    <= 5% of tokens/s), and auto against auto without the grammar (the grammar's own cost where
+    both write the same reply); in-process also the time spent on grammar masks per token (the
+    target's and the draft's). Tokens/s is decode time, which includes a separate draft's reading
+    of the prompt in its first round (the tool definitions make a prompt ~400 tokens longer;
+    docs/benchmarks.md §19).
 Arms run interleaved per prompt (A B ... B A over the repeats), so machine load hits them alike.
 Prints a table and writes JSON (--out) with every reply.
 """
@@ -84,7 +85,7 @@ def run_one(pipe, row: dict, arm: str, tokens: int, spent: list, **kw) -> dict |
     n = len(r.token_ids)
     return _reply(row, arm, r.content, [(c.name, c.arguments) for c in r.tool_calls], r.finish_reason, n,
                   r.stats.tokens_per_s, mask_ms_per_token=1e3 * (spent[0] - before) / max(n, 1),
-                  acceptance=r.stats.acceptance_rate, draft_reading_s=r.stats.draft_prefill_ms / 1e3)
+                  acceptance=r.stats.acceptance_rate)
 
 
 def run_http(client, model: str, row: dict, arm: str, tokens: int) -> dict | None:
@@ -131,12 +132,27 @@ def summarize(replies: list[dict], rows: list[dict]) -> dict:
             "calls_mean": statistics.mean(len(x["calls"]) for x in got),
             "tokens_per_s_median": _median([x["tokens_per_s"] for x in got]),
             "mask_ms_per_token_median": _median([x["mask_ms_per_token"] for x in got]),
-            "draft_reading_s_median": _median([x["draft_reading_s"] for x in got if "draft_reading_s" in x]),
         }
     for base in ("plain", "auto_nogrammar"):  # tools against none; the grammar against the same prompt without
         if base in out and "auto" in out and out[base]["tokens_per_s_median"]:
             out[f"auto_tokens_per_s_vs_{base}"] = out["auto"]["tokens_per_s_median"] / out[base]["tokens_per_s_median"]
+    same = _same_replies(replies, "auto", "auto_nogrammar")
+    if same:  # the grammar's own cost: the prompts where it changed nothing in the reply
+        a, b = ([x["tokens_per_s"] for x in replies if x["arm"] == arm and x["id"] in same]
+                for arm in ("auto", "auto_nogrammar"))
+        out["auto_vs_nogrammar_same_replies"] = {"prompts": len(same), "ratio": _median(a) / _median(b)}
     return out
+
+
+def _same_replies(replies: list[dict], arm_a: str, arm_b: str) -> set[str]:
+    """Prompts whose replies under both arms are one and the same (text, calls, token count)."""
+    seen: dict[tuple[str, str], set] = {}
+    for x in replies:
+        if x["arm"] in (arm_a, arm_b):
+            seen.setdefault((x["id"], x["arm"]), set()).add(
+                (x["content"], json.dumps(x["calls"]), x["tokens"]))
+    return {i for (i, arm), v in seen.items()
+            if arm == arm_a and len(v) == 1 and seen.get((i, arm_b)) == v}
 
 
 def _sweep(one, rows: list[dict], repeats: int, arms, progress=None) -> list[dict]:
@@ -167,15 +183,19 @@ def evaluate_http(client, model: str, rows: list[dict], tokens: int, repeats: in
 
 def _table(summary: dict) -> str:
     cols = ("schema_valid", "proper_end", "called_where_needed", "expected_function", "not_called_where_not",
-            "calls_mean", "tokens_per_s_median", "mask_ms_per_token_median", "draft_reading_s_median")
+            "calls_mean", "tokens_per_s_median", "mask_ms_per_token_median")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = [f"{'arm':>20} " + " ".join(f"{c[:14]:>14}" for c in cols)]
     for arm, s in summary.items():
-        if isinstance(s, dict):
+        if arm in ARMS:
             lines.append(f"{arm:>20} " + " ".join(f"{fmt(s[c]):>14}" for c in cols))
     for base in ("plain", "auto_nogrammar"):
         if f"auto_tokens_per_s_vs_{base}" in summary:
             lines.append(f"auto tokens/s against {base}: {summary[f'auto_tokens_per_s_vs_{base}']:.3f}")
+    if "auto_vs_nogrammar_same_replies" in summary:
+        same = summary["auto_vs_nogrammar_same_replies"]
+        lines.append(f"auto tokens/s against auto_nogrammar where the replies are the same ({same['prompts']} prompts): "
+                     f"{same['ratio']:.3f}")
     return "\n".join(lines)
 
 
