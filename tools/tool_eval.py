@@ -75,13 +75,20 @@ def _reply(row: dict, arm: str, content, calls, finish: str, n: int, tokens_per_
             **extra}
 
 
+def _messages(row: dict) -> list[dict]:
+    """The conversation: the prompt as one user turn, after the row's system message if it has one
+    (--system; none: the template's default system prompt)."""
+    user = [{"role": "user", "content": row["prompt"]}]
+    return [{"role": "system", "content": row["system"]}, *user] if row.get("system") else user
+
+
 def run_one(pipe, row: dict, arm: str, tokens: int, spent: list, **kw) -> dict | None:
     """One prompt under one arm, in this process."""
     tool_kw = _arm_kw(arm, row)
     if tool_kw is None:
         return None
     before = spent[0]
-    r = pipe.chat([{"role": "user", "content": row["prompt"]}], max_new_tokens=tokens, **tool_kw, **kw)
+    r = pipe.chat(_messages(row), max_new_tokens=tokens, **tool_kw, **kw)
     n = len(r.token_ids)
     return _reply(row, arm, r.content, [(c.name, c.arguments) for c in r.tool_calls], r.finish_reason, n,
                   r.stats.tokens_per_s, mask_ms_per_token=1e3 * (spent[0] - before) / max(n, 1),
@@ -95,7 +102,7 @@ def run_http(client, model: str, row: dict, arm: str, tokens: int) -> dict | Non
     if tool_kw is None or not tool_kw.pop("tool_grammar", True):
         return None
     t0 = time.perf_counter()
-    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": row["prompt"]}],
+    r = client.chat.completions.create(model=model, messages=_messages(row),
                                        max_tokens=tokens, temperature=0, **tool_kw)
     wall = time.perf_counter() - t0
     msg, n = r.choices[0].message, r.usage.completion_tokens
@@ -213,6 +220,8 @@ def main(argv=None) -> None:
     ap.add_argument("--draft-window", default=None,
                     help="N | none: committed tokens a separate draft reads to catch up (default: the library's)")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    ap.add_argument("--system", default=None, help="a system message before every prompt (default: none, the "
+                    "template's own)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
 
@@ -223,6 +232,8 @@ def main(argv=None) -> None:
         if missing:
             raise SystemExit(f"--ids: not in the workload: {sorted(missing)}")
         rows = [r for r in rows if r["id"] in wanted]
+    if a.system:
+        rows = [{**r, "system": a.system} for r in rows]
     arms = [x for x in a.arms.split(",") if x]
     if set(arms) - set(ARMS):
         raise SystemExit(f"--arms: unknown {sorted(set(arms) - set(ARMS))}")
