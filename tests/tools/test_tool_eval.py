@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tool_eval import WORKLOAD, _table, evaluate, evaluate_http, summarize
+from tool_eval import WORKLOAD, _messages, _table, evaluate, evaluate_http, summarize
 
 from fakes import fake_pipeline
 from specrt.runtime.text.toolcalls import plan
@@ -77,6 +77,12 @@ def test_the_grammars_own_cost_is_read_where_it_changed_no_reply():
     s = summarize(replies, ROWS)
     assert s["auto_vs_nogrammar_same_replies"] == {"prompts": 1, "ratio": 0.9}
     assert "where the replies are the same (1 prompts): 0.900" in _table(s)
+
+
+def test_a_system_message_goes_before_the_prompt_only_when_given():
+    user = {"role": "user", "content": "add"}
+    assert _messages(ROWS[0]) == [user]  # the template's own system prompt
+    assert _messages({**ROWS[0], "system": "be brief"}) == [{"role": "system", "content": "be brief"}, user]
 
 
 def test_the_same_prompts_against_a_server(tmp_path):
