@@ -31,18 +31,21 @@ FEATURES = {
 
 
 def timed_masks():
-    """Wrap Matcher.masks so the time spent computing grammar masks is counted."""
+    """Wrap Matcher.masks and Matcher.mask_after (the target's masks and the draft's) so the
+    time spent computing grammar masks is counted."""
     spent = [0.0]
-    original = Matcher.masks
 
-    def masks(self, drafts=()):
-        t0 = time.perf_counter()
-        try:
-            return original(self, drafts)
-        finally:
-            spent[0] += time.perf_counter() - t0
+    def timed(original):
+        def wrapper(self, tokens=()):
+            t0 = time.perf_counter()
+            try:
+                return original(self, tokens)
+            finally:
+                spent[0] += time.perf_counter() - t0
+        return wrapper
 
-    Matcher.masks = masks
+    Matcher.masks = timed(Matcher.masks)
+    Matcher.mask_after = timed(Matcher.mask_after)
     return spent
 
 

@@ -19,7 +19,11 @@ specrt serve) through the official client. Per arm (tool_choice x grammar):
   * not_called_where_not: on prompts that need none, the share answered without a call (goal
     >= 90% for auto); calls_mean: calls per reply;
   * tokens_per_s_median, and auto against the same prompts without tools (the goal: tools cost
-    <= 5% of tokens/s); in-process also the time spent on grammar masks per token.
+    <= 5% of tokens/s), and auto against auto without the grammar (the grammar's own cost where
+    both write the same reply); in-process also the time spent on grammar masks per token (the
+    target's and the draft's). Tokens/s is decode time, which includes a separate draft's reading
+    of the prompt in its first round (the tool definitions make a prompt ~400 tokens longer;
+    docs/benchmarks.md §20).
 Arms run interleaved per prompt (A B ... B A over the repeats), so machine load hits them alike.
 Prints a table and writes JSON (--out) with every reply.
 """
@@ -71,13 +75,20 @@ def _reply(row: dict, arm: str, content, calls, finish: str, n: int, tokens_per_
             **extra}
 
 
+def _messages(row: dict) -> list[dict]:
+    """The conversation: the prompt as one user turn, after the row's system message if it has one
+    (--system; none: the template's default system prompt)."""
+    user = [{"role": "user", "content": row["prompt"]}]
+    return [{"role": "system", "content": row["system"]}, *user] if row.get("system") else user
+
+
 def run_one(pipe, row: dict, arm: str, tokens: int, spent: list, **kw) -> dict | None:
     """One prompt under one arm, in this process."""
     tool_kw = _arm_kw(arm, row)
     if tool_kw is None:
         return None
     before = spent[0]
-    r = pipe.chat([{"role": "user", "content": row["prompt"]}], max_new_tokens=tokens, **tool_kw, **kw)
+    r = pipe.chat(_messages(row), max_new_tokens=tokens, **tool_kw, **kw)
     n = len(r.token_ids)
     return _reply(row, arm, r.content, [(c.name, c.arguments) for c in r.tool_calls], r.finish_reason, n,
                   r.stats.tokens_per_s, mask_ms_per_token=1e3 * (spent[0] - before) / max(n, 1),
@@ -91,7 +102,7 @@ def run_http(client, model: str, row: dict, arm: str, tokens: int) -> dict | Non
     if tool_kw is None or not tool_kw.pop("tool_grammar", True):
         return None
     t0 = time.perf_counter()
-    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": row["prompt"]}],
+    r = client.chat.completions.create(model=model, messages=_messages(row),
                                        max_tokens=tokens, temperature=0, **tool_kw)
     wall = time.perf_counter() - t0
     msg, n = r.choices[0].message, r.usage.completion_tokens
@@ -129,9 +140,26 @@ def summarize(replies: list[dict], rows: list[dict]) -> dict:
             "tokens_per_s_median": _median([x["tokens_per_s"] for x in got]),
             "mask_ms_per_token_median": _median([x["mask_ms_per_token"] for x in got]),
         }
-    if "plain" in out and "auto" in out and out["plain"]["tokens_per_s_median"]:
-        out["auto_tokens_per_s_vs_plain"] = out["auto"]["tokens_per_s_median"] / out["plain"]["tokens_per_s_median"]
+    for base in ("plain", "auto_nogrammar"):  # tools against none; the grammar against the same prompt without
+        if base in out and "auto" in out and out[base]["tokens_per_s_median"]:
+            out[f"auto_tokens_per_s_vs_{base}"] = out["auto"]["tokens_per_s_median"] / out[base]["tokens_per_s_median"]
+    same = _same_replies(replies, "auto", "auto_nogrammar")
+    if same:  # the grammar's own cost: the prompts where it changed nothing in the reply
+        a, b = ([x["tokens_per_s"] for x in replies if x["arm"] == arm and x["id"] in same]
+                for arm in ("auto", "auto_nogrammar"))
+        out["auto_vs_nogrammar_same_replies"] = {"prompts": len(same), "ratio": _median(a) / _median(b)}
     return out
+
+
+def _same_replies(replies: list[dict], arm_a: str, arm_b: str) -> set[str]:
+    """Prompts whose replies under both arms are one and the same (text, calls, token count)."""
+    seen: dict[tuple[str, str], set] = {}
+    for x in replies:
+        if x["arm"] in (arm_a, arm_b):
+            seen.setdefault((x["id"], x["arm"]), set()).add(
+                (x["content"], json.dumps(x["calls"]), x["tokens"]))
+    return {i for (i, arm), v in seen.items()
+            if arm == arm_a and len(v) == 1 and seen.get((i, arm_b)) == v}
 
 
 def _sweep(one, rows: list[dict], repeats: int, arms, progress=None) -> list[dict]:
@@ -162,14 +190,19 @@ def evaluate_http(client, model: str, rows: list[dict], tokens: int, repeats: in
 
 def _table(summary: dict) -> str:
     cols = ("schema_valid", "proper_end", "called_where_needed", "expected_function", "not_called_where_not",
-            "calls_mean", "tokens_per_s_median")
+            "calls_mean", "tokens_per_s_median", "mask_ms_per_token_median")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = [f"{'arm':>20} " + " ".join(f"{c[:14]:>14}" for c in cols)]
     for arm, s in summary.items():
-        if isinstance(s, dict):
+        if arm in ARMS:
             lines.append(f"{arm:>20} " + " ".join(f"{fmt(s[c]):>14}" for c in cols))
-    if "auto_tokens_per_s_vs_plain" in summary:
-        lines.append(f"auto tokens/s against plain: {summary['auto_tokens_per_s_vs_plain']:.3f}")
+    for base in ("plain", "auto_nogrammar"):
+        if f"auto_tokens_per_s_vs_{base}" in summary:
+            lines.append(f"auto tokens/s against {base}: {summary[f'auto_tokens_per_s_vs_{base}']:.3f}")
+    if "auto_vs_nogrammar_same_replies" in summary:
+        same = summary["auto_vs_nogrammar_same_replies"]
+        lines.append(f"auto tokens/s against auto_nogrammar where the replies are the same ({same['prompts']} prompts): "
+                     f"{same['ratio']:.3f}")
     return "\n".join(lines)
 
 
@@ -183,11 +216,24 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--draft", default=None, help="model | none | ngram | auto (default: the bundle's)")
     ap.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    ap.add_argument("--ids", default=None, help="only these prompts (comma-separated ids)")
+    ap.add_argument("--draft-window", default=None,
+                    help="N | none: committed tokens a separate draft reads to catch up (default: the library's)")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    ap.add_argument("--system", default=None, help="a system message before every prompt (default: none, the "
+                    "template's own)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
 
     rows = [json.loads(line) for line in Path(a.workload).read_text().splitlines() if line.strip()][: a.limit]
+    if a.ids:
+        wanted = a.ids.split(",")
+        missing = set(wanted) - {r["id"] for r in rows}
+        if missing:
+            raise SystemExit(f"--ids: not in the workload: {sorted(missing)}")
+        rows = [r for r in rows if r["id"] in wanted]
+    if a.system:
+        rows = [{**r, "system": a.system} for r in rows]
     arms = [x for x in a.arms.split(",") if x]
     if set(arms) - set(ARMS):
         raise SystemExit(f"--arms: unknown {sorted(set(arms) - set(ARMS))}")
@@ -208,7 +254,9 @@ def main(argv=None) -> None:
     else:
         import specrt
 
-        with specrt.load(a.engines, draft=a.draft, max_batch=1, hugepages=False) as pipe:
+        window = {} if a.draft_window is None else {
+            "draft_window": None if a.draft_window == "none" else int(a.draft_window)}
+        with specrt.load(a.engines, draft=a.draft, max_batch=1, hugepages=False, **window) as pipe:
             if not pipe.tokenizer.has_tools:
                 raise SystemExit(f"{a.engines}: its chat template has no tool calling (specrt inspect says so)")
             result = evaluate(pipe, rows, a.tokens, a.repeats, arms, progress, temperature=0.0)

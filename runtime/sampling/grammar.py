@@ -12,7 +12,10 @@ Under speculation (runtime/engine/scheduler.py): a proposal is cut at its first 
 grammar forbids (`valid_prefix`); the model drafter samples from its own masked distribution
 (`mask_after`), so the q that verification divides by is the one it sampled from; the target's
 row i is masked by the state after the committed tokens + draft[:i] (`masks`), exactly the mask
-a target-only step at that position applies. Output is the constrained target-only output:
+a target-only step at that position applies. Each state's mask is filled once a round: the
+draft's masks are kept until the next commit and verification reuses them (the draft's rows
+0..k-1 are the target's; on the coder pair's tool grammar a mask costs up to ~1-2 ms where the
+reply may still open a bare call, docs/benchmarks.md §20). Output is the constrained target-only output:
 greedy token for token, sampling in distribution.
 
 llguidance is imported lazily: the runtime starts without it, and only constrained requests need
@@ -135,6 +138,10 @@ class Matcher:
         self.vocab = vocab
         self._exec = llg.LLExecutor()
         self._bits = llg.numpy.allocate_token_bitmask(1, vocab)
+        # bitmask rows [W] filled for drafts since the last commit, keyed by the drafted tokens: a
+        # model draft fills the masks after d[:j] (mask_after), and verification needs the same
+        # states' masks again (masks(d), rows 0..k-1); the state is the same, so is the mask
+        self._filled: dict[tuple[int, ...], np.ndarray] = {}
 
     def _allowed(self, bits: np.ndarray) -> np.ndarray:
         """int32 bitmask rows [T, W] -> bool [T, V]."""
@@ -142,24 +149,37 @@ class Matcher:
 
     def masks(self, drafts=()) -> np.ndarray:
         """bool [len(drafts) + 1, V]: row i = tokens allowed after the committed ones + drafts[:i]
-        (drafts must be valid: `valid_prefix`). The state is left where it was."""
+        (drafts must be valid: `valid_prefix`). The state is left where it was. Rows a draft
+        already filled this round (`mask_after`) are reused; with only the last row missing (a
+        model draft's round, or no drafts) one mask is filled, else all k+1 in one llguidance call."""
+        drafts = [int(t) for t in drafts]
         T = len(drafts) + 1
         if self._bits.shape[0] < T:
             self._bits = self._llg.numpy.allocate_token_bitmask(T, self.vocab)
         bits = self._bits[:T]
-        if T == 1:
-            self._llg.numpy.fill_next_token_bitmask(self.m, bits, 0)
+        known = [self._filled.get(tuple(drafts[:i])) for i in range(T)]
+        if all(b is not None for b in known[:-1]):
+            for i, b in enumerate(known[:-1]):
+                bits[i] = b
+            bits[T - 1] = known[-1] if known[-1] is not None else self._fill_after(drafts)
         else:  # the k+1 masks of a draft in one call (advance, fill, roll back inside llguidance)
-            self._llg.numpy.fill_next_token_bitmask_par_with_draft_tokens(
-                self._exec, [(self.m, 0, [int(t) for t in drafts])], bits)
+            self._llg.numpy.fill_next_token_bitmask_par_with_draft_tokens(self._exec, [(self.m, 0, drafts)], bits)
         return self._allowed(bits)
 
     def mask_after(self, tokens) -> np.ndarray:
         """bool [V]: tokens allowed after the committed ones + `tokens` (a draft in progress, each
         token allowed by the mask before it). One mask is filled, whatever len(tokens): the matcher
-        steps over the tokens, fills, and rolls back. The state is left where it was."""
+        steps over the tokens, fills, and rolls back. The state is left where it was; the mask is
+        kept until the next commit, for `masks` to reuse."""
         tokens = [int(t) for t in tokens]
-        bits = self._bits[:1]
+        key = tuple(tokens)
+        if key not in self._filled:
+            self._filled[key] = self._fill_after(tokens)
+        return self._allowed(self._filled[key][None])[0]
+
+    def _fill_after(self, tokens: list[int]) -> np.ndarray:
+        """A new bitmask row [W] of the state after the committed tokens + `tokens`."""
+        bits = self._llg.numpy.allocate_token_bitmask(1, self.vocab)
         if tokens and not self.m.consume_tokens(tokens):
             raise GrammarError(f"the grammar refused a drafted token: {self.m.get_error()}")
         try:
@@ -167,7 +187,7 @@ class Matcher:
         finally:
             if tokens:
                 self.m.rollback(len(tokens))
-        return self._allowed(bits)[0]
+        return bits[0]
 
     def valid_prefix(self, tokens) -> int:
         """How many of `tokens` the grammar accepts in a row from the committed state."""
@@ -175,6 +195,7 @@ class Matcher:
 
     def commit(self, tokens) -> None:
         """Advance over committed tokens (each was allowed by its mask)."""
+        self._filled.clear()  # masks of drafts from the state before
         if tokens and not self.m.consume_tokens([int(t) for t in tokens]):
             raise GrammarError(f"the grammar refused a committed token: {self.m.get_error()}")
 

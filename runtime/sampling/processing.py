@@ -30,15 +30,17 @@ def process(r: Request, rows: np.ndarray, drafts=()) -> np.ndarray:
     if r.penalties is not None and r.penalties.active:
         rows = apply_penalties(rows, r.penalties, r.prompt, r.seq[len(r.prompt):], drafts, r.eos_ids)
     if r.grammar is not None:
-        rows = apply_mask(rows, r.grammar.masks(drafts[: len(rows) - 1]))
-        _some_allowed(rows)
+        allowed = r.grammar.masks(drafts[: len(rows) - 1])
+        _some_allowed(allowed)
+        rows = apply_mask(rows, allowed)
     return rows
 
 
-def _some_allowed(rows: np.ndarray) -> None:
-    """A row where every token is masked has no next token: the request cannot go on (a grammar
-    in an error state); it ends with this error rather than a token picked from nothing."""
-    if not np.isfinite(rows.max(axis=-1)).all():
+def _some_allowed(allowed: np.ndarray) -> None:
+    """A row where the grammar allows no token has no next token: the request cannot go on (a
+    grammar in an error state); it ends with this error rather than a token picked from nothing.
+    (The rows' logits are finite, `check_finite`, and no penalty a grammar admits sets -inf.)"""
+    if not allowed.any(axis=-1).all():
         raise GrammarError("the grammar allows no token here (a grammar engine error)")
 
 

@@ -4,7 +4,9 @@ chat completions.
 The request becomes a chat request (protocol_messages.py `to_chat`) that `OpenAIServing.chat`
 runs like any other; `MessagesOutput` renders the reply as Anthropic's message: `content` blocks
 (`text`, and `tool_use` with id, name and the input object), `stop_reason` ("end_turn",
-"max_tokens", "tool_use"), `usage` (input, output and cache-read tokens). Streamed, the events
+"max_tokens", "tool_use", "stop_sequence" with `stop_sequence` the matched string of
+`stop_sequences`; a reply with tool calls says "tool_use" whatever ended it, as chat's finish_reason
+says "tool_calls"), `usage` (input, output and cache-read tokens). Streamed, the events
 are Anthropic's named ones: `message_start`, `content_block_start`, `content_block_delta`
 (`text_delta` as text comes; one `input_json_delta` with a call's whole input, once complete),
 `content_block_stop`, `message_delta` (stop_reason, usage), `message_stop`. Errors are
@@ -73,10 +75,22 @@ def _usage(u: UsageInfo | None, n_prompt: int) -> dict:
 
 class MessagesOutput(BlockOutput):
     prefix = "msg_"
+    stop_sequence: str | None = None  # the stop_sequences entry that ended the reply
 
-    def _message(self, content: list[dict], stop: str | None, usage: dict) -> dict:
+    def stopped_by(self, index: int, stop: str) -> None:
+        """streaming.Reply: a stop string ended the (one) choice."""
+        self.stop_sequence = stop
+
+    def _stop(self, finish: str) -> tuple[str, str | None]:
+        """(stop_reason, stop_sequence) of the reply."""
+        reason = self.finish_reason(finish)
+        if reason == "stop" and self.stop_sequence is not None:
+            return "stop_sequence", self.stop_sequence
+        return STOP.get(reason, "end_turn"), None
+
+    def _message(self, content: list[dict], stop: tuple[str | None, str | None], usage: dict) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
-                "stop_reason": stop, "stop_sequence": None, "usage": usage}
+                "stop_reason": stop[0], "stop_sequence": stop[1], "usage": usage}
 
     def _block(self, b: Block, done: bool) -> dict:
         if b.kind == "call":
@@ -85,7 +99,7 @@ class MessagesOutput(BlockOutput):
         return {"type": "text", "text": b.text if done else ""}
 
     def _start(self) -> list[str]:
-        msg = self._message([], None, _usage(None, self.n_prompt))
+        msg = self._message([], (None, None), _usage(None, self.n_prompt))
         return [sse("message_start", {"type": "message_start", "message": msg})]
 
     def _render(self, event: tuple) -> str:
@@ -100,11 +114,10 @@ class MessagesOutput(BlockOutput):
         return sse("content_block_delta", {"type": "content_block_delta", "index": b.index, "delta": delta})
 
     def _finish(self, finish: str, usage: UsageInfo) -> list[str]:
-        stop = STOP.get(self.finish_reason(finish), "end_turn")
-        return [sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+        reason, sequence = self._stop(finish)
+        return [sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                                       "usage": _usage(usage, self.n_prompt)}),
                 sse("message_stop", {"type": "message_stop"})]
 
     def _body(self, blocks: list[Block], finish: str, usage: UsageInfo) -> Body:
-        stop = STOP.get(self.finish_reason(finish), "end_turn")
-        return Body(self._message([self._block(b, True) for b in blocks], stop, _usage(usage, self.n_prompt)))
+        return Body(self._message([self._block(b, True) for b in blocks], self._stop(finish), _usage(usage, self.n_prompt)))

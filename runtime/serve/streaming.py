@@ -104,6 +104,13 @@ class Reply:
         if self.record is not None:
             self.record(*rec)
 
+    def _stop_sequence(self, job: Job) -> None:
+        """Tell an output that names the matched stop string (Anthropic's `stop_sequence`,
+        messages_api.py) which one ended this choice; OpenAI's shapes say only "stop"."""
+        hit, note = job.out.stop_sequence, getattr(self.out, "stopped_by", None)
+        if hit is not None and note is not None:
+            note(job.index, hit)
+
     def usage(self) -> UsageInfo:
         n = sum(len(j.out.ids) for j in self.jobs)
         return UsageInfo(prompt_tokens=self.n_prompt, completion_tokens=n, total_tokens=self.n_prompt + n,
@@ -126,6 +133,7 @@ class Reply:
         tail = out.piece(i, "", lp) if lp else None
         if tail is not None:  # None here too: a tool chat's held piece (serve/tools.py)
             yield tail
+        self._stop_sequence(job)
         yield out.last(i, job.out.finish_reason())
 
     def _pumps(self) -> tuple[list[asyncio.Future], asyncio.Queue]:
@@ -188,6 +196,7 @@ class Reply:
         async def whole(job: Job):
             text = "".join([piece async for piece in job.pieces()])
             self._done(job)
+            self._stop_sequence(job)
             return text, job.out.finish_reason(), job.out.new_logprobs(), len(job.out.ids)
 
         watcher = asyncio.ensure_future(watch_disconnect(request, self.cancel)) if request is not None else None

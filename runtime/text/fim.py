@@ -110,7 +110,7 @@ class EditorText:
       is held back until the line shows whether it stays;
     - `t_max_s`: once this long has passed since the first token, the text ends at the next line
       break (not included): the completion is whole lines.
-    Same interface as TextStream (push, flush, tail, ids, stopped). `ids` ends at the token that
+    Same interface as TextStream (push, flush, tail, ids, stopped, stop). `ids` ends at the token that
     triggered a stop, as with stop strings."""
 
     def __init__(self, text: TextStream, n_indent: int = 0, t_max_s: float | None = None, clock=time.perf_counter):
@@ -127,6 +127,11 @@ class EditorText:
     @property
     def stopped(self) -> bool:
         return self.end is not None or self.text.stopped
+
+    @property
+    def stop(self) -> str | None:
+        """The client's stop string that ended the text (None: none did, or an editor rule did)."""
+        return self.text.stop if self.end is None else None
 
     @property
     def full(self) -> str:

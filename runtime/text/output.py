@@ -125,6 +125,11 @@ class TextOutput:
         """OpenAI's finish_reason; calls: the reply held tool calls."""
         return finish_reason(self._r.stats.stop_reason, self.text.stopped, calls)
 
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended the output (None: EOS, length, timeout, or not ended yet)."""
+        return self.text.stop
+
     def new_logprobs(self) -> list | None:
         """(token text, logprob, [(text, logprob)] alternatives) of the tokens pushed since the
         last call (None when the request did not ask for logprobs)."""

@@ -18,6 +18,7 @@ class TextStream:
         self.emitted = 0  # characters of `full` handed out
         self.ids: list[int] = []
         self.stopped = False
+        self.stop: str | None = None  # the stop string that ended the text (Anthropic's stop_sequence)
 
     def push(self, chunk: list[int]) -> str:
         """-> the text that is now safe to show ("" if none). With stop strings the chunk is read
@@ -27,8 +28,9 @@ class TextStream:
         for piece in ([[t] for t in chunk] if self.stops else [list(chunk)]):
             self.ids.extend(piece)
             self.full += self.dec.push(piece)
-            cut = _find_stop(self.full, self.stops, max(0, self.emitted - self.hold))
-            if cut is not None:
+            hit = _find_stop(self.full, self.stops, max(0, self.emitted - self.hold))
+            if hit is not None:
+                cut, self.stop = hit
                 self.full = self.full[:cut]
                 self.stopped = True
                 return ""
@@ -48,7 +50,8 @@ class TextStream:
         return piece
 
 
-def _find_stop(text: str, stops: list[str], start: int) -> int | None:
-    """Earliest index >= start where any stop string begins in text."""
-    hits = [i for i in (text.find(s, start) for s in stops) if i >= 0]
-    return min(hits) if hits else None
+def _find_stop(text: str, stops: list[str], start: int) -> tuple[int, str] | None:
+    """(earliest index >= start where a stop string begins in text, that string); of two that
+    begin there, the one that ends first (it completed first)."""
+    hits = [(i, s) for i, s in ((text.find(s, start), s) for s in stops) if i >= 0]
+    return min(hits, key=lambda h: (h[0], len(h[1]))) if hits else None

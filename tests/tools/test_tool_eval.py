@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tool_eval import WORKLOAD, evaluate, evaluate_http
+from tool_eval import WORKLOAD, _messages, _table, evaluate, evaluate_http, summarize
 
 from fakes import fake_pipeline
 from specrt.runtime.text.toolcalls import plan
@@ -60,7 +60,29 @@ def test_evaluate_scores_each_arm(tmp_path, draft):
     assert s["plain"]["called_where_needed"] == 0.0 and s["plain"]["not_called_where_not"] == 1.0  # no tools
     assert s["required"]["mask_ms_per_token_median"] > 0 and s["plain"]["mask_ms_per_token_median"] == 0
     assert s["required_nogrammar"]["mask_ms_per_token_median"] == 0  # no grammar, no masks
-    assert s["auto_tokens_per_s_vs_plain"] > 0
+    assert s["auto_tokens_per_s_vs_plain"] > 0 and s["auto_tokens_per_s_vs_auto_nogrammar"] > 0
+
+
+def test_the_grammars_own_cost_is_read_where_it_changed_no_reply():
+    """auto against auto without the grammar over the prompts whose replies are the same under
+    both (every repeat): a prompt where the grammar changed the reply is left out."""
+    def reply(i, arm, content, tps, tokens=5):
+        return {"id": i, "arm": arm, "content": content, "calls": [], "finish_reason": "stop", "valid": False,
+                "expected": False, "tokens": tokens, "tokens_per_s": tps, "mask_ms_per_token": 0.0}
+
+    replies = [reply("c", "auto", "hi", 9.0), reply("c", "auto_nogrammar", "hi", 10.0),
+               reply("c", "auto", "hi", 9.0), reply("c", "auto_nogrammar", "hi", 10.0),
+               reply("a", "auto", "x", 1.0), reply("a", "auto_nogrammar", "y", 20.0),  # another reply
+               reply("b", "auto", "z", 1.0), reply("b", "auto_nogrammar", "z", 20.0, tokens=6)]  # other tokens
+    s = summarize(replies, ROWS)
+    assert s["auto_vs_nogrammar_same_replies"] == {"prompts": 1, "ratio": 0.9}
+    assert "where the replies are the same (1 prompts): 0.900" in _table(s)
+
+
+def test_a_system_message_goes_before_the_prompt_only_when_given():
+    user = {"role": "user", "content": "add"}
+    assert _messages(ROWS[0]) == [user]  # the template's own system prompt
+    assert _messages({**ROWS[0], "system": "be brief"}) == [{"role": "system", "content": "be brief"}, user]
 
 
 def test_the_same_prompts_against_a_server(tmp_path):

@@ -61,6 +61,32 @@ def test_matcher_masks_drafts_then_leaves_the_state(make):
         m.commit(ids("u"))
 
 
+def test_masks_reuse_a_drafts_masks_until_the_next_commit(make):
+    """Verification's rows 0..k-1 are the states a model draft masked (mask_after): reused, they
+    are the masks a fresh matcher fills; after a commit nothing of the round before is reused."""
+    pipe = make(draft=None)
+    g = pipe.grammars
+    grammar = g.compile(Constraint.json_schema(SCHEMA))
+
+    def fresh(tokens):
+        ref = g.matcher(grammar)
+        ref.commit(tokens)
+        return ref.masks()[0]
+
+    good = ids('{"a":7,"b":["cat"]}')
+    m = g.matcher(grammar)
+    for start in (0, 4):  # a round from the first state, then one after a commit
+        d = good[start : start + 5]
+        for j in range(3):  # the draft filled the masks after d[:0..2] only
+            np.testing.assert_array_equal(m.mask_after(d[:j]), fresh(good[: start + j]))
+        for n in (3, 2, 5):  # the last row missing (filled alone), every row known, rows missing (one call)
+            rows = m.masks(d[:n])
+            for i in range(n + 1):
+                np.testing.assert_array_equal(rows[i], fresh(good[: start + i]))
+        m.commit(good[start : start + 4])
+    np.testing.assert_array_equal(m.masks()[0], fresh(good[:8]))
+
+
 @pytest.mark.parametrize("bad,match", [
     (Constraint.regex("a(b"), "regex"),
     (Constraint.json_schema({"type": "object", "properties": {"a": {"$ref": "#/nope"}}}), "nope"),

@@ -183,13 +183,22 @@ def test_a_call_cut_by_the_budget_is_no_call_in_either_api(srv):
 
 def test_stop_sequences_and_seeds_hold_through_messages(srv):
     a = srv.anthropic
-    kw = dict(model="fake", max_tokens=30, messages=[{"role": "user", "content": "tell me"}])
-    sampled = [a.messages.create(**kw, extra_body={"temperature": 0.9, "seed": 7}).content[0].text for _ in range(2)]
+    kw = dict(model="fake", max_tokens=30, messages=[{"role": "user", "content": "tell me"}],
+              extra_body={"temperature": 0.9, "seed": 7})
+    replies = [a.messages.create(**kw) for _ in range(2)]
+    sampled = [r.content[0].text for r in replies]
     want = _target_only(srv, kw["messages"], n=30, temperature=0.9, seed=7)
     assert sampled[0] == sampled[1] == srv.pipe.tokenizer.decode(want.token_ids)  # a seed means one output
+    assert replies[0].stop_reason in ("end_turn", "max_tokens") and replies[0].stop_sequence is None
     stop = sampled[0][5:7]
-    r = a.messages.create(**kw, stop_sequences=[stop], extra_body={"temperature": 0.9, "seed": 7})
-    assert r.content[0].text == sampled[0][: sampled[0].index(stop)] and r.stop_reason == "end_turn"
+    r = a.messages.create(**kw, stop_sequences=["\x00never", stop])
+    assert r.content[0].text == sampled[0][: sampled[0].index(stop)]
+    assert (r.stop_reason, r.stop_sequence) == ("stop_sequence", stop)  # the entry that matched, not the first
+    with a.messages.stream(**kw, stop_sequences=["\x00never", stop]) as st:
+        delta = [e for e in st if e.type == "message_delta"][0].delta
+        final = st.get_final_message()
+    assert (delta.stop_reason, delta.stop_sequence) == ("stop_sequence", stop)
+    assert final.content[0].text == r.content[0].text and final.stop_sequence == stop
 
 
 @pytest.mark.parametrize("body,param", [

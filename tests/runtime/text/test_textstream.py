@@ -100,9 +100,15 @@ def test_text_that_could_begin_a_stop_string_is_held_then_released(words):
 def test_earliest_stop_string_wins_and_empty_ones_are_ignored(words):
     ts = TextStream(words, stop=["", "w9", "w6 w7"])
     _push_all(ts, [[5, 6, 7, 8, 9]])
-    assert ts.stopped and ts.full == "w5 "
+    assert ts.stopped and ts.full == "w5 " and ts.stop == "w6 w7"  # the one that matched (Anthropic's stop_sequence)
     plain = TextStream(words, stop=[""])
-    assert plain.push([5, 6]) == "w5 w6" and not plain.stopped  # no stop strings: nothing held back
+    assert plain.push([5, 6]) == "w5 w6" and not plain.stopped and plain.stop is None  # no stop strings: nothing held back
+
+
+def test_of_two_stop_strings_one_token_completes_the_shorter_matched(words):
+    ts = TextStream(words, stop=[" w6", " w"])  # the token " w6" completes both, where both begin
+    _push_all(ts, [[5, 6, 7]])
+    assert ts.stopped and ts.full == "w5" and ts.stop == " w"
 
 
 def test_stop_string_ends_the_request_early(tmp_path):
