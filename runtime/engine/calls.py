@@ -165,10 +165,9 @@ class ModelCalls:
         return out
 
     def _draft_group(self, model, calls, group: list[int], out: list) -> None:
-        pool = model.pool
         try:
             t0 = time.perf_counter()
-            reads = [pool.length(model.track, calls[i][0].slot) < len(calls[i][0].prompt) for i in group]
+            reads = [self._reads_prompt(model, calls[i][0]) for i in group]
             logits = self.packed(model, [(calls[i][0], calls[i][1].tokens) for i in group], keep=1)
             ms = 1000 * (time.perf_counter() - t0)
             for i, rows, reading in zip(group, logits, reads, strict=True):
@@ -183,9 +182,16 @@ class ModelCalls:
             for i in group:
                 self._draft_group(model, calls, [i], out)
 
+    @staticmethod
+    def _reads_prompt(model, r: Request) -> bool:
+        """Whether the draft's call for `r` still reads its prompt: its rows start at the
+        drafter's `offset` (a windowed draft's first row is a later token)."""
+        offset = getattr(r.drafter, "offset", 0) or 0
+        return offset + model.pool.length(model.track, r.slot) < len(r.prompt)
+
     def _draft_one(self, model, r: Request, c: DraftCall):
         try:
-            reads_prompt = model.pool.length(model.track, r.slot) < len(r.prompt)
+            reads_prompt = self._reads_prompt(model, r)
             t0 = time.perf_counter()
             logits = self.one(model, r, c.tokens, c.hidden, c.keep)
             if reads_prompt:  # a separate draft reads the prompt in its first round
