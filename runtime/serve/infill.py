@@ -64,7 +64,7 @@ class InfillOutput:
     def __init__(self, req: InfillRequest, truncated: bool = False):
         self.model, self.warmup, self.truncated = req.model, req.warmup, truncated
         self.n_indent, self.t_max_s, self.fields = req.n_indent, req.t_max_s, req.response_fields
-        self.t0 = time.perf_counter()
+        self.t0 = time.time()  # wall clock: under Ray a replica, maybe on another node, finishes the timing
 
     def text_stream(self, tokenizer, stop: list[str]) -> EditorText:
         return EditorText(TextStream(tokenizer, stop), self.n_indent, self.t_max_s)
@@ -98,7 +98,7 @@ class InfillOutput:
         predicted = 0 if self.warmup else usage.completion_tokens if new is None else new
         r.tokens_predicted, r.tokens_evaluated, r.tokens_cached = predicted, usage.prompt_tokens, cached
         r.timings = InfillTimings(prompt_n=usage.prompt_tokens - cached, predicted_n=predicted,
-                                  predicted_ms=round((time.perf_counter() - self.t0) * 1000, 3))
+                                  predicted_ms=round(max(0.0, time.time() - self.t0) * 1000, 3))
         return r
 
 
