@@ -193,7 +193,7 @@ def pack_bundle(folder: str | Path, lanes=LANES) -> list[Path]:
     return out
 
 
-if __name__ == "__main__":  # python -m export.packed BUNDLE: add the packed graphs to a bundle
+if __name__ == "__main__":  # python -m specrt.export.packed BUNDLE: add the packed graphs to a bundle
     import sys
 
     for p in pack_bundle(sys.argv[1]):
