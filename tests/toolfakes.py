@@ -5,6 +5,8 @@ tokenizer has them, so decoding keeps the tags and llguidance reads their bytes.
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 from specrt.runtime.bundle.manifest import TokenizerInfo
@@ -138,3 +140,32 @@ def tool_bundle(bundle: Path, dest: Path) -> Path:
     man["tokenizer"]["chat_template"] = QWEN25_TEMPLATE
     (dest / "specrt.json").write_text(json.dumps(man, indent=1))
     return dest
+
+
+class ToolServer:
+    """uvicorn in a thread over a pipeline the test also calls directly (the tool tests of
+    tests/runtime/serve and tests/tools share it)."""
+
+    def __init__(self, pipe, model="fake"):
+        import openai
+        import uvicorn
+
+        from specrt.runtime.serve.app import ServerConfig, build_app
+
+        self.pipe, self.model = pipe, model
+        self.server = uvicorn.Server(uvicorn.Config(build_app(ServerConfig(model_id=model), lambda: pipe),
+                                                    host="127.0.0.1", port=0, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not (self.server.started and pipe.engine is not None) and time.time() < deadline:
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        while self.client.with_options(timeout=1).models.list() is None:  # loads in a thread: 503 until then
+            time.sleep(0.02)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.pipe.close()

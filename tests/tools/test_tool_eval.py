@@ -12,6 +12,7 @@ from tool_eval import WORKLOAD, _messages, _table, evaluate, evaluate_http, summ
 from fakes import fake_pipeline
 from specrt.runtime.text.toolcalls import plan
 from toolfakes import MINI_TEMPLATE, tool_tokens
+from toolfakes import ToolServer as _Server
 
 BOUNDED = {"type": "object", "additionalProperties": False, "required": ["a"],
            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}}
@@ -89,7 +90,6 @@ def test_the_same_prompts_against_a_server(tmp_path):
     """--base-url: the workload through the official client against a real server (here specrt
     serve over the fake; llama-server in the measurement); the arms a server has, same rates."""
     import openai
-    from test_serve_tools import _Server
 
     s = _Server(fake_pipeline(tmp_path, tokens=tool_tokens(MINI_TEMPLATE), draft="self"))
     try:

@@ -9,20 +9,18 @@ them with the 400 it always gave."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import jsonschema
 import openai
 import pydantic
 import pytest
-import uvicorn
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from fakes import fake_pipeline
-from specrt.runtime.serve.app import ServerConfig, build_app
+from specrt.runtime.serve.app import ServerConfig
 from specrt.runtime.text.chat import prepare
 from toolfakes import MINI_TEMPLATE, OPEN_ID, tool_tokens
+from toolfakes import ToolServer as _Server
 
 ADD = {"type": "object", "additionalProperties": False, "required": ["a", "b"],
        "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
@@ -38,29 +36,6 @@ MSGS = [{"role": "user", "content": "add two numbers"}]
 class Add(pydantic.BaseModel):
     a: int = pydantic.Field(ge=0, le=99)
     b: int = pydantic.Field(ge=0, le=99)
-
-
-class _Server:
-    """uvicorn in a thread over a pipeline the test also calls directly."""
-
-    def __init__(self, pipe, model="fake"):
-        self.pipe, self.model = pipe, model
-        self.server = uvicorn.Server(uvicorn.Config(build_app(ServerConfig(model_id=model), lambda: pipe),
-                                                    host="127.0.0.1", port=0, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not (self.server.started and pipe.engine is not None) and time.time() < deadline:
-            time.sleep(0.02)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
-        while self.client.with_options(timeout=1).models.list() is None:  # loads in a thread: 503 until then
-            time.sleep(0.02)
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.pipe.close()
 
 
 def _biased(pipe):
