@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -117,14 +118,15 @@ def pack_graph(model: onnx.ModelProto, entry, lanes: int) -> onnx.ModelProto:
     consts.append(helper.make_tensor("lane_one_i32", TensorProto.INT32, [1], [1]))
     nodes: list = []
     scalars = _lane_scalars(nodes, lanes)
+    neg = next(n.output[0] for n in g.node if n.op_type == "Neg" and n.input[0] == src.logits_to_keep)
     layer = 0
     for n in g.node:
         if n.op_type == "GroupQueryAttention":
             nodes.extend(_split_attention(n, layer, lanes, scalars, io, names))
             layer += 1
-        elif n.op_type == "Neg" and n.input[0] == src.logits_to_keep:
+        elif n.output[0] == neg:
             continue
-        elif n.op_type == "Slice" and _is_keep(model, n, src.logits_to_keep):
+        elif n.op_type == "Slice" and n.input[1] == neg:  # the LM head's Slice by -num_logits_to_keep
             nodes.append(helper.make_node("Gather", [n.input[0], io.logits_index], [n.output[0]], axis=1))
         else:
             nodes.append(n)
@@ -133,21 +135,16 @@ def pack_graph(model: onnx.ModelProto, entry, lanes: int) -> onnx.ModelProto:
     del g.node[:]
     g.node.extend(nodes)
     g.initializer.extend(consts)
-    _keep_init = [t for t in g.initializer if t.name != src.logits_to_keep]
+    kept = [t for t in g.initializer if t.name != src.logits_to_keep]
     del g.initializer[:]
-    g.initializer.extend(_keep_init)
+    g.initializer.extend(kept)
     _rewrite_io(g, entry, src, io, lanes)
     return m
 
 
-def _is_keep(model: onnx.ModelProto, slice_node, keep: str) -> bool:
-    """Whether `slice_node` is the LM head's Slice by -num_logits_to_keep."""
-    return any(n.op_type == "Neg" and n.input[0] == keep and n.output[0] == slice_node.input[1] for n in model.graph.node)
-
-
 def _rewrite_io(g: onnx.GraphProto, entry, src, io: PackedIO, lanes: int) -> None:
     kv = entry.kv
-    dtype = helper.np_dtype_to_tensor_dtype(__import__("numpy").dtype(kv.dtype))
+    dtype = helper.np_dtype_to_tensor_dtype(np.dtype(kv.dtype))
     shape = [1, kv.kv_heads, "max_seq_len", kv.head_dim]
     inputs = [helper.make_tensor_value_info(src.input_ids, TensorProto.INT64, [1, "tokens"])]
     inputs += [helper.make_tensor_value_info(io.lane_index.format(r=r), TensorProto.INT64, [f"lane{r}_tokens"])

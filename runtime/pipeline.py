@@ -79,21 +79,15 @@ class Pipeline:
                                    probe_costs=self.store.costs, plan_batches=o.plan_batches,
                                    prefix_cache=o.prefix_cache)
         if parts is None and draft != "none" and self.default_adaptive:
-            self._probe_now()
+            # the probe at load, before any request (a server reports ready after it): inside
+            # the first requests it cost a burst half its speed (docs/benchmarks.md §5); a probe
+            # that fails is left to the first adaptive request
+            self.scheduler.probe_now()
         self.engine = Engine(self.scheduler, max_queue=o.max_queue)
         self._local = threading.local()
         self.grammars = Grammars(p.folder / man.tokenizer.file, man.target.vocab_size, self.tokenizer.eos_ids)
 
     # --- requests ----------------------------------------------------------------------------
-    def _probe_now(self) -> None:
-        """The call-cost probe at load, before any request (a server reports ready after it):
-        probed inside the first requests it cost a burst half its speed (docs/benchmarks.md §5).
-        A probe that fails leaves it to the first adaptive request, as before."""
-        try:
-            self.scheduler.costs = self.store.costs()
-        except Exception:  # noqa: BLE001 - never a failed load for a cost estimate
-            self.scheduler.costs = None
-
     def costs(self):
         """Call costs on this machine (the cached probe, else measured now). Probing runs model
         calls: do not call it while requests are running (the engine calls it for the first

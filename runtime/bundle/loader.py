@@ -76,16 +76,15 @@ def load_models(folder: str | Path, options: LoadOptions | None = None, **kw) ->
     threads, global_pool = o.threads, o.global_pool
     before = anonymous_pages() if o.hugepages and dev == "cpu" else None
     pool = KVPool(man.target.kv, slots, dev, allocate=False, max_seq_len=seq)  # after the sessions: lower peak RSS
-    target = _model(folder, man.target, pool, "target", threads, global_pool,
-                    packed=o.packed and dev == "cpu" and not eagle)
+    packs = _packs(o.packed, dev, eagle)
+    target = _model(folder, man.target, pool, "target", threads, global_pool, packed=packs)
     d = None
     shared = False
     if want_draft:
         shared = _shares_kv(man, eagle)
         dpool = pool if shared else KVPool(man.draft.kv, slots, dev, allocate=False,
                                            max_seq_len=min(seq, man.draft.kv.max_seq_len))
-        d = _model(folder, man.draft, dpool, "draft", threads, global_pool,
-                   packed=o.packed and dev == "cpu" and not eagle, exact=False)
+        d = _model(folder, man.draft, dpool, "draft", threads, global_pool, packed=packs, exact=False)
         dpool.allocate()
     pool.allocate()
     features = None
@@ -96,6 +95,12 @@ def load_models(folder: str | Path, options: LoadOptions | None = None, **kw) ->
     if before is not None:
         collapse(anonymous_pages() - before)
     return LoadedModels(folder, man, tok, target, d, eagle and d is not None, shared, features, dev, sizing)
+
+
+def _packs(packed: bool, device: str, eagle: bool) -> bool:
+    """Whether a load runs its models' packed graphs where the bundle has them (CPU, no EAGLE
+    pair: runtime/backends/packed.py)."""
+    return packed and device == "cpu" and not eagle
 
 
 def _shares_kv(man: Manifest, eagle: bool) -> bool:
@@ -114,7 +119,7 @@ def memory_plan(folder: Path, man: Manifest, *, want_draft: bool, device: str = 
         size = memory.file_bytes(folder, e.graph, e.data)
         # prepacking on CPU changes the size; on a GPU the weights are the files' bytes
         factor = memory.WEIGHT_FACTOR.get(e.precision, 1.0) if device == "cpu" else 1.0
-        lanes = tuple(e.packed.lanes) if name == "target" and packed and device == "cpu" and not eagle else ()
+        lanes = tuple(e.packed.lanes) if name == "target" and _packs(packed, device, eagle) else ()
         models.append(memory.ModelMemory(name, size, int(size * factor), e.vocab_size, prefill_width(e),
                                          e.hidden_size * (bool(e.io.hidden_in) + bool(e.io.hidden_out)),
                                          lanes, e.max_tokens_per_call))

@@ -113,21 +113,18 @@ class ModelCalls:
         track's length in its slot: at most `model.lanes` entries. -> per entry logits [T, V],
         views of the model's output buffer (valid until the next call on `model`)."""
         pool = model.pool
-        seqs, cut = [], []
+        seqs = []
         for r, tokens in entries:
             tokens = np.asarray(tokens, dtype=np.int64)
-            pos = pool.reserve(model.track, r.slot, len(tokens))
-            start, ids, before = pos, tokens, 0
-            if self._last_row(model, len(tokens), pos):
-                start, ids, before = self._widen(model, r, tokens, pos, 2)
-            seqs.append((r.slot, ids, start, keep))
-            cut.append(before)
+            pos, ids = pool.reserve(model.track, r.slot, len(tokens)), tokens
+            if self._last_row(model, len(tokens), pos):  # the token before goes first: its row is not kept
+                pos, ids, _ = self._widen(model, r, tokens, pos, 2)
+            seqs.append((r.slot, ids, pos, len(tokens) if keep is None else min(keep, len(tokens))))
         out = model.run_packed(seqs)
         for r, tokens in entries:
             pool.advance(model.track, r.slot, len(tokens))
         self._count(model)
-        return [rows[before:] if keep is None else rows[-min(keep, len(rows) - before):]
-                for rows, before in zip(out, cut, strict=True)]
+        return out
 
     def drafts(self, calls: list[tuple[Request, DraftCall]]) -> list:
         """The draft model's calls of one draft step: the one-token calls of many requests in one
@@ -154,12 +151,13 @@ class ModelCalls:
         A failed call is retried request by request, so a failure ends only its own request."""
         out: list = [None] * len(calls)
         group: list[int] = []
+        tokens = 0  # in the group so far
         for i, (_, c) in enumerate(calls):
-            if group and (len(group) == model.lanes or sum(len(calls[j][1].tokens) for j in group) + len(c.tokens)
-                          > model.max_tokens):
+            if group and (len(group) == model.lanes or tokens + len(c.tokens) > model.max_tokens):
                 self._draft_group(model, calls, group, out)
-                group = []
+                group, tokens = [], 0
             group.append(i)
+            tokens += len(c.tokens)
         if group:
             self._draft_group(model, calls, group, out)
         return out

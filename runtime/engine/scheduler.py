@@ -162,13 +162,22 @@ class Scheduler:
         return None
 
     def _costs_for(self, r: Request) -> None:
-        """Probe the call costs once, for the first adaptive request that drafts; a failed probe
-        means fixed k for that request, never a failed request."""
-        if r.adaptive and r.draft != "none" and self.costs is None and self.probe_costs is not None:
+        """Probe the call costs once, for the first adaptive request that drafts (unless the
+        load probed them: `probe_now`); a failed probe means fixed k for that request, never a
+        failed request."""
+        if r.adaptive and r.draft != "none" and self.costs is None and self.probe_costs is not None \
+                and not self.probe_now():
+            r.adaptive = False
+
+    def probe_now(self) -> bool:
+        """Take the call costs now (the cached probe, or measured) unless they are known; call it
+        while no request runs (a pipeline does at load). -> whether costs are known."""
+        if self.costs is None and self.probe_costs is not None:
             try:
                 self.costs = self.probe_costs()
-            except Exception:  # noqa: BLE001
-                r.adaptive = False
+            except Exception:  # noqa: BLE001 - a cost estimate never fails a load or a request
+                return False
+        return self.costs is not None
 
     def _await_prefill(self, r: Request) -> bool:
         """Whether `r` should wait for a request still reading a prompt that shares a longer prefix

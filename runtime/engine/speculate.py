@@ -116,7 +116,7 @@ class Round:
         c.rows += len(rows)
         c.drafting_steps += bool(drafting)
         if getattr(self.target, "packs", False):
-            self.packed(rows, proposals, draft_ms, running == 1)
+            self.packed(rows, proposals, draft_ms if drafting else 0.0, running == 1)
             return self.outcomes
         if plain:
             self.decode_plain(plain, draft_ms if drafting else 0.0, running == 1)
@@ -200,26 +200,22 @@ class Round:
                 # each row again in a call of its own (the same bits: rows do not depend on the
                 # call), so a failure ends only the request whose call fails alone
                 for r, p in zip(group, props, strict=True):
-                    self._finish(r, p, draft_ms, rows, learn)
+                    t0 = time.perf_counter()
+                    with alone(self.fail, r):
+                        raw = self.calls.packed(self.target, [(r, np.concatenate(([r.seq[-1]], p.tokens)))])[0]
+                    if r.id not in self.failed:
+                        self._finish(r, p, raw, draft_ms, 1000 * (time.perf_counter() - t0), len(rows) == 1, learn)
                 continue
             verify_ms = 1000 * (time.perf_counter() - t0)
-            drafted = any(len(p.tokens) for p in props)
             for r, p, raw in zip(group, props, raws, strict=True):
-                if len(p.tokens):
-                    self.finish_drafted(r, p, raw, draft_ms, verify_ms, alone_in_step=len(rows) == 1)
-                else:
-                    self.finish_plain(r, raw, draft_ms if drafted else 0.0, verify_ms, learn)
+                self._finish(r, p, raw, draft_ms, verify_ms, len(rows) == 1, learn)
 
-    def _finish(self, r: Request, p: Proposal, draft_ms: float, rows: list, learn: bool) -> None:
-        """One row's packed call of its own, then its verification and commit."""
-        t0 = time.perf_counter()
-        with alone(self.fail, r):
-            raw = self.calls.packed(self.target, [(r, np.concatenate(([r.seq[-1]], p.tokens)))])[0]
-        if r.id in self.failed:
-            return
-        verify_ms = 1000 * (time.perf_counter() - t0)
+    def _finish(self, r: Request, p: Proposal, raw: np.ndarray, draft_ms: float, verify_ms: float,
+                alone_in_step: bool, learn: bool) -> None:
+        """A row's own rows of a packed call -> its verification (drafting) or its next token
+        (plain), committed. draft_ms: the step's draft time (0 when no row drafted)."""
         if len(p.tokens):
-            self.finish_drafted(r, p, raw, draft_ms, verify_ms, alone_in_step=len(rows) == 1)
+            self.finish_drafted(r, p, raw, draft_ms, verify_ms, alone_in_step)
         else:
             self.finish_plain(r, raw, draft_ms, verify_ms, learn)
 
