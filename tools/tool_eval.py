@@ -23,7 +23,7 @@ specrt serve) through the official client. Per arm (tool_choice x grammar):
     both write the same reply); in-process also the time spent on grammar masks per token (the
     target's and the draft's). Tokens/s is decode time, which includes a separate draft's reading
     of the prompt in its first round (the tool definitions make a prompt ~400 tokens longer;
-    docs/benchmarks.md §20).
+    docs/benchmarks.md §20): in-process, `draft_reading_s_median` is that reading.
 Arms run interleaved per prompt (A B ... B A over the repeats), so machine load hits them alike.
 Prints a table and writes JSON (--out) with every reply.
 """
@@ -92,7 +92,7 @@ def run_one(pipe, row: dict, arm: str, tokens: int, spent: list, **kw) -> dict |
     n = len(r.token_ids)
     return _reply(row, arm, r.content, [(c.name, c.arguments) for c in r.tool_calls], r.finish_reason, n,
                   r.stats.tokens_per_s, mask_ms_per_token=1e3 * (spent[0] - before) / max(n, 1),
-                  acceptance=r.stats.acceptance_rate)
+                  acceptance=r.stats.acceptance_rate, draft_reading_s=r.stats.draft_prefill_ms / 1e3)
 
 
 def run_http(client, model: str, row: dict, arm: str, tokens: int) -> dict | None:
@@ -139,6 +139,7 @@ def summarize(replies: list[dict], rows: list[dict]) -> dict:
             "calls_mean": statistics.mean(len(x["calls"]) for x in got),
             "tokens_per_s_median": _median([x["tokens_per_s"] for x in got]),
             "mask_ms_per_token_median": _median([x["mask_ms_per_token"] for x in got]),
+            "draft_reading_s_median": _median([x["draft_reading_s"] for x in got if "draft_reading_s" in x]),
         }
     for base in ("plain", "auto_nogrammar"):  # tools against none; the grammar against the same prompt without
         if base in out and "auto" in out and out[base]["tokens_per_s_median"]:
@@ -190,7 +191,7 @@ def evaluate_http(client, model: str, rows: list[dict], tokens: int, repeats: in
 
 def _table(summary: dict) -> str:
     cols = ("schema_valid", "proper_end", "called_where_needed", "expected_function", "not_called_where_not",
-            "calls_mean", "tokens_per_s_median", "mask_ms_per_token_median")
+            "calls_mean", "tokens_per_s_median", "mask_ms_per_token_median", "draft_reading_s_median")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = [f"{'arm':>20} " + " ".join(f"{c[:14]:>14}" for c in cols)]
     for arm, s in summary.items():

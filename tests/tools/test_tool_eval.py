@@ -62,6 +62,8 @@ def test_evaluate_scores_each_arm(tmp_path, draft):
     assert s["required"]["mask_ms_per_token_median"] > 0 and s["plain"]["mask_ms_per_token_median"] == 0
     assert s["required_nogrammar"]["mask_ms_per_token_median"] == 0  # no grammar, no masks
     assert s["auto_tokens_per_s_vs_plain"] > 0 and s["auto_tokens_per_s_vs_auto_nogrammar"] > 0
+    # a self-draft adopts the target's rows: it reads no prompt (a separate draft's reading is timed)
+    assert s["plain"]["draft_reading_s_median"] == s["auto"]["draft_reading_s_median"] == 0
 
 
 def test_the_grammars_own_cost_is_read_where_it_changed_no_reply():
