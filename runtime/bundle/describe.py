@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..options import DEFAULT_DRAFT_WINDOW
 from ..text.toolcalls import template_has_tools
 from . import memory
 from .loader import memory_plan
@@ -65,7 +66,7 @@ def _parity_lines(e: ModelEntry) -> list[str]:
 
 def memory_lines(folder: Path, man: Manifest) -> list[str]:
     """What a CPU load of this bundle holds (memory.py), and what `auto` would take now."""
-    plan = memory_plan(folder, man, want_draft=man.draft is not None)
+    plan = memory_plan(folder, man, want_draft=man.draft is not None, draft_window=DEFAULT_DRAFT_WINDOW)
     s_max = man.target.kv.max_seq_len
     weights = ", ".join(f"{m.name} {m.weights / 1e9:.2f} GB" for m in plan.models)
     lines = [f"  memory (CPU, predicted): weights {weights} (+ onnxruntime {plan.runtime / 1e9:.2f} GB); "

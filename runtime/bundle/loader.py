@@ -71,7 +71,8 @@ def load_models(folder: str | Path, options: LoadOptions | None = None, **kw) ->
                            o.max_seq_len)
     _, dev = pick_providers(o.device)
     sizing = size_load(folder, man, want_draft=want_draft, device=dev, max_batch=o.max_batch,
-                       max_seq_len=o.max_seq_len, memory_fraction=o.memory_fraction, packed=o.packed)
+                       max_seq_len=o.max_seq_len, memory_fraction=o.memory_fraction, packed=o.packed,
+                       draft_window=o.draft_window)
     slots, seq = sizing.slots, sizing.seq
     threads, global_pool = o.threads, o.global_pool
     before = anonymous_pages() if o.hugepages and dev == "cpu" else None
@@ -83,7 +84,7 @@ def load_models(folder: str | Path, options: LoadOptions | None = None, **kw) ->
     if want_draft:
         shared = _shares_kv(man, eagle)
         dpool = pool if shared else KVPool(man.draft.kv, slots, dev, allocate=False,
-                                           max_seq_len=min(seq, man.draft.kv.max_seq_len))
+                                           max_seq_len=draft_rows(man, seq, eagle, o.draft_window))
         d = _model(folder, man.draft, dpool, "draft", threads, global_pool, packed=packs, exact=False)
         dpool.allocate()
     pool.allocate()
@@ -108,8 +109,18 @@ def _shares_kv(man: Manifest, eagle: bool) -> bool:
     return man.draft.recipe in SELF_DRAFT_PRECISION and not eagle and man.draft.kv == man.target.kv
 
 
+def draft_rows(man: Manifest, seq: int, eagle: bool, window: int | None) -> int | None:
+    """Rows of a separate draft's own pool: the load's context, or for a draft that reads a
+    window (runtime/drafters/model.py) its window and a run after it (memory.windowed_rows);
+    None for a draft on the target's pool."""
+    if eagle or _shares_kv(man, eagle):
+        return None
+    rows = min(seq, man.draft.kv.max_seq_len)
+    return rows if window is None else min(rows, memory.windowed_rows(window))
+
+
 def memory_plan(folder: Path, man: Manifest, *, want_draft: bool, device: str = "cpu",
-                packed: bool = True) -> memory.MemoryPlan:
+                packed: bool = True, draft_window: int | None = None) -> memory.MemoryPlan:
     """What the models `load_models` builds will hold (runtime/bundle/memory.py), from the manifest and
     the files' sizes; nothing is loaded."""
     eagle = man.draft is not None and bool(man.draft.io.hidden_in)
@@ -123,24 +134,30 @@ def memory_plan(folder: Path, man: Manifest, *, want_draft: bool, device: str = 
         models.append(memory.ModelMemory(name, size, int(size * factor), e.vocab_size, prefill_width(e),
                                          e.hidden_size * (bool(e.io.hidden_in) + bool(e.io.hidden_out)),
                                          lanes, e.max_tokens_per_call))
-    kv = man.target.kv.bytes_per_token()
-    if want_draft and not _shares_kv(man, eagle):
+    kv, capped = man.target.kv.bytes_per_token(), ()
+    rows = draft_rows(man, man.target.kv.max_seq_len, eagle, draft_window) if want_draft else None
+    if rows is not None and rows < man.target.kv.max_seq_len:  # a windowed draft's pool stops at its rows
+        capped = ((man.draft.kv.bytes_per_token(), rows),)
+    elif want_draft and not _shares_kv(man, eagle):
         kv += man.draft.kv.bytes_per_token()
     features = 4 * man.target.hidden_size if want_draft and eagle else 0
-    return memory.MemoryPlan(tuple(models), kv, features)
+    return memory.MemoryPlan(tuple(models), kv, features, kv_capped=capped)
 
 
 def size_load(folder: Path, man: Manifest, *, want_draft: bool, device: str, max_batch: int | str,
-              max_seq_len: int | None, memory_fraction: float, packed: bool = True) -> memory.Sizing:
+              max_seq_len: int | None, memory_fraction: float, packed: bool = True,
+              draft_window: int | None = None) -> memory.Sizing:
     """Slots and context for this load, checked against the memory available now (the seam
-    tests replace: `memory.available_bytes`). Raises InsufficientMemory or ValueError."""
+    tests replace: `memory.available_bytes`); no max_seq_len: the bundle's S_max, or the longest
+    context that holds the slots (memory.size's fit_seq). Raises InsufficientMemory or ValueError."""
     s_max = man.target.kv.max_seq_len
     seq = s_max if max_seq_len is None else max_seq_len
     shortest = man.target.max_tokens_per_call + 1  # a widest verification call after one token
     if not isinstance(seq, int) or not shortest <= seq <= s_max:
         raise ValueError(f"max_seq_len must be between {shortest} and the bundle's S_max {s_max}, got {max_seq_len!r}")
-    plan = memory_plan(folder, man, want_draft=want_draft, device=device, packed=packed)
-    return memory.size(plan, max_batch, seq, memory.available_bytes(device), fraction=memory_fraction, s_max=s_max)
+    plan = memory_plan(folder, man, want_draft=want_draft, device=device, packed=packed, draft_window=draft_window)
+    return memory.size(plan, max_batch, seq, memory.available_bytes(device), fraction=memory_fraction, s_max=s_max,
+                       fit_seq=max_seq_len is None)
 
 
 def _model(folder: Path, entry: ModelEntry, pool: KVPool, track: str, threads, global_pool,

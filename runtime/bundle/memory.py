@@ -5,7 +5,8 @@ Predicted from the manifest and file sizes, before any session or KV buffer exis
             prepacked them (measured; docs/benchmarks.md "Memory")
   runtime   onnxruntime's code pages that the sessions touch (RUNTIME_BYTES, measured)
   KV        slots x max_seq_len x bytes per token, over every pool (a self-draft shares the
-            target's; a separate draft has its own)
+            target's; a separate draft has its own, of at most `windowed_rows` rows when it reads
+            a window: runtime/drafters/model.py)
   buffers   each OrtModel's host ids / mask / logits / feature buffers (runtime/backends/ort.py)
             and the EAGLE features array [slots, S, H]
   peak      a session being built holds its raw initializers beside the prepacked copy, so the
@@ -13,7 +14,9 @@ Predicted from the manifest and file sizes, before any session or KV buffer exis
 Available: on CPU the smaller of /proc/meminfo MemAvailable and the room left under the memory
 cgroup's limit (v2 or v1, every level up to the root); with CUDA the device's free memory (NVML).
 An explicit slot count is refused when the load cannot fit what is available; `auto` takes as
-many slots as fit in a fraction of it. Everything here is a pure function but `available_bytes`,
+many slots as fit in a fraction of it. A load that names no context (`fit_seq`) and cannot hold its
+slots at the bundle's S_max gets the longest context that fits instead, down to MIN_FIT_SEQ, and
+says so (a 32k bundle on a machine that holds 8 slots of 14k). Everything here is a pure function but `available_bytes`,
 the one reading of the machine, which tests replace.
 """
 
@@ -31,6 +34,8 @@ AUTO_MAX_SLOTS = 64  # `auto` never allocates more slots than this (docs/design.
 # docs/benchmarks.md "Memory": fp32 target 1.007, int8 draft 0.665); others unmeasured: 1.0
 WEIGHT_FACTOR = {"fp32": 1.01, "int8": 0.67}
 RUNTIME_BYTES = 140 << 20  # onnxruntime code paged in by the default pair's sessions: 137-142 MB measured
+MIN_FIT_SEQ = 4096  # a context shortened to fit memory goes no lower (docs/design.md, "Memory")
+WINDOW_RUN = 2048  # rows a windowed draft's pool holds past its window (runtime/drafters/model.py)
 _UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2^63 - 1
 
 
@@ -65,16 +70,18 @@ class ModelMemory:
 @dataclass(frozen=True)
 class MemoryPlan:
     models: tuple[ModelMemory, ...]  # in the order the loader builds them
-    kv_per_token: int  # KV bytes per slot and position, every pool together
+    kv_per_token: int  # KV bytes per slot and position, every pool of max_seq_len rows together
     features_per_token: int  # EAGLE features array: bytes per slot and position (0 without)
     runtime: int = RUNTIME_BYTES
+    kv_capped: tuple[tuple[int, int], ...] = ()  # (bytes per position, rows) of pools that hold at
+    #                                              most `rows` positions (a windowed draft's)
 
     @property
     def weights(self) -> int:
         return sum(m.weights for m in self.models)
 
     def kv_per_slot(self, seq: int) -> int:
-        return self.kv_per_token * seq
+        return self.kv_per_token * seq + sum(b * min(seq, rows) for b, rows in self.kv_capped)
 
     def buffers(self, slots: int, seq: int) -> int:
         return sum(m.buffers(slots, seq) for m in self.models) + self.features_per_token * slots * seq
@@ -121,6 +128,7 @@ class Sizing:
     seq: int
     plan: MemoryPlan
     available: int | None
+    shortened_from: int | None = None  # the context asked for, when `seq` was shortened to fit
 
     @property
     def kv_bytes(self) -> int:
@@ -132,18 +140,38 @@ class Sizing:
         avail = f" of {_gb(self.available)} available" if self.available is not None else ""
         return (f"{self.slots} slots x {self.seq} tokens, KV {_mib(self.plan.kv_per_slot(self.seq))} per slot "
                 f"({_gb(self.kv_bytes)} in all), weights {weights}; predicted {_gb(self.plan.steady(self.slots, self.seq))}"
-                f"{avail}")
+                f"{avail}{self.note()}")
+
+    def note(self) -> str:
+        """What fitting memory changed, for logs ("" when nothing)."""
+        if self.shortened_from is None:
+            return ""
+        return (f"; context shortened from {self.shortened_from} to {self.seq} tokens so that {self.slots} slots fit "
+                f"(set max_seq_len or max_batch to choose)")
+
+
+def windowed_rows(window: int) -> int:
+    """Rows of a windowed draft's pool: its window and a run of tokens after it (it reads its
+    window again when a request outgrows them)."""
+    return window + WINDOW_RUN
 
 
 def size(plan: MemoryPlan, slots: int | str, seq: int, available: int | None, *,
-         fraction: float = DEFAULT_MEMORY_FRACTION, ceiling: int = AUTO_MAX_SLOTS, s_max: int | None = None) -> Sizing:
+         fraction: float = DEFAULT_MEMORY_FRACTION, ceiling: int = AUTO_MAX_SLOTS, s_max: int | None = None,
+         fit_seq: bool = False) -> Sizing:
     """Resolve `slots` ("auto": as many as fit in `fraction` of `available`, at most `ceiling`)
     or check an explicit count against all of `available`; raises InsufficientMemory with the
     numbers and what would fit. available None (cannot be read here): explicit counts pass
     unchecked, auto is refused. s_max: the bundle's context, the longest `seq` the message may
-    suggest."""
+    suggest. fit_seq: `seq` was not asked for (the bundle's S_max): where the slots do not fit,
+    the longest context that fits them, rounded down to 256 tokens and at least
+    min(seq, MIN_FIT_SEQ), is taken instead of refusing."""
     if not 0 < fraction <= 1:
         raise ValueError(f"memory fraction must be in (0, 1], got {fraction}")
+    if fit_seq and available is not None:
+        fitted = _fit_seq(plan, slots, seq, int(fraction * available) if slots == AUTO else available, available)
+        if fitted is not None:
+            return fitted
     if slots == AUTO:
         if available is None:
             raise ValueError("max_batch 'auto' needs the available memory, which cannot be read on this machine: "
@@ -157,6 +185,19 @@ def size(plan: MemoryPlan, slots: int | str, seq: int, available: int | None, *,
     if available is not None and plan.peak(slots, seq) > available:
         raise InsufficientMemory(_message(plan, slots, seq, available, f"{_gb(available)} is available", s_max or seq))
     return Sizing(slots, seq, plan, available)
+
+
+def _fit_seq(plan: MemoryPlan, slots: int | str, seq: int, budget: int, available: int) -> Sizing | None:
+    """The load at a shorter context when `slots` (auto: one) do not fit at `seq` but fit at
+    min(seq, MIN_FIT_SEQ) or more; None when no shortening is needed or none helps."""
+    n = 1 if slots == AUTO else slots
+    if plan.peak(n, seq) <= budget:
+        return None
+    longest = plan.max_seq(budget, n, seq)
+    longest = longest - longest % 256 if longest >= 256 else longest
+    if longest < min(seq, MIN_FIT_SEQ):
+        return None
+    return Sizing(n, longest, plan, available, shortened_from=seq)
 
 
 def _message(plan: MemoryPlan, slots: int, seq: int, budget: int, what: str, s_max: int) -> str:

@@ -11,7 +11,9 @@ Own pool (another model): the draft catches up on the committed tokens it lacks,
 A window bounds that: when more than `window` tokens are missing (a long prompt, a long run of
 n-gram rounds), the draft drops its rows and reads only the last `window` committed tokens, at
 positions counted from there (rotary attention sees the same relative positions); its row i
-then holds token `offset + i`. Reading a 2k-token prompt cost the 0.5B coder draft 9.3 s on
+then holds token `offset + i`. Its pool may hold fewer rows than the target's (the loader gives a
+windowed draft its window and a run after it, runtime/bundle/memory.py `windowed_rows`): when a
+round would outgrow them, it reads the window again from the end. Reading a 2k-token prompt cost the 0.5B coder draft 9.3 s on
 this CPU, more than its drafting saved (docs/benchmarks.md §18). At the request's end
 (`release`) a windowed draft's rows are dropped: they are no prefix a later prompt can reuse.
 Proposals stay proposals either way: verification checks every token against the target, so a
@@ -68,13 +70,26 @@ class ModelDrafter:
         self._n0 = len(seq)  # proposal j is the token after len(seq) + j
         self._want_conf = policy is not None
         self._toks, self._q, self._confs = [], [], []
-        if self.window is not None and len(seq) - self.offset - self.length > self.window:
+        if self.window is not None and self._rewindow(len(seq), k):
             self.pool.rewind(self.track, self.slot, 0)
             self.offset = len(seq) - self.window
         lag = np.asarray(seq[self.offset + self.length :], dtype=np.int64)
         c = self.model.max_prefill_t
         self._pending = [lag[s : s + c] for s in range(0, len(lag), c)]
         return DraftCall(self._pending.pop(0), keep=1)
+
+    def _rewindow(self, n: int, k: int) -> bool:
+        """Read the window again: more than it is missing, or this round's rows (the committed
+        tokens from `offset` and k proposals) would not fit the pool."""
+        return n - self.offset - self.length > self.window or n - self.offset + k > self.pool.capacity
+
+    def lag(self, seq) -> int:
+        """Committed tokens the next round reads before its first proposal (a windowed draft
+        reads at most its window)."""
+        if self.target_track is not None:
+            return 0
+        missing = len(seq) - self.offset - self.length
+        return missing if self.window is None or missing <= self.window else self.window
 
     def take(self, logits: np.ndarray, hidden=None) -> DraftCall | Proposal:
         if self._pending:

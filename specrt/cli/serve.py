@@ -101,7 +101,7 @@ def _size_serve(o):
         cfg = o.server_config(man)
         sizing = size_load(folder, man, want_draft=man.draft is not None and cfg.draft in ("model", "auto"),
                            device="cpu", max_batch=lo.max_batch, max_seq_len=lo.max_seq_len,
-                           memory_fraction=lo.memory_fraction, packed=lo.packed)
+                           memory_fraction=lo.memory_fraction, packed=lo.packed, draft_window=lo.draft_window)
     except USER_ERRORS as e:
         fail(str(e))
     return cfg, sizing

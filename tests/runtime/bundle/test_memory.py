@@ -276,3 +276,27 @@ def test_kv_bytes_have_one_definition(tmp_path, draft):
         assert pipe.kv_bytes == 3 * pipe.kv_bytes_per_slot
     finally:
         pipe.close()
+
+
+def test_a_context_not_asked_for_is_shortened_to_hold_the_slots():
+    # 2 slots x 8192 tokens: 1e9 + 2 x 8192 x (1e5 + 8) + buffers = 2.64 GB > 2.5 GB
+    with pytest.raises(InsufficientMemory, match="max_seq_len <= 7499"):
+        memory.size(GB_PLAN, 2, 8192, int(2.5e9), s_max=8192)
+    got = memory.size(GB_PLAN, 2, 8192, int(2.5e9), s_max=8192, fit_seq=True)
+    assert (got.slots, got.seq, got.shortened_from) == (2, 7424, 8192)  # 7499, to 256 tokens
+    assert "context shortened from 8192 to 7424 tokens so that 2 slots fit" in got.summary()
+    # what fits at the full context is not shortened, and nothing below MIN_FIT_SEQ is offered
+    assert memory.size(GB_PLAN, 1, 8192, int(2.5e9), fit_seq=True).shortened_from is None
+    with pytest.raises(InsufficientMemory):
+        memory.size(GB_PLAN, 10, 8192, int(2.5e9), s_max=8192, fit_seq=True)  # 10 x 4096 does not fit
+    # auto keeps the context and takes the slots that fit; only where not one fits is it shortened
+    assert memory.size(GB_PLAN, "auto", 8192, int(2.5e9), fraction=1.0, fit_seq=True).seq == 8192
+    one = memory.size(GB_PLAN, "auto", 20000, int(2.5e9), fraction=1.0, fit_seq=True)
+    assert (one.slots, one.shortened_from) == (1, 20000) and one.seq == 14848  # (1.5e9 - 8) / (1e5 + 8): 14998
+
+
+def test_a_capped_pool_counts_its_rows_only():
+    plan = MemoryPlan(models=GB_PLAN.models, kv_per_token=100, features_per_token=0, runtime=0,
+                      kv_capped=((10, 300),))
+    assert plan.kv_per_slot(1000) == 100 * 1000 + 10 * 300
+    assert plan.kv_per_slot(200) == 100 * 200 + 10 * 200

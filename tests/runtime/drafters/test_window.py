@@ -17,8 +17,8 @@ def _prompt(seed: int, n: int = 70) -> list[int]:  # > one 64-token chunk
     return [1] + [int(t) for t in np.random.default_rng(seed).integers(3, 120, size=n - 1)]
 
 
-def _exact(cold, prompt, got):
-    want = [t for c in cold.stream_ids(prompt, max_new_tokens=N, draft="none", ignore_eos=True) for t in c]
+def _exact(cold, prompt, got, n=N):
+    want = [t for c in cold.stream_ids(prompt, max_new_tokens=n, draft="none", ignore_eos=True) for t in c]
     diff = assert_same_greedy(got, want, target_margins(cold, prompt, want) if got != want else None)
     assert diff is None, f"near-tie at token {diff}: the test cannot tell the window from float noise there"
 
@@ -73,3 +73,41 @@ def test_without_a_window_the_draft_reads_the_whole_prompt_and_keeps_it(tiny_bun
 def test_a_window_must_hold_a_token(tiny_bundles):
     with pytest.raises(ValueError, match="draft_window"):
         specrt.load(tiny_bundles["good"], max_batch=1, draft_window=0)
+
+
+def test_a_windowed_drafts_pool_holds_its_window_and_a_run_and_reads_again_past_it(tiny_bundles, monkeypatch):
+    """The loader gives a windowed draft window + WINDOW_RUN rows (not the context's): a request
+    that outgrows them reads the window again and keeps target-only's output."""
+    from specrt.runtime.bundle import memory
+
+    monkeypatch.setattr(memory, "WINDOW_RUN", 24)
+    folder = tiny_bundles["good"]
+    with specrt.load(folder, max_batch=1, prefix_cache=False, adaptive=False) as cold, \
+            specrt.load(folder, max_batch=1, adaptive=False, draft_window=8, prefix_cache=False) as warm:
+        d = warm.parts.draft
+        assert d.pool.capacity == 8 + 24 < warm.parts.target.pool.capacity
+        prompt = _prompt(5)
+        lengths: list[int] = []
+        got, st = run_request(warm, prompt, lambda r: lengths.append(d.pool.length(d.track, r.slot)),
+                              max_new_tokens=3 * N, draft="model", k=3, ignore_eos=True)
+        _exact(cold, prompt, got, 3 * N)
+        assert st.draft_tokens > 0
+        assert max(lengths) <= 8 + 24
+        # 48 new tokens past an 8-token window outgrow 32 rows: the window was read again
+        assert any(b < a for a, b in zip(lengths, lengths[1:], strict=False))
+
+
+def test_the_memory_plan_counts_a_windowed_drafts_rows_not_the_contexts(tiny_bundles):
+    from specrt.runtime.bundle import memory
+    from specrt.runtime.bundle.loader import memory_plan
+    from specrt.runtime.bundle.manifest import load_manifest
+
+    folder = tiny_bundles["good"]
+    man = load_manifest(folder)
+    s_max = man.target.kv.max_seq_len
+    full = memory_plan(folder, man, want_draft=True, draft_window=None)
+    windowed = memory_plan(folder, man, want_draft=True, draft_window=8)
+    t, d = man.target.kv.bytes_per_token(), man.draft.kv.bytes_per_token()
+    assert full.kv_per_slot(s_max) == (t + d) * s_max
+    rows = min(s_max, memory.windowed_rows(8))
+    assert windowed.kv_per_slot(s_max) == t * s_max + d * rows
