@@ -29,6 +29,9 @@ class AutoDrafter:
             return Proposal(toks[:k], None, [], "ngram")
         return self.model.start(seq, k, cfg, rng, policy)
 
+    def lag(self, seq) -> int:
+        return self.model.lag(seq)
+
     def take(self, logits, hidden=None):
         return self.model.take(logits, hidden)
 

@@ -11,6 +11,14 @@ k = argmax R(k) (computed in tokens per ms); k = 0 (a plain target step) when no
 with a probe round every `probe_every` plain rounds so a workload that turns predictable is
 noticed.
 
+Catching up: a separate draft reads the committed tokens it lacks before its first proposal (a
+long prompt's window at the request's first round; every token of a run of plain rounds). That
+reading is paid once and then serves every later round, so it is priced against what drafting
+saves over the request's remaining tokens, not against one round: a round drafts after a lag of
+L tokens only if  remaining x (1/R(0) - 1/R(k)) >= read_ms(L)  (ms saved per token times the
+tokens left to save them on), and a probe round only if its read costs at most PROBE_READ of the
+remaining tokens' plain time.
+
 Confidence early stop: after drafting token j (draft confidence s_j: greedy, the draft's
 top-1/top-2 margin 1 - p2/p1; sampling, its probability of the token), drafting goes on if
 some continuation to m in (j, k] pays for itself at the current rate R: its expected gain sum_{j<i<=m} P(reach j+1) * prod_{j<l<=i} a_l, with
@@ -65,6 +73,12 @@ class Costs:
     #                                  separate draft, runtime/drafters/model.py); None: all
     packed: bool = False  # the target runs every row of a step in one call (runtime/backends/packed.py):
     #                     a step costs call_ms(total tokens), not a call per drafting row
+    draft_read_ms: float = 0.0  # each committed token a draft call reads past its first (catching up)
+
+    def read_ms(self, lag: int) -> float:
+        """What a separate draft's catching up on `lag` committed tokens costs beyond a normal
+        round's (which reads one or two within its draft step)."""
+        return max(0, lag - 2) * self.draft_read_ms
 
     def call_ms(self, tokens: np.ndarray | int) -> np.ndarray | float:
         """One packed call of `tokens` tokens in all (any rows) at the probe's context: the
@@ -169,6 +183,9 @@ def measure_costs(target, draft, slot: int, max_t: int, rows: int = 1, busy=(), 
     far = min(target.max_seq_len - max_t if far is None else far, target.max_seq_len - max_t)
     far = far if far >= context + 128 else None  # too close to tell a slope from noise
     widths = sorted({1, 2, 3, 5, 9, max_t} & set(range(1, max_t + 1)))
+    # a draft with its own pool catches up by reading committed tokens in wide calls: price a token of them
+    own_pool = draft is not None and not getattr(draft, "takes_hidden", False) and draft.pool is not target.pool
+    read = min(64, getattr(draft, "max_prefill_t", 1), draft.max_seq_len - context) if own_pool else 0
     far_widths = list(widths)
     if getattr(target, "packs", False):  # one call holds every row's tokens: price wide calls too
         widths += [T for T in (2 * max_t, 4 * max_t) if max_t < T <= min(target.max_prefill_t, target.max_seq_len - context)]
@@ -178,6 +195,7 @@ def measure_costs(target, draft, slot: int, max_t: int, rows: int = 1, busy=(), 
     shapes += [("tf", T) for T in far_widths] if far else []
     if draft is not None:
         shapes += [("d", 1)] + ([("db", b) for b in batch if b > 1] if draft.batch_rows else [])
+        shapes += [("dr", read)] if read > 2 else []
         shapes += [("df", 1)] if far and draft.max_seq_len > far else []
     times = _probe(target, draft, slot, shapes, context, far, set(busy), reps)
 
@@ -199,8 +217,9 @@ def measure_costs(target, draft, slot: int, max_t: int, rows: int = 1, busy=(), 
         slope.update({T: slope[narrowest] for T in far_widths if T < narrowest})
         if ("df", 1) in times:
             draft_slope = max(0.0, med(("df", 1)) - draft_ms) / (far - context)
+    draft_read = max(0.0, med(("dr", read)) - draft_ms) / (read - 1) if ("dr", read) in times else 0.0
     return Costs(target_ms, draft_ms, rows_ms=_monotone(rows_ms), draft_rows_ms=_monotone(draft_rows),
-                 context=context, slope=slope, draft_slope=draft_slope)
+                 context=context, slope=slope, draft_slope=draft_slope, draft_read_ms=draft_read)
 
 
 def _probe(target, draft, slot: int, shapes: list, context: int, far: int | None, busy: set, reps: int) -> dict:
@@ -217,8 +236,8 @@ def _probe(target, draft, slot: int, shapes: list, context: int, far: int | None
             t0 = time.perf_counter()
             if kind in ("t", "tf"):
                 target.run(slot, ids, context if kind == "t" else far)
-            elif kind in ("d", "df"):
-                draft.run(slot, ids, context if kind == "d" else far)
+            elif kind in ("d", "df", "dr"):
+                draft.run(slot, ids, far if kind == "df" else context, keep=1)
             else:
                 model = target if kind == "tb" else draft
                 model.run_rows(0, ids, pasts(model, n))
@@ -292,6 +311,10 @@ class Calibration:
             self.ok[b] += j < accepted
 
 
+PROBE_READ = 0.05  # a probe round's catching up may cost at most this share of the remaining
+#                   tokens' plain time (module docstring, "Catching up")
+
+
 class AdaptivePolicy:
     """Per request: picks k each round and decides when drafting should stop early."""
 
@@ -306,19 +329,25 @@ class AdaptivePolicy:
         self.k = max_k  # the chosen k: early stop looks ahead up to it
         self.context: int | None = None  # the request's length at the last choose_k
 
-    def choose_k(self, context: int | None = None) -> int:
+    def choose_k(self, context: int | None = None, lag: int = 0, remaining: int | None = None) -> int:
         """context: the request's length now (its calls' attention grows with it; None: the
-        probe's context)."""
+        probe's context). lag: committed tokens the draft must read before proposing (a
+        separate draft's catching up); remaining: tokens the request may still produce (None:
+        unknown, the reading is not priced). Module docstring, "Catching up"."""
         c = self.costs
         self.context = context
         ks = np.arange(self.max_k + 1)
         draft = c.draft_ms + c.draft_extra_ms(context)
         rates = round_rate(self.acc.expected(), ks, draft, c.verify_curve(self.max_k + 1, context))  # tokens per ms; k = 0 is a plain target step
         k = int(np.argmax(rates))
+        read = c.read_ms(lag) if remaining is not None else 0.0
+        if k > 0 and read > 0 and remaining * (1 / rates[0] - 1 / rates[k]) < read:
+            k = 0  # what drafting would save on the tokens left does not pay the draft's reading
         acc = self.acc  # the plain-round count lives with the learned state: short requests add up
         if k == 0:
             acc.plain_rounds += 1
-            if acc.plain_rounds >= self.probe_every:  # re-probe: the text may have become predictable
+            cheap = read == 0 or read <= PROBE_READ * remaining / rates[0]
+            if acc.plain_rounds >= self.probe_every and cheap:  # re-probe: the text may have become predictable
                 acc.plain_rounds = 0
                 k = min(2, self.max_k)
         else:

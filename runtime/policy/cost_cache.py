@@ -60,8 +60,8 @@ def _file(path: Path) -> str:
         return path.name
 
 
-PROBE = 3  # what `measure_costs` records; 2: a min_t target's narrow widths priced as its widened call;
-#           3: the growth per position of context (slope, draft_slope) beside the curves
+PROBE = 4  # what `measure_costs` records; 2: a min_t target's narrow widths priced as its widened call;
+#           3: the growth per position of context (slope, draft_slope) beside the curves; 4: draft_read_ms
 
 
 def key(folder: Path, manifest, *, device: str, threads: int | None, extra: str = "") -> str:
@@ -96,10 +96,11 @@ def load(k: str) -> Costs | None:
             return None
         slope = {int(t): float(v) for t, v in data.get("slope", {}).items()}
         draft_slope, context = float(data.get("draft_slope", 0.0)), int(data.get("context", 128))
-        if not all(math.isfinite(v) and v >= 0 for v in [*slope.values(), draft_slope]):
+        draft_read = float(data.get("draft_read_ms", 0.0))
+        if not all(math.isfinite(v) and v >= 0 for v in [*slope.values(), draft_slope, draft_read]):
             return None
         return Costs(target_ms, draft_ms, rows_ms=rows_ms, draft_rows_ms=draft_rows_ms, context=context,
-                     slope=slope, draft_slope=draft_slope)
+                     slope=slope, draft_slope=draft_slope, draft_read_ms=draft_read)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -115,7 +116,7 @@ def save(k: str, costs: Costs) -> None:
             tmp = Path(f.name)
             json.dump({"key": k, "target_ms": costs.target_ms, "draft_ms": costs.draft_ms,
                        "rows_ms": costs.rows_ms, "draft_rows_ms": costs.draft_rows_ms, "context": costs.context,
-                       "slope": costs.slope, "draft_slope": costs.draft_slope}, f)
+                       "slope": costs.slope, "draft_slope": costs.draft_slope, "draft_read_ms": costs.draft_read_ms}, f)
         tmp.replace(d / f"costs-{k}.json")  # atomic: readers see the old file or the new one
     except (OSError, TypeError, ValueError):
         if tmp is not None:

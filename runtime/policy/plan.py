@@ -158,7 +158,8 @@ class Planner:
             return 0, None
         r.route = r.drafter.route(r.seq)
         pol = r.policies.get(r.route)
-        k = pol.choose_k(len(r.seq)) if pol is not None else r.k
+        lag = getattr(r.drafter, "lag", None)  # a separate draft's catching up, priced by the policy
+        k = pol.choose_k(len(r.seq), lag(r.seq) if lag else 0, r.remaining) if pol is not None else r.k
         row = None
         if pol is not None:
             row = Row(min(k, r.remaining - 1), pol.acc.expected()[: k + 1], r.route == "ngram", len(r.seq))

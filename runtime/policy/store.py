@@ -75,7 +75,8 @@ class PolicyStore:
         draft_ms = 0.01 * base.target_ms[1] if lookup else base.draft_ms
         costs = dataclasses.replace(base, target_ms=dict(base.target_ms), draft_ms=draft_ms, rows_ms=dict(base.rows_ms),
                                     draft_rows_ms={} if lookup else dict(base.draft_rows_ms), slope=dict(base.slope),
-                                    draft_slope=0.0 if lookup else base.draft_slope, draft_window=self.draft_window)
+                                    draft_slope=0.0 if lookup else base.draft_slope, draft_window=self.draft_window,
+                                    draft_read_ms=0.0 if lookup else base.draft_read_ms)
         if (key, greedy) not in self._learned:
             self._learned[(key, greedy)] = (AcceptanceModel(self.max_k), Calibration())
         acc, cal = self._learned[(key, greedy)]

@@ -108,3 +108,71 @@ def test_a_long_prompt_is_decoded_plain_and_a_short_one_drafts(tmp_path):
         assert set(ks) <= {0, 2} and ks.count(0) >= 7, ks
     finally:
         pipe.close()
+
+
+# catching up (module docstring of runtime/policy/adaptive.py, "Catching up"): a plain step 10 ms,
+# drafting at 0.7 acceptance roughly doubles the rate; reading a committed token costs 1 ms
+READS = Costs({1: 10.0, 2: 10.3, 5: 11.0, 9: 12.0}, draft_ms=0.5, context=16, draft_read_ms=1.0)
+
+
+def test_reading_a_lag_is_priced_against_the_tokens_left_to_save_on():
+    p = _learned(READS)
+    assert p.choose_k(20) > 0
+    # what a drafting round saves a token here: 1/R(0) - 1/R(k) ~ 10 - 4.6 ms; 256 tokens of
+    # reading (254 ms) pay over 100 tokens (~540 ms saved), not over 10 (~54 ms)
+    assert _learned(READS).choose_k(20, lag=256, remaining=100) > 0
+    assert _learned(READS).choose_k(20, lag=256, remaining=10) == 0
+    # a normal round's catch-up (one or two tokens) is part of its draft step: never priced
+    assert _learned(READS).choose_k(20, lag=2, remaining=1) > 0
+    # remaining unknown: not priced
+    assert _learned(READS).choose_k(20, lag=256) > 0
+
+
+def test_a_probe_round_waits_while_its_reading_is_dear():
+    # acceptance 0: plain rounds; every `probe_every` of them a probe round (k = 2)
+    def plain_policy():
+        p = AdaptivePolicy(Costs(dict(READS.target_ms), draft_ms=2.0, context=16, draft_read_ms=1.0), max_k=8,
+                           probe_every=4)
+        for _ in range(40):
+            p.update(4, 0, [])
+        return p
+
+    cheap, dear = plain_policy(), plain_policy()
+    assert [cheap.choose_k(20, lag=3, remaining=1000) for _ in range(4)] == [0, 0, 0, 2]
+    # 256 tokens of reading (254 ms) against 5% of 100 plain tokens (50 ms): no probe
+    assert [dear.choose_k(20, lag=256, remaining=100) for _ in range(8)] == [0] * 8
+    assert dear.choose_k(20, lag=256, remaining=10_000) == 2  # where it is cheap against what is left
+
+
+class SlowRead(Slow):
+    """A fake draft whose calls take 0.5 ms + 0.2 ms per token past the first."""
+
+    def run(self, slot, tokens, past_len, hidden=None, keep=None):
+        time.sleep((0.5 + 0.2 * (len(tokens) - 1)) / 1000)
+        return self.model.run(slot, tokens, past_len, hidden, keep)
+
+
+def test_the_probe_prices_a_separate_drafts_reading(tmp_path):
+    parts = fake_parts(tmp_path, draft="separate", slots=2, max_prefill_t=64)
+    costs = measure_costs(parts.target, SlowRead(parts.draft), 0, 9, reps=3, context=16)
+    assert 0.15 <= costs.draft_read_ms <= 1.0  # 0.2 ms a token, measured (sleeps only run long)
+    shared = fake_parts(tmp_path / "s", draft="self", slots=2, max_prefill_t=64)
+    assert measure_costs(shared.target, SlowRead(shared.draft), 0, 9, reps=2, context=16).draft_read_ms == 0.0
+
+
+def test_a_long_prompt_whose_reading_would_not_pay_is_decoded_plain(tmp_path):
+    # a separate draft reads a 200-token prompt's last 200 (window 256) at 2 ms a token: 396 ms,
+    # against ~5 ms saved on each of 12 tokens; a 10-token prompt's 16 ms pays
+    reads = Costs({1: 10.0, 2: 10.2, 5: 10.8, 9: 11.6}, draft_ms=0.5, rows_ms={1: 10.0, 2: 10.5}, draft_read_ms=2.0)
+    pipe = fake_pipeline(tmp_path, draft="separate", costs=reads, slots=2)
+    try:
+        short = pipe.request(list(range(5, 15)), max_new_tokens=12, draft="model", adaptive=True, ignore_eos=True)
+        long = pipe.request([int(t) for t in np.arange(200) % 20 + 5], max_new_tokens=12, draft="model", adaptive=True,
+                            ignore_eos=True)
+        drive(pipe, [short])
+        drive(pipe, [long])
+        assert sum(short.stats.k_history) > 0
+        assert set(long.stats.k_history) == {0}, long.stats.k_history
+        assert long.stats.draft_prefill_ms == 0  # the draft never read the prompt
+    finally:
+        pipe.close()
