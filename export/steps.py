@@ -241,4 +241,10 @@ def decoder(folder: Path, entry: ModelEntry, keep_hidden: bool = False) -> Seque
     """A written entry -> one-sequence decoder over its graph, for the checks."""
     # float graphs unpacked: the checks run tens of calls, and a prepacking session peaks at twice
     # the weights while it is built (runtime/bundle/memory.py); MatMulNBits graphs are packed regardless
-    return SequenceHarness(OrtBackend(folder / entry.graph, entry, prepack=False), entry.graph.split("/")[0], keep_hidden)
+    # and a slot of CHECK_ROWS, not S_max: a 32k bundle's slot is 1.8 GB of KV the checks never touch
+    rows = min(entry.kv.max_seq_len, CHECK_ROWS)
+    return SequenceHarness(OrtBackend(folder / entry.graph, entry, prepack=False, max_seq_len=rows),
+                           entry.graph.split("/")[0], keep_hidden)
+
+
+CHECK_ROWS = 2048  # the export's checks run prompts of tens of tokens

@@ -115,14 +115,15 @@ def second_token_dist(pipe, prompt, cfg, prepack: bool = True):
     return total
 
 
-def packed_model(bundle, slots=8, lanes=8):
-    """-> (target entry, its KV pool, a PackedModel of `lanes` lanes over it)."""
+def packed_model(bundle, slots=8, lanes=8, max_seq_len=None):
+    """-> (target entry, its KV pool of max_seq_len rows a slot (None: S_max), a PackedModel of
+    `lanes` lanes over it)."""
     from specrt.runtime.backends.kvpool import KVPool
     from specrt.runtime.backends.packed import PackedModel
     from specrt.runtime.bundle.manifest import load_manifest
 
     e = load_manifest(bundle).target
-    pool = KVPool(e.kv, slots, "cpu")
+    pool = KVPool(e.kv, slots, "cpu", max_seq_len=min(e.kv.max_seq_len, max_seq_len or e.kv.max_seq_len))
     return e, pool, PackedModel(bundle / e.packed.file(lanes), e, pool, lanes=lanes, threads=2)
 
 
@@ -147,8 +148,13 @@ class Snapshot:
 def check_row_invariance(bundle, contexts, widths=(1, 2, 3, 5, 9, 17)) -> int:
     """A packed target's row alone against the same row beside 1, 3 and 7 others of other
     widths and lengths (slot s prefilled with contexts[s] tokens), logits and K/V bit for bit.
+    The pool's slots end just past the longest context's widest call (a 32k bundle's 8 slots at
+    S_max, and their snapshot, would not fit in memory), so that row is near a buffer's end.
     -> the cases checked."""
-    e, pool, pm = packed_model(bundle)
+    from specrt.runtime.bundle.manifest import load_manifest
+
+    rows = max(contexts) + max(min(T, load_manifest(bundle).target.max_tokens_per_call) for T in widths) + 2
+    e, pool, pm = packed_model(bundle, max_seq_len=rows + 22)
     rng = np.random.default_rng(0)
     V = e.vocab_size
     seqs = [rng.integers(3, V - 1, c + 20) for c in contexts]

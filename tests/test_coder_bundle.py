@@ -34,7 +34,9 @@ def pipe():
 
     if not (BUNDLE / "specrt.json").is_file():
         pytest.fail(f"{BUNDLE} is missing: run `make export-coder`")
-    p = specrt.load(BUNDLE, max_batch=4)  # four slots: the concurrent test runs four requests in one batch
+    # four slots (the concurrent test runs four requests in one batch) of 8k: every test here but
+    # the long-context one, which loads the bundle's whole context
+    p = specrt.load(BUNDLE, max_batch=4, max_seq_len=8192)
     yield p
     p.close()
 
@@ -239,7 +241,7 @@ def test_long_prompts_and_eight_requests_are_the_targets_own_with_their_logprobs
              if ln]
     picked = ("long-code-imghdr", "long-code-graphlib", "long-code-shlex")  # 1,179 / 2,124 / 2,872 tokens
     items = [it["prompt"] for it in long_ if it["id"] in picked] + [it["prompt"] for it in WORKLOAD[:5]]
-    p = specrt.load(BUNDLE, max_batch=8)
+    p = specrt.load(BUNDLE, max_batch=8, max_seq_len=8192)
     try:
         assert type(p.parts.target).__name__ == "PackedModel" and p.parts.target.lanes == 8
         prompts = [p.tokenizer.encode(t) for t in items]
@@ -263,5 +265,36 @@ def test_long_prompts_and_eight_requests_are_the_targets_own_with_their_logprobs
             t.join(1200)
         for i, (w, g) in enumerate(zip(want, got, strict=True)):
             assert g == w, f"prompt {i} ({len(prompts[i])} tokens)"
+    finally:
+        p.close()
+
+
+def test_a_prompt_of_thirteen_thousand_tokens_is_the_targets_own():
+    """Issue 38: the bundle's whole context (32k), `dataclasses.py` and a question (13,844
+    tokens): the default (adaptive, the windowed draft) gives target-only's tokens and logprobs.
+    Target-only reads the prompt once; the speculative request reuses those rows (the prefix
+    cache: tested on its own elsewhere), so the ~4 minutes of reading are paid once."""
+    import specrt
+
+    long_ = [json.loads(ln) for ln in (ROOT / "configs" / "workloads" / "long_code.jsonl").read_text().splitlines()
+             if ln]
+    text = next(it["prompt"] for it in long_ if it["id"] == "long-code-dataclasses")
+    p = specrt.load(BUNDLE, max_batch=1)
+    try:
+        assert p.max_seq_len >= 16384, p.max_seq_len
+        ids = p.tokenizer.encode(text, chat=True)
+        assert len(ids) > 13_000
+
+        def run(**kw):
+            r = p.request(ids, max_new_tokens=32, logprobs=1, ignore_eos=True, **kw)
+            toks = [t for c in p.submit(r) for t in c]
+            return toks, [(e.token, e.logprob) for e in r.token_logprobs], r.stats
+
+        want = run(draft="none")[:2]
+        for kw in ({}, {"draft": "model", "k": 4, "adaptive": False}):  # the default; drafting every round
+            got, got_lp, st = run(**kw)
+            assert st.cached_tokens >= len(ids) - 1
+            assert (got, got_lp) == want, kw
+        assert st.draft_tokens > 0
     finally:
         p.close()

@@ -245,15 +245,16 @@ class OrtBackend(OrtModel):
 
     def __init__(self, graph: str | Path, entry: ModelEntry, *, device: str = "cpu", threads: int | None = None,
                  global_pool: bool = False, prefill_tokens: int = PREFILL_TOKENS, hugepages: bool = False,
-                 prepack: bool = True):
+                 prepack: bool = True, max_seq_len: int | None = None):
         """hugepages: move the memory this session allocates (prepacked weights, KV, buffers) onto
         2 MiB pages once it is built (runtime/bundle/hugepages.py; CPU, Linux >= 6.1). prepack=False:
         float weights stay as loaded (half the peak of building the session; slower calls);
-        MatMulNBits graphs are packed regardless (PACKED_PRECISIONS)."""
+        MatMulNBits graphs are packed regardless (PACKED_PRECISIONS). max_seq_len: the slot's rows
+        (None: the bundle's S_max)."""
         _, dev = pick_providers(device)
         before = anonymous_pages() if hugepages and dev == "cpu" else None
-        super().__init__(graph, entry, KVPool(entry.kv, 1, dev), threads=threads, global_pool=global_pool,
-                         prefill_tokens=prefill_tokens, prepack=prepack)
+        super().__init__(graph, entry, KVPool(entry.kv, 1, dev, max_seq_len=max_seq_len), threads=threads,
+                         global_pool=global_pool, prefill_tokens=prefill_tokens, prepack=prepack)
         if before is not None:
             collapse(anonymous_pages() - before)
 
