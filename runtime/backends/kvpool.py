@@ -19,6 +19,11 @@ attends). This object is the one place that knows which model may write where:
   * `spare_row(slot)`: a row no track needs, where a call that covers the slot without serving
     it (a batched call over a range of slots) may write its filler token.
 
+A track's rows may start past the sequence's first token: a windowed draft (runtime/drafters/
+model.py) holds tokens [offset, offset + length) in rows [0, length). `set_offset` records
+that, and parking, reuse and copies keep rows and offset together, so the next turn of a
+conversation finds the draft's window where it left it.
+
 Slots are *empty*, *busy* (a request holds it) or *idle*: a finished request's slot keeps its
 rows and the token ids they hold (`park`), so a later prompt that shares a prefix takes the
 slot as it is or copies the rows (`copy_rows`) instead of computing them again
@@ -60,6 +65,7 @@ class KVPool:
         if allocate:
             self.allocate()
         self._tracks: dict[str, np.ndarray] = {}
+        self._offsets: dict[str, np.ndarray] = {}  # track -> sequence position of row 0, per slot
         self._empty = list(range(slots))
         self._idle: dict[int, tuple[list[int], int]] = {}  # slot -> (token ids of its rows, park stamp)
         self._stamp = 0
@@ -110,7 +116,8 @@ class KVPool:
         else:
             raise ValueError(f"slot {slot} is busy")
         origin = slot if source is None else source
-        kept = {name: min(int(lengths[origin]), keep) for name, lengths in self._tracks.items()}
+        kept = {name: min(int(lengths[origin]), max(0, keep - int(self._offsets[name][origin])))
+                for name, lengths in self._tracks.items()}
         if source is not None:
             self.copy_rows(source, slot, max(kept.values(), default=0))
             if source in self._idle:  # a prefix just reused is recently used: evicted last
@@ -118,6 +125,7 @@ class KVPool:
                 self._idle[source] = (self._idle[source][0], self._stamp)
         for name, n in kept.items():
             self._tracks[name][slot] = n
+            self._offsets[name][slot] = self._offsets[name][origin] if n else 0
 
     def free(self, slot: int) -> None:
         """Give a busy slot back empty: every track's length goes to 0."""
@@ -129,9 +137,9 @@ class KVPool:
         """Give a busy slot back idle, keeping its rows. tokens: the ids its rows hold; every
         track's length is cut to at most len(tokens) (rows past them hold nothing reusable)."""
         self._release(slot)
-        for lengths in self._tracks.values():
-            lengths[slot] = min(lengths[slot], len(tokens))
-        n = max((int(t[slot]) for t in self._tracks.values()), default=0)
+        for name, lengths in self._tracks.items():
+            lengths[slot] = max(0, min(lengths[slot], len(tokens) - self._offsets[name][slot]))
+        n = max((int(self._offsets[name][slot] + t[slot]) for name, t in self._tracks.items() if t[slot]), default=0)
         if n == 0:
             self._empty.append(slot)
             return
@@ -153,8 +161,9 @@ class KVPool:
             raise ValueError(f"no slot {slot} in a pool of {self.slots}")
 
     def _zero(self, slot: int) -> None:
-        for lengths in self._tracks.values():
+        for name, lengths in self._tracks.items():
             lengths[slot] = 0
+            self._offsets[name][slot] = 0
 
     @property
     def free_slots(self) -> int:
@@ -218,6 +227,7 @@ class KVPool:
     def track(self, name: str) -> str:
         """Register a model writing into this pool (idempotent)."""
         self._tracks.setdefault(name, np.zeros(self.slots, dtype=np.int64))
+        self._offsets.setdefault(name, np.zeros(self.slots, dtype=np.int64))
         return name
 
     @property
@@ -226,6 +236,16 @@ class KVPool:
 
     def length(self, track: str, slot: int) -> int:
         return int(self._tracks[track][slot])
+
+    def offset(self, track: str, slot: int) -> int:
+        """The sequence position of the track's row 0 in this slot (0 but for a windowed draft)."""
+        return int(self._offsets[track][slot])
+
+    def set_offset(self, track: str, slot: int, offset: int) -> None:
+        """Start the track's rows at sequence position `offset` (its rows must be empty)."""
+        if self.length(track, slot):
+            raise ValueError(f"track {track!r} slot {slot} holds {self.length(track, slot)} rows: rewind it first")
+        self._offsets[track][slot] = offset
 
     def reserve(self, track: str, slot: int, n: int) -> int:
         """Check that n more rows fit; returns the write position."""

@@ -11,11 +11,12 @@ Own pool (another model): the draft catches up on the committed tokens it lacks,
 A window bounds that: when more than `window` tokens are missing (a long prompt, a long run of
 n-gram rounds), the draft drops its rows and reads only the last `window` committed tokens, at
 positions counted from there (rotary attention sees the same relative positions); its row i
-then holds token `offset + i`. Its pool may hold fewer rows than the target's (the loader gives a
+then holds token `offset + i` (the pool keeps the offset with the rows: `KVPool.set_offset`). Its pool may hold fewer rows than the target's (the loader gives a
 windowed draft its window and a run after it, runtime/bundle/memory.py `windowed_rows`): when a
 round would outgrow them, it reads the window again from the end. Reading a 2k-token prompt cost the 0.5B coder draft 9.3 s on
-this CPU, more than its drafting saved (docs/benchmarks.md §18). At the request's end
-(`release`) a windowed draft's rows are dropped: they are no prefix a later prompt can reuse.
+this CPU, more than its drafting saved (docs/benchmarks.md §18). At the request's end its rows
+stay with their offset: a conversation's next turn (an agent's, with its tools prompt) reuses
+them as far as its prompt shares the tokens they hold, and reads only what is new.
 Proposals stay proposals either way: verification checks every token against the target, so a
 window changes acceptance, never the output.
 """
@@ -43,7 +44,7 @@ class ModelDrafter:
             raise ValueError(f"a draft window must be at least 1 token, got {window}")
         self.model, self.slot, self.pool = model, slot, model.pool
         self.window = window if target_track is None else None  # a shared pool adopts, never reads
-        self.offset = 0  # the committed token at the draft's row 0 (> 0 once windowed)
+        self.offset = self.pool.offset(model.track, slot)  # the committed token at row 0 (> 0 once windowed)
         self.process = process
         self.track = model.track
         self.target_track = target_track
@@ -73,6 +74,7 @@ class ModelDrafter:
         if self.window is not None and self._rewindow(len(seq), k):
             self.pool.rewind(self.track, self.slot, 0)
             self.offset = len(seq) - self.window
+            self.pool.set_offset(self.track, self.slot, self.offset)
         lag = np.asarray(seq[self.offset + self.length :], dtype=np.int64)
         c = self.model.max_prefill_t
         self._pending = [lag[s : s + c] for s in range(0, len(lag), c)]
@@ -124,10 +126,7 @@ class ModelDrafter:
         self.pool.rewind(self.track, self.slot, min(self.length, seq_len - 1 - self.offset))
 
     def release(self) -> None:
-        """The request ends: a windowed draft's rows are no prefix of the sequence, so nothing of
-        them is left for a later prompt to reuse."""
-        if self.offset:
-            self.pool.rewind(self.track, self.slot, 0)
+        """The request ends: the rows stay, with their offset in the pool (module docstring)."""
 
 
 def _margin(logits: np.ndarray, top: int) -> float:

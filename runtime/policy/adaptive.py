@@ -84,8 +84,15 @@ class Costs:
         """One packed call of `tokens` tokens in all (any rows) at the probe's context: the
         one-sequence curve target_ms, linear beyond its widest probe (the weights are streamed
         once; each token adds its share of the compute)."""
-        return self.scale * np.vectorize(lambda t: _interp(self.target_ms, int(t)) if t > 0 else 0.0,
-                                         otypes=[float])(tokens)
+        t = np.asarray(tokens, dtype=float)
+        xs = np.array(sorted(self.target_ms), dtype=float)
+        ys = np.array([self.target_ms[int(x)] for x in xs])
+        if len(xs) == 1:
+            beyond = ys[0] * t / xs[0]
+        else:
+            beyond = ys[-1] + (t - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        out = self.scale * np.where(t > 0, np.where(t > xs[-1], beyond, np.interp(t, xs, ys)), 0.0)
+        return float(out) if out.ndim == 0 else out
 
     def extra_ms(self, T: int, context: int | None) -> float:
         """What attending to `context` positions adds to a target call of T tokens (0 at or

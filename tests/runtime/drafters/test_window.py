@@ -39,23 +39,34 @@ def test_a_windowed_draft_gives_the_target_only_output(tiny_bundles, window):
                 max_new_tokens=N, draft="model", k=3, ignore_eos=True)
             _exact(cold, prompt, got)
             assert st.draft_tokens > 0
-            if window is not None:  # rows: the window, a round's proposals and what it committed
-                assert max(lengths) <= window + N + 3
+            if window is not None:  # rows: the window, what the turns since committed (the draft's
+                # rows stay with their offset for the next turn) and a round's proposals
+                assert max(lengths) <= window + turn * (N + 5) + N + 3
             prompt = prompt + got + _prompt(turn + 1, 6)[1:]
 
 
-def test_the_window_bounds_what_the_draft_reads_and_is_not_left_for_reuse(tiny_bundles):
+def test_the_window_bounds_what_the_draft_reads_and_the_next_turn_reuses_it(tiny_bundles):
     folder = tiny_bundles["good"]
-    with specrt.load(folder, max_batch=1, adaptive=False, draft_window=8) as pipe:
+    with specrt.load(folder, max_batch=1, prefix_cache=False, adaptive=False) as cold, \
+            specrt.load(folder, max_batch=1, adaptive=False, draft_window=40) as pipe:
         d = pipe.parts.draft
         seen = []
-        run_request(pipe, _prompt(3), lambda r: seen.append((r.slot, d.pool.length(d.track, r.slot))),
-                    max_new_tokens=4, draft="model", k=2, ignore_eos=True)
+        prompt = _prompt(3)
+        got, _ = run_request(pipe, prompt, lambda r: seen.append((r.slot, d.pool.length(d.track, r.slot))),
+                             max_new_tokens=4, draft="model", k=2, ignore_eos=True)
         slot, most = seen[0][0], max(n for _, n in seen)
-        assert 8 <= most <= 8 + 4  # the window and what the rounds committed, never the 70-token prompt
-        # parked: the target's rows stay for reuse, the windowed draft's (no prefix) do not
-        assert d.pool.length(d.track, slot) == 0
+        assert 40 <= most <= 40 + 4  # the window and what the rounds committed, never the 70-token prompt
+        # parked: the target's rows and the draft's window stay, the window at its offset
+        held, offset = d.pool.length(d.track, slot), d.pool.offset(d.track, slot)
+        assert held >= 40 and offset == len(prompt) + 1 - 40  # read at the first round: the prompt and its first token
         assert pipe.parts.target.pool.length(pipe.parts.target.track, slot) > 70
+        # the next turn: the draft keeps its rows and offset and reads only the new tokens
+        nxt = prompt + got + _prompt(9, 7)[1:]
+        first: list[int] = []
+        got2, _ = run_request(pipe, nxt, lambda r: first.append(d.pool.offset(d.track, r.slot)) if not first else None,
+                              max_new_tokens=N, draft="model", k=2, ignore_eos=True)
+        assert first == [offset] and d.pool.offset(d.track, slot) == offset
+        _exact(cold, nxt, got2)
 
 
 def test_without_a_window_the_draft_reads_the_whole_prompt_and_keeps_it(tiny_bundles):
