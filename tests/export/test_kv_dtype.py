@@ -28,7 +28,7 @@ def _kv_input_types(path) -> set[int]:
     return {i.type.tensor_type.elem_type for i in m.graph.input if i.name.startswith("past_key_values")}
 
 
-@pytest.mark.parametrize("name", ["int8-kv16", "good-kv16"])
+@pytest.mark.parametrize("name", ["int8-kv16", "good-kv16", "eagle-kv16"])
 def test_every_graph_and_the_manifest_say_float16(tiny_bundles, name):
     folder = tiny_bundles[name]
     man = load_manifest(folder)
@@ -38,9 +38,12 @@ def test_every_graph_and_the_manifest_say_float16(tiny_bundles, name):
         assert _kv_input_types(folder / e.graph) == {F16}
     for lanes in man.target.packed.lanes:
         assert _kv_input_types(folder / man.target.packed.file(lanes)) == {F16}
+    assert man.target.packed.lanes == ([] if man.draft.recipe == "eagle" else [1, 2, 4, 8, 16])
     # parity with transformers is held to fp16's tolerance (K/V, GQA's q and output are rounded)
     assert man.target.parity["passed"] and man.target.parity["tolerance"] == 0.05
     assert man.target.parity["greedy_match"] == man.target.parity["greedy_steps"]
+    if man.draft.recipe == "eagle":  # its check: the target's features within fp16's tolerance
+        assert man.draft.parity["passed"] and man.draft.parity["target_features_max_abs"] <= 0.05
 
 
 def test_the_default_stays_the_activations_dtype(tiny_bundles):
