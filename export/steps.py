@@ -31,9 +31,17 @@ from . import quant_target
 from .arch import Arch, arch_from_model, numpy_weights
 from .bundle import ExternalData, save_graph
 from .eagle import draft_arch, draft_weights
-from .graph import EAGLE_FEATURES_OUT, FEATURES, GraphOptions, build_graph, graph_io, kv_buffer_dtype
+from .emitter import kv_buffer_dtype
+from .graph import EAGLE_FEATURES_OUT, FEATURES, GraphOptions, build_graph, graph_io
 from .sources import load_source, resolve_source, sha256_file
-from .validate import ParityError, Reference, check_decoder, check_eagle, draft_agreement, tolerance_key
+from .validate import (
+    ParityError,
+    Reference,
+    check_decoder,
+    check_eagle,
+    draft_agreement,
+    tolerance_key,
+)
 
 
 @dataclass(frozen=True)
