@@ -23,6 +23,7 @@ from specrt.runtime.bundle.tokenizer import find_fim_tokens
 from . import packed, tokcheck
 from .bundle import staging
 from .eagle import load_head
+from .emitter import kv_buffer_dtype
 from .errors import SourceError
 from .nbits import WEIGHT_ONLY
 from .sources import peek_source, resolve_source
@@ -73,6 +74,7 @@ def export_bundle(
     greedy_steps: int = 32,
     accuracy_level: int = 4,
     lm_head_precision: str = "",
+    kv_dtype: str = "auto",
     trt: bool = False,
     draft_precision: str | None = None,
     echo: Callable[[str], None] | None = print,
@@ -87,11 +89,14 @@ def export_bundle(
     source) | "gguf" (the GGUF file's own blocks, export/gguf_import.py); accuracy_level and
     lm_head_precision apply to the weight-only ones (docs/design.md). draft_precision: "int8" /
     "int4" quantizes a separate draft model's weights with the self-drafts' recipe (None: the
-    target's precision). Returns the written manifest. Models are loaded one at a time and
+    target's precision). kv_dtype: "auto" (KV buffers in the activations' dtype) | "fp16" (float16
+    KV in every graph of the bundle, ort lowering; parity then held to fp16's tolerance).
+    Returns the written manifest. Models are loaded one at a time and
     dropped before onnxruntime loads their graphs (a quantized target's parity check keeps its
     model until the check is done).
     """
-    cfg = Settings(max_seq_len, max_draft_tokens, precision, lowering, greedy_steps, accuracy_level, lm_head_precision)
+    cfg = Settings(max_seq_len, max_draft_tokens, precision, lowering, greedy_steps, accuracy_level, lm_head_precision,
+                   kv_dtype)
     kind = draft_kind(draft)
     _check_settings(cfg, kind, draft, k, trt)
     _check_draft_precision(cfg, kind, draft_precision)
@@ -164,6 +169,7 @@ def _check_settings(cfg: Settings, kind: str, draft: str, k: int | None, trt: bo
         raise ValueError(f"precision must be one of {PRECISIONS}, got {cfg.precision!r}")
     if cfg.precision in WEIGHT_ONLY and cfg.lowering != "ort":
         raise ValueError(f"precision {cfg.precision} uses MatMulNBits, which only the 'ort' lowering has")
+    kv_buffer_dtype(cfg.graph())  # refuses a kv_dtype it does not know, or fp16 KV off the ort lowering
     if cfg.accuracy_level not in (0, 4) or cfg.lm_head_precision not in ("", "fp32", "int4", "int8"):
         raise ValueError("accuracy_level must be 0 or 4 and lm_head_precision one of fp32, int4, int8")
     if cfg.max_draft_tokens < 1 or cfg.max_seq_len < cfg.max_draft_tokens + 32:

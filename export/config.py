@@ -17,6 +17,7 @@ _FROM_CONFIG = {
     "precision": ("export", "precision", "fp32"),
     "accuracy_level": ("export", "accuracy_level", 4),
     "lm_head_precision": ("export", "lm_head_precision", ""),
+    "kv_dtype": ("export", "kv_dtype", "auto"),
     "lowering": ("export", "lowering", "ort"),
     "trt": ("export", "trt", False),
 }

@@ -16,13 +16,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from specrt.runtime.bundle.manifest import IONames
+from specrt.runtime.bundle.manifest import KV_DTYPE, IONames
 
 from . import nbits, quantize
 from .arch import Arch
 from .quantize import QuantWeight
 
 EMBED = "model.embed_tokens.weight"
+KV_DTYPES = ("auto", "fp16")  # GraphOptions.kv_dtype: "auto" = the activations' dtype (KV_DTYPE)
 KEEP_ALL = 1 << 30  # num_logits_to_keep's default: Slice clamps -KEEP_ALL to the first position
 
 
@@ -38,6 +39,21 @@ class GraphOptions:
     hidden_out: str = ""  # also output the final-norm hidden states [B, T, H] under this name
     eagle: bool = False  # EAGLE draft: input `hidden_states` [B, T, H] (target features) mixed
     #                      into the embedding by `eagle.fc.*` (docs/design.md, "EAGLE draft")
+    kv_dtype: str = "auto"  # KV_DTYPES: "fp16" = float16 K/V buffers under float32 activations
+    #                         (ort lowering: GroupQueryAttention then runs on float16, see kv_buffer_dtype())
+
+
+def kv_buffer_dtype(opts: GraphOptions) -> np.dtype:
+    """The dtype of `opts`' KV buffers: the activations' ("auto"), or float16. An fp16 cache under
+    fp32 activations exists only in the `ort` lowering: GroupQueryAttention takes one type for
+    q, k, v, past and its rotary tables, so the graph casts the projections to float16 before
+    it and its output back after (docs/design.md, "fp16 KV")."""
+    if opts.kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {opts.kv_dtype!r}")
+    dtype = np.dtype(KV_DTYPE[opts.precision] if opts.kv_dtype == "auto" else "float16")
+    if opts.lowering != "ort" and dtype != np.dtype(KV_DTYPE[opts.precision]):
+        raise ValueError(f"kv_dtype {opts.kv_dtype} under {opts.precision} activations exists only in the 'ort' lowering")
+    return dtype
 
 
 class GraphBuilder:
@@ -102,6 +118,7 @@ class Emitter:
     def __init__(self, graph: GraphBuilder, arch: Arch, weights: dict[str, np.ndarray], opts: GraphOptions,
                  imported: dict[str, QuantWeight], io: IONames):
         self.graph, self.arch, self.weights, self.opts, self.imported, self.io = graph, arch, weights, opts, imported, io
+        self.kv_dtype = kv_buffer_dtype(opts)  # the KV buffers' (and the attention op's) numpy dtype
         self.block_sums: dict = {}  # (input, block) -> its block sums, for weights with mins
 
     # ---- what a lowering emits its own way -------------------------------------------------

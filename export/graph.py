@@ -34,7 +34,7 @@ from onnx import TensorProto, helper
 from specrt.runtime.bundle.manifest import KV_DTYPE, IONames
 
 from .arch import Arch
-from .emitter import GraphBuilder, GraphOptions
+from .emitter import GraphBuilder, GraphOptions, kv_buffer_dtype
 from .lowering_ort import OrtEmitter
 from .lowering_standard import StandardEmitter
 from .nbits import MS, WEIGHT_ONLY
@@ -61,10 +61,10 @@ def build_graph(arch: Arch, w: dict[str, np.ndarray], opts: GraphOptions,
     to `sink` (bundle.ExternalData)."""
     if opts.precision in WEIGHT_ONLY and opts.lowering != "ort":
         raise ValueError(f"{opts.precision} (MatMulNBits) exists only in the 'ort' lowering")
-    dtype = np.dtype(KV_DTYPE[opts.precision])  # activations and KV; int4/int8/gguf are weight-only
+    dtype = np.dtype(KV_DTYPE[opts.precision])  # activations; int4/int8/gguf are weight-only
     g, io = GraphBuilder(dtype.type, sink), graph_io(opts)
     EMITTERS[opts.lowering](g, arch, w, opts, qw or {}, io).build()
-    onnx_dtype = helper.np_dtype_to_tensor_dtype(dtype)
+    onnx_dtype = helper.np_dtype_to_tensor_dtype(kv_buffer_dtype(opts))
     kv_shape = ["batch", arch.kv_heads, "max_seq_len", arch.head_dim]
     inputs = [
         helper.make_tensor_value_info(io.input_ids, TensorProto.INT64, ["batch", "sequence_length"]),

@@ -22,7 +22,7 @@ from .emitter import EMBED, GraphOptions, embedding_form
 from .gguf_import import fallback_message, import_gguf
 from .nbits import QUANTIZED, WEIGHT_ONLY, resolve
 from .quantize import QuantWeight
-from .validate import check_decoder
+from .validate import check_decoder, tolerance_key
 
 
 def prepare(tgt, opts: GraphOptions, echo: Callable[[str], None] | None) -> tuple[dict[str, QuantWeight], dict]:
@@ -90,11 +90,12 @@ def level0_twin(folder: Path, entry) -> object:
 def parity(folder: Path, entry, dec, model, opts: GraphOptions, k: int, steps: int,
            decoder: Callable[[Path, object], object]) -> dict:
     """The gate's numbers for a weight-only target (see the module docstring)."""
+    exact_key = tolerance_key("fp32", entry.kv.dtype)  # fp32 compute; an fp16 KV cache's rounding
     if opts.int4_accuracy_level == 0:
-        return check_decoder(dec, model, k=k, steps=steps, precision="fp32").as_dict()
+        return check_decoder(dec, model, k=k, steps=steps, precision=exact_key).as_dict()
     twin = level0_twin(folder, entry)
     try:
-        exact = check_decoder(decoder(folder, twin), model, k=k, steps=steps, precision="fp32").as_dict()
+        exact = check_decoder(decoder(folder, twin), model, k=k, steps=steps, precision=exact_key).as_dict()
     finally:
         (folder / twin.graph).unlink()
     own = check_decoder(dec, model, k=k, steps=steps, precision="int8-activations").as_dict()

@@ -25,15 +25,23 @@ import numpy as np
 
 from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.ort import OrtBackend
-from specrt.runtime.bundle.manifest import KV_DTYPE, SELF_DRAFT_PRECISION, KVLayout, ModelEntry
+from specrt.runtime.bundle.manifest import SELF_DRAFT_PRECISION, KVLayout, ModelEntry
 
 from . import quant_target
 from .arch import Arch, arch_from_model, numpy_weights
 from .bundle import ExternalData, save_graph
 from .eagle import draft_arch, draft_weights
+from .emitter import kv_buffer_dtype
 from .graph import EAGLE_FEATURES_OUT, FEATURES, GraphOptions, build_graph, graph_io
 from .sources import load_source, resolve_source, sha256_file
-from .validate import ParityError, Reference, check_decoder, check_eagle, draft_agreement
+from .validate import (
+    ParityError,
+    Reference,
+    check_decoder,
+    check_eagle,
+    draft_agreement,
+    tolerance_key,
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,7 @@ class Settings:
     greedy_steps: int  # greedy tokens compared with transformers at each parity check
     accuracy_level: int = 4  # weight-only precisions: MatMulNBits compute (4: int8 activations, 0: fp32)
     lm_head_precision: str = ""  # weight-only precisions: the LM head's own ("": the target's)
+    kv_dtype: str = "auto"  # every graph's KV buffers: "auto" (the activations') | "fp16"
 
     @property
     def max_t(self) -> int:  # widest call: a verification of max_draft_tokens + the target's token
@@ -55,7 +64,7 @@ class Settings:
     def graph(self, **kw) -> GraphOptions:
         return GraphOptions(**{"lowering": self.lowering, "precision": self.precision,
                                "max_seq_len": self.max_seq_len, "int4_accuracy_level": self.accuracy_level,
-                               "lm_head_precision": self.lm_head_precision, **kw})
+                               "lm_head_precision": self.lm_head_precision, "kv_dtype": self.kv_dtype, **kw})
 
     def target_graph(self, features: bool) -> GraphOptions:
         """The target's options; features: it also outputs its final-norm hidden states (an
@@ -134,7 +143,8 @@ def self_draft_entry(tmp: Path, tgt: LoadedModel, cfg: Settings, draft: str) -> 
     """A self-draft (`self-int8` / `self-int4`): the target's weights, weight-only quantized ->
     its graph and entry. Built before the target's check releases the weights; measured after
     it (`measure_draft`)."""
-    opts = GraphOptions(lowering="ort", precision=SELF_DRAFT_PRECISION[draft], max_seq_len=cfg.max_seq_len)
+    opts = GraphOptions(lowering="ort", precision=SELF_DRAFT_PRECISION[draft], max_seq_len=cfg.max_seq_len,
+                        kv_dtype=cfg.kv_dtype)  # the target's KV layout: it works in the target's buffers
     return write_model(tmp, "draft", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), draft)
 
 
@@ -152,7 +162,7 @@ def check_target(tmp: Path, entry: ModelEntry, tgt: LoadedModel, cfg: Settings, 
     dec = decoder(tmp, entry, keep_hidden=keep_features)
     if not quantized:
         entry.parity = check_decoder(dec, ref, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
-                                     precision=cfg.precision).as_dict()
+                                     precision=tolerance_key(cfg.precision, entry.kv.dtype)).as_dict()
     else:
         opts = cfg.target_graph(keep_features)
         if entry.quantization["method"] == "rtn":
@@ -172,7 +182,7 @@ def measure_draft(tmp: Path, entry: ModelEntry, reference: Reference, cfg: Setti
     how good a draft it is."""
     dec = decoder(tmp, entry)
     entry.parity = check_decoder(dec, reference, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
-                                 precision=entry.precision).as_dict()
+                                 precision=tolerance_key(entry.precision, entry.kv.dtype)).as_dict()
     entry.parity["greedy_agreement_with_target"] = draft_agreement(dec, probe.target_tokens, probe.prompt)
     return entry
 
@@ -186,7 +196,8 @@ def model_draft_entry(tmp: Path, ref: str, cfg: Settings, probe: Probe, draft_pr
     reference = d.reference(cfg)
     step(f"building draft graph ({ref}{', ' + draft_precision if draft_precision else ''})")
     if draft_precision:
-        opts, recipe = GraphOptions(lowering="ort", precision=draft_precision, max_seq_len=cfg.max_seq_len), f"model-{draft_precision}"
+        opts = GraphOptions(lowering="ort", precision=draft_precision, max_seq_len=cfg.max_seq_len, kv_dtype=cfg.kv_dtype)
+        recipe = f"model-{draft_precision}"
     else:
         opts, recipe = cfg.graph(), "model"
     entry = write_model(tmp, "draft", d.arch, d.weights, opts, cfg.max_t, d.src.describe(), recipe)
@@ -205,7 +216,8 @@ def eagle_entry(tmp: Path, tgt: LoadedModel, target_dec: SequenceHarness, head: 
     entry = write_model(tmp, "draft", draft_arch(tgt.arch), draft_weights(tgt.weights, head_w, head), opts,
                         cfg.max_t, source, "eagle")
     entry.parity = check_eagle(decoder(tmp, entry), target_dec, tgt.model, head_w, probe.prompt,
-                               probe.target_tokens, precision=cfg.precision, quantized=quantized)
+                               probe.target_tokens, precision=tolerance_key(cfg.precision, entry.kv.dtype),
+                               quantized=quantized)
     return entry
 
 
@@ -231,7 +243,7 @@ def write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, m
         num_heads=arch.heads,
         max_tokens_per_call=max_t,
         io=graph_io(opts),
-        kv=KVLayout(arch.layers, arch.kv_heads, arch.head_dim, KV_DTYPE[opts.precision], opts.max_seq_len),
+        kv=KVLayout(arch.layers, arch.kv_heads, arch.head_dim, kv_buffer_dtype(opts).name, opts.max_seq_len),
         source=source,
         recipe=recipe,
     )

@@ -42,8 +42,9 @@ def _private_cost_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_bundles(tiny_dirs, tmp_path_factory):
-    """Bundles over the tiny target: good draft (the same model), bad draft, self-int4, self-int8, none, and an
-    (untrained) EAGLE head."""
+    """Bundles over the tiny target: good draft (the same model), bad draft, self-int4, self-int8, none, an
+    (untrained) EAGLE head, and self-int8 / good draft / EAGLE head with an fp16 KV cache ("int8-kv16",
+    "good-kv16", "eagle-kv16")."""
     from specrt.export import export_bundle
 
     base = tmp_path_factory.mktemp("bundles")
@@ -53,6 +54,9 @@ def tiny_bundles(tiny_dirs, tmp_path_factory):
               "eagle": "eagle:" + str(tiny_head(tiny_dirs["target"], base / "head.safetensors"))}
     for name, draft in drafts.items():
         export_bundle(t, base / name, draft=draft, **kw)
+    for name, draft in {"int8-kv16": "self-int8", "good-kv16": t, "eagle-kv16": drafts["eagle"]}.items():
+        export_bundle(t, base / name, draft=draft, kv_dtype="fp16", **kw)
+        drafts[name] = draft
     return {name: base / name for name in drafts}
 
 

@@ -28,21 +28,23 @@ KW = dict(draft="none", max_draft_tokens=16, echo=None)
 
 @pytest.fixture(scope="module")
 def bundles(tiny_dirs, tmp_path_factory):
-    """fp32 (S_max 1024: contexts across the attention's KV block), gguf at accuracy level 4,
-    RTN int4 at level 0."""
+    """fp32 (S_max 1024: contexts across the attention's KV block), the same with an fp16 KV
+    cache, gguf at accuracy level 4, RTN int4 at level 0."""
     base = tmp_path_factory.mktemp("packed")
     gguf = write_tiny_gguf(base / "tiny.gguf")
     hf = str(tiny_dirs["target"])
-    specs = {"fp32": (hf, dict(max_seq_len=1024)), "gguf-l4": (str(gguf), dict(precision="gguf", accuracy_level=4, max_seq_len=256)),
+    specs = {"fp32": (hf, dict(max_seq_len=1024)), "fp32-kv16": (hf, dict(max_seq_len=1024, kv_dtype="fp16")),
+             "gguf-l4": (str(gguf), dict(precision="gguf", accuracy_level=4, max_seq_len=256)),
              "int4-l0": (hf, dict(precision="int4", accuracy_level=0, max_seq_len=256))}
     for name, (src, kw) in specs.items():
         export_bundle(src, base / name, **kw, **KW)
     return {name: base / name for name in specs}
 
 
-def test_a_rows_bits_do_not_depend_on_the_call_fp32(bundles):
+@pytest.mark.parametrize("name", ["fp32", "fp32-kv16"])
+def test_a_rows_bits_do_not_depend_on_the_call_fp32(bundles, name):
     # slot 0 at a context just below the attention's KV block, others across it and near S_max
-    assert _check_invariance(bundles["fp32"], [500, 30, 700, 5, 1000, 260, 90, 1003]) == 18
+    assert _check_invariance(bundles[name], [500, 30, 700, 5, 1000, 260, 90, 1003]) == 18
 
 
 @pytest.mark.parametrize("name", ["gguf-l4", "int4-l0"])
@@ -72,7 +74,7 @@ def test_the_last_rows_of_the_buffer(bundles):
 def test_packed_rows_equal_the_bundle_graph_at_two_tokens_or_more(bundles):
     """The packed graph is the bundle's model: a sequence's rows equal the bundle graph's own
     rows of calls of >= 2 tokens (its one-token calls take other kernels), logits and K/V."""
-    for name in ("fp32", "gguf-l4"):
+    for name in ("fp32", "fp32-kv16", "gguf-l4"):
         e, pool, pm = _models(bundles[name], slots=1, lanes=1)
         opool = KVPool(e.kv, 1, "cpu")
         om = OrtModel(bundles[name] / e.graph, e, opool, threads=2)

@@ -21,7 +21,7 @@ def _check(cold, prompt, got, n):
     assert diff is None, f"near-tie at token {diff}: the test cannot tell reuse from float noise there"
 
 
-@pytest.mark.parametrize("name", ["int8", "good", "eagle", "none"])
+@pytest.mark.parametrize("name", ["int8", "good", "eagle", "none", "int8-kv16", "good-kv16"])
 def test_multi_turn_and_shared_prefixes_on_tiny_models(tiny_bundles, name):
     folder = tiny_bundles[name]
     draft = "none" if name == "none" else "model"

@@ -42,7 +42,7 @@ MODES = [("model", False), ("ngram", False), ("auto", False), ("model", True), (
 REPETITIVE = [1, 5, 9, 33, 7, 5, 9, 33, 7, 5, 9]  # n-gram proposals get made
 
 
-@pytest.mark.parametrize("bundle", ["good", "bad", "int4", "int8", "eagle"])
+@pytest.mark.parametrize("bundle", ["good", "bad", "int4", "int8", "eagle", "int8-kv16", "good-kv16", "eagle-kv16"])
 @pytest.mark.parametrize("draft,adaptive", MODES)
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_greedy_speculative_equals_target_only(pipes, bundle, draft, adaptive, k):
