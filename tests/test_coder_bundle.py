@@ -106,7 +106,7 @@ def test_sampling_follows_the_target(pipe, monkeypatch):
     from specrt.runtime.sampling.draws import SamplingConfig
 
     cfg = SamplingConfig(0.8, top_k=6)
-    monkeypatch.setattr(pipe.tokenizer, "eos_ids", set())
+    monkeypatch.setattr(pipe.tokenizer, "eog_ids", set())
     prompt = pipe.tokenizer.encode(WORKLOAD[0]["prompt"])
     # a second target session: unpacked, so the process stays near 2x the target's weights
     # (with prepacking this test peaked at 20.3 GB on the 24 GB machine)
@@ -208,7 +208,7 @@ def test_fim_on_the_real_pair_is_the_targets_own_through_both_endpoints(pipe, ur
     parts = fim_parts(tok, FIM_PREFIX, FIM_SUFFIX)
     ids = parts.ids
     want_ids = [t for c in pipe.stream_ids(ids, max_new_tokens=NEW, draft="none", k=0) for t in c]
-    want = tok.decode([t for t in want_ids if t not in tok.eos_ids])
+    want = tok.decode([t for t in want_ids if t not in tok.eog_ids])
     client = openai.OpenAI(base_url=url + "/v1", api_key="x")
     r = client.completions.create(model="coder", prompt=FIM_PREFIX, suffix=FIM_SUFFIX, max_tokens=NEW, temperature=0)
     assert r.choices[0].text == want and r.usage.prompt_tokens == len(ids)
