@@ -220,6 +220,33 @@ def test_fim_on_the_real_pair_is_the_targets_own_through_both_endpoints(pipe, ur
     assert typed["tokens_cached"] >= len(ids) - len(parts.middle) + 1 and typed["timings"]["prompt_n"] <= 4
 
 
+UTIL = "def clamp(x, lo, hi):\n    return max(lo, min(hi, x))\n"
+END_PREFIX = "from util import clamp\n\n\ndef scale(v, k):\n    "  # the cursor at the end of the file
+
+
+def test_fim_stops_where_the_model_starts_the_next_file(pipe, url):
+    """Issue 35: at the end of a file in the repo-level layout the model ends the middle with the
+    next file's <|file_sep|> (then writes that file); /infill stops there (stop_type eos), the
+    token in neither the text nor the count."""
+    import httpx
+
+    from specrt.runtime.text.fim import ExtraFile, fim_parts
+
+    tok = pipe.tokenizer
+    assert {151643, 151645, 151662, 151663, 151664} <= tok.eog_ids
+    ids = fim_parts(tok, END_PREFIX, "\n", [ExtraFile("util.py", UTIL)]).ids
+    past = [t for c in pipe.stream_ids(ids, max_new_tokens=NEW, draft="none", k=0, ignore_eos=True) for t in c]
+    assert 151664 in past, "the premise: the model writes <|file_sep|> here"
+    at = past.index(151664)
+    assert not {151643, 151645} & set(past[:at])  # the EOS ids alone ran past it
+    want = tok.decode(past[:at])
+    extra = [{"filename": "util.py", "text": UTIL}]
+    got = httpx.post(url + "/infill", json=dict(input_prefix=END_PREFIX, input_suffix="\n", input_extra=extra,
+                                                n_predict=NEW, temperature=0), timeout=600).json()
+    assert got["content"] == want and got["stop_type"] == "eos" and got["tokens_predicted"] == at
+    assert "<|file_sep|>" not in got["content"]
+
+
 def test_a_packed_rows_bits_do_not_depend_on_the_call():
     """The coder target's packed graph (Q4_K_M blocks, int8 activations at accuracy level 4): a
     row alone against the same row beside 1, 3 and 7 others, contexts below and across the
