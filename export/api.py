@@ -18,7 +18,7 @@ from specrt.runtime.bundle.manifest import (
     TokenizerInfo,
     load_manifest,
 )
-from specrt.runtime.bundle.tokenizer import find_fim_tokens
+from specrt.runtime.bundle.tokenizer import end_of_generation, find_fim_tokens
 
 from . import packed, tokcheck
 from .bundle import staging
@@ -208,8 +208,9 @@ def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry 
     runtime's own check before the staging folder is swapped in."""
     tok_info = _save_tokenizer(tgt.tok, tgt.config, tmp)
     if tgt.src.gguf_file:  # the rebuilt tokenizer against the GGUF's own special tokens and template
-        t_entry.parity["tokenizer_vs_gguf"] = tokcheck.check(tokcheck.read_gguf_tokens(tgt.src.path),
-                                                             tmp / tok_info.file, tok_info)
+        gguf = tokcheck.read_gguf_tokens(tgt.src.path)
+        tok_info.eog_token_ids = end_of_generation(tok_info.eos_token_ids, tok_info.fim, gguf.ends.values())
+        t_entry.parity["tokenizer_vs_gguf"] = tokcheck.check(gguf, tmp / tok_info.file, tok_info)
     man = Manifest(
         name=name,
         exporter_version=__version__,
@@ -235,6 +236,7 @@ def _save_tokenizer(tok, config, tmp: Path) -> TokenizerInfo:
         eos.update(cand if isinstance(cand, list) else [cand] if cand is not None else [])
     specials = set(tok.all_special_tokens) | set(getattr(tok, "added_tokens_encoder", {}) or {})
     eos.update(vocab[s] for s in END_OF_TURN if s in vocab and s in specials)
+    fim = find_fim_tokens(vocab)
     return TokenizerInfo(
         file="tokenizer.json",
         config="tokenizer_config.json",
@@ -242,6 +244,7 @@ def _save_tokenizer(tok, config, tmp: Path) -> TokenizerInfo:
         bos_token_id=tok.bos_token_id,
         eos_token_ids=sorted(int(e) for e in eos),
         pad_token_id=tok.pad_token_id,
-        fim=find_fim_tokens(vocab),
+        fim=fim,
+        eog_token_ids=end_of_generation(eos, fim),
     )
 

@@ -18,6 +18,7 @@ from specrt.runtime.bundle.manifest import TokenizerInfo
 from .errors import SourceError
 
 CONTROL, USER_DEFINED = 3, 4  # gguf TokenType values of special and added tokens
+GGUF_ENDS = ("eos", "eot", "eom", "fim_pad", "fim_rep", "fim_sep")  # tokenizer.ggml.{key}_token_id
 
 
 class VocabularyMismatch(ValueError):
@@ -31,6 +32,9 @@ class GGUFTokens:
     eos: int | None = None
     bos: int | None = None
     chat_template: str | None = None
+    # metadata key -> id of the tokens the GGUF says end a generation (eos, eot, eom, fim_pad,
+    # fim_rep, fim_sep: what llama.cpp puts in its EOG set besides tokens it knows by name)
+    ends: dict[str, int] = field(default_factory=dict)
 
 
 def read_gguf_tokens(path: Path) -> GGUFTokens:
@@ -45,8 +49,9 @@ def read_gguf_tokens(path: Path) -> GGUFTokens:
 
     tokens, types = value("tokenizer.ggml.tokens") or [], value("tokenizer.ggml.token_type") or []
     specials = {i: t for i, (t, ty) in enumerate(zip(tokens, types, strict=False)) if ty in (CONTROL, USER_DEFINED)}
+    ends = {key: int(v) for key in GGUF_ENDS if (v := value(f"tokenizer.ggml.{key}_token_id")) is not None}
     return GGUFTokens(len(tokens), specials, value("tokenizer.ggml.eos_token_id"),
-                      value("tokenizer.ggml.bos_token_id"), value("tokenizer.chat_template"))
+                      value("tokenizer.ggml.bos_token_id"), value("tokenizer.chat_template"), ends)
 
 
 def check(gguf: GGUFTokens, tokenizer_json: Path, info: TokenizerInfo) -> dict:
@@ -71,7 +76,7 @@ def check(gguf: GGUFTokens, tokenizer_json: Path, info: TokenizerInfo) -> dict:
         problems.append("the chat template differs from the GGUF's tokenizer.chat_template")
     if problems:
         raise SourceError("bundled tokenizer differs from its GGUF: " + "; ".join(problems))
-    return {"special_tokens_checked": len(gguf.specials), "eos": gguf.eos, "bos": gguf.bos,
+    return {"special_tokens_checked": len(gguf.specials), "eos": gguf.eos, "bos": gguf.bos, "ends": gguf.ends,
             "added_beyond_gguf": sorted(added),
             "chat_template_as_shipped": bool(gguf.chat_template)}
 

@@ -85,7 +85,7 @@ class Pipeline:
             self.scheduler.probe_now()
         self.engine = Engine(self.scheduler, max_queue=o.max_queue)
         self._local = threading.local()
-        self.grammars = Grammars(p.folder / man.tokenizer.file, man.target.vocab_size, self.tokenizer.eos_ids)
+        self.grammars = Grammars(p.folder / man.tokenizer.file, man.target.vocab_size, self.tokenizer.eog_ids)
 
     # --- requests ----------------------------------------------------------------------------
     def costs(self):
@@ -101,7 +101,7 @@ class Pipeline:
         if not eos:
             raise InvalidRequest("the infill sampler ends a row on an end-of-text token; this bundle has none", "infill")
         table = pieces(self.tokenizer).table(self.manifest.target.vocab_size, special=False)
-        return InfillSampler(table, frozenset(self.tokenizer.eos_ids), eos[0])
+        return InfillSampler(table, frozenset(self.tokenizer.eog_ids), eos[0])
 
     def room(self, n_prompt: int) -> int:
         """Tokens the loaded context leaves after a prompt of n_prompt tokens (a server's default
@@ -151,7 +151,7 @@ class Pipeline:
         draft = o.draft or self.default_draft
         self._check_draft(draft)
         adaptive = self.default_adaptive if o.adaptive is None else o.adaptive
-        eos = frozenset() if o.ignore_eos else frozenset(self.tokenizer.eos_ids)
+        eos = frozenset() if o.ignore_eos else frozenset(self.tokenizer.eog_ids)
         cfg = replace(o.sampling(), infill=self.infill) if o.infill else o.sampling()
         return Request(list(prompt_ids), cfg, o.max_new_tokens, eos, k=k if draft != "none" else 0,
                        draft=draft, adaptive=adaptive and draft != "none", seed=o.stream_seed(sibling), stats=stats,

@@ -108,7 +108,7 @@ def test_sampling_follows_the_target(pipe, monkeypatch):
     from specrt.runtime.sampling.draws import SamplingConfig
 
     cfg = SamplingConfig(0.8, top_k=6)
-    monkeypatch.setattr(pipe.tokenizer, "eos_ids", set())
+    monkeypatch.setattr(pipe.tokenizer, "eog_ids", set())
     prompt = pipe.tokenizer.encode(WORKLOAD[0]["prompt"])
     # a second target session: unpacked, so the process stays near 2x the target's weights
     # (with prepacking this test peaked at 20.3 GB on the 24 GB machine)
@@ -210,7 +210,7 @@ def test_fim_on_the_real_pair_is_the_targets_own_through_both_endpoints(pipe, ur
     parts = fim_parts(tok, FIM_PREFIX, FIM_SUFFIX)
     ids = parts.ids
     want_ids = [t for c in pipe.stream_ids(ids, max_new_tokens=NEW, draft="none", k=0) for t in c]
-    want = tok.decode([t for t in want_ids if t not in tok.eos_ids])
+    want = tok.decode([t for t in want_ids if t not in tok.eog_ids])
     client = openai.OpenAI(base_url=url + "/v1", api_key="x")
     r = client.completions.create(model="coder", prompt=FIM_PREFIX, suffix=FIM_SUFFIX, max_tokens=NEW, temperature=0)
     assert r.choices[0].text == want and r.usage.prompt_tokens == len(ids)
@@ -220,6 +220,23 @@ def test_fim_on_the_real_pair_is_the_targets_own_through_both_endpoints(pipe, ur
     # a keystroke: the cursor's line grows; everything before <|fim_middle|> is reused
     typed = httpx.post(url + "/infill", json={**body, "prompt": "if"}, timeout=600).json()
     assert typed["tokens_cached"] >= len(ids) - len(parts.middle) + 1 and typed["timings"]["prompt_n"] <= 4
+
+
+def test_fim_stops_at_the_next_files_file_sep(pipe, url):
+    """Issue 35: Qwen's FIM end tokens end a request on the real pair (this bundle predates
+    `eog_token_ids`: the set is derived at load). No short prompt was found where greedy decoding
+    writes <|file_sep|> within NEW tokens, so a logit bias makes it the first token: /infill stops
+    there (stop_type eos), the token in neither the text nor the count; without the bias it runs on."""
+    import httpx
+
+    tok = pipe.tokenizer
+    assert tok.eog_ids == {151643, 151645, 151662, 151663, 151664}
+    body = dict(input_prefix=FIM_PREFIX, input_suffix=FIM_SUFFIX, n_predict=8, temperature=0)
+    for end in (151662, 151663, 151664):
+        got = httpx.post(url + "/infill", json={**body, "logit_bias": {str(end): 100}}, timeout=600).json()
+        assert got["content"] == "" and got["stop_type"] == "eos" and got["tokens_predicted"] == 0, got
+    free = httpx.post(url + "/infill", json=body, timeout=600).json()
+    assert free["content"] and free["tokens_predicted"] > 0
 
 
 def test_a_packed_rows_bits_do_not_depend_on_the_call():

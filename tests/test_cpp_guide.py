@@ -14,7 +14,9 @@ import pytest
 def guide_speculative(bundle: Path, prompt: list[int], max_new: int, k: int, share: bool) -> list[int]:
     """§1-§6 of docs/cpp.md. share: a self-draft on the target's buffers (§6)."""
     man = json.loads((bundle / "specrt.json").read_text())  # §1
-    eos = set(man["tokenizer"]["eos_token_ids"])
+    tok = man["tokenizer"]
+    eos = set(tok["eog_token_ids"]) if tok.get("eog_token_ids") is not None else (  # older bundles
+        set(tok["eos_token_ids"]) | {tok["fim"][r] for r in ("pad", "repo_name", "file_sep") if tok["fim"][r] is not None})
 
     def session(entry):  # §2
         so = ort.SessionOptions()

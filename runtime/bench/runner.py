@@ -163,7 +163,7 @@ def _run_arm(pipe, genai, arm, it, temp, cfg, seed=0, max_new=None) -> dict:
     if arm in genai:
         r = genai[arm].generate(it["ids"], max_new, temperature=temp, top_p=cfg.top_p, seed=seed)
         toks = r["token_ids"]
-        if toks and toks[-1] in pipe.tokenizer.eos_ids:
+        if toks and toks[-1] in pipe.tokenizer.eog_ids:
             toks = toks[:-1]
         return {"token_ids": toks, "new_tokens": len(toks), "tpot_ms": r["tpot_ms"], "ttft_ms": r["ttft_ms"],
                 "decode_ms": r["decode_ms"], **({"speculative_stats": r["speculative_stats"]} if "speculative_stats" in r else {})}

@@ -21,7 +21,8 @@ def describe(folder: Path, man: Manifest) -> list[str]:
     t = man.tokenizer
     tools = "yes (<tool_call>)" if template_has_tools(t.chat_template) else "no"
     lines.append(f"  tokenizer: {t.file}, chat template: {'yes' if t.chat_template else 'no'}, tool calls: {tools}, "
-                 f"eos ids {t.eos_token_ids}")
+                 f"eos ids {t.eos_token_ids}, end-of-generation ids "
+                 f"{t.eog_token_ids if t.eog_token_ids is not None else '(derived at load)'}")
     return lines + memory_lines(folder, man)
 
 

@@ -48,7 +48,7 @@ def config(man: Manifest, threads: int | None = None) -> dict:
         "model": {
             "bos_token_id": tok.bos_token_id if tok.bos_token_id is not None else 0,
             "context_length": t.kv.max_seq_len,
-            "eos_token_id": tok.eos_token_ids,
+            "eos_token_id": tok.eos_token_ids if tok.eog_token_ids is None else tok.eog_token_ids,
             "pad_token_id": tok.pad_token_id if tok.pad_token_id is not None else 0,
             "type": t.model_type if t.model_type in GENAI_TYPES else "llama",
             "vocab_size": t.vocab_size,

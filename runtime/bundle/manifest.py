@@ -147,8 +147,12 @@ class TokenizerInfo:
     config: str = "tokenizer_config.json"
     chat_template: str | None = None  # Jinja template; None: not a chat model
     bos_token_id: int | None = None
-    eos_token_ids: list[int] = field(default_factory=list)  # generation stops on any of these
+    eos_token_ids: list[int] = field(default_factory=list)  # the model's EOS and end-of-turn tokens
     pad_token_id: int | None = None
+    # end of generation: every request stops at any of these (eos_token_ids + the FIM tokens that
+    # end a middle or a file + the GGUF's eot/eom/fim ids, as llama.cpp's EOG set); None: a bundle
+    # exported before the field, whose set the runtime derives at load (Tokenizer.eog_ids)
+    eog_token_ids: list[int] | None = None
     # recorded at export (all None: the vocabulary has none); None: a bundle exported before
     # FIM support, whose tokenizer the runtime searches at load (runtime/bundle/tokenizer.py)
     fim: FimTokens | None = None

@@ -21,6 +21,20 @@ FIM_NAMES = {
 }
 
 
+# FIM roles whose token ends a generation, as llama.cpp's EOG set: a model that has finished a
+# middle writes the next file's `<|file_sep|>` (or `<|repo_name|>`, or pads); nothing after one
+# is part of the answer, in a FIM request or any other (docs/design.md "Fill in the middle")
+FIM_ENDS = ("pad", "repo_name", "file_sep")
+
+
+def end_of_generation(eos_ids, fim: FimTokens, more=()) -> list[int]:
+    """The ids that end every request (llama.cpp's `special_eog_ids`): the EOS and end-of-turn
+    ids, the FIM tokens of FIM_ENDS the vocabulary has, and `more` (a GGUF's own eot / eom /
+    fim ids). The exporter records it; a bundle without it gets the same set at load."""
+    ends = {getattr(fim, role) for role in FIM_ENDS} - {None}
+    return sorted({int(i) for i in eos_ids} | ends | {int(i) for i in more})
+
+
 def find_fim_tokens(vocab: dict[str, int]) -> FimTokens:
     """The FIM token ids of a vocabulary (token text -> id; added tokens included); a role the
     vocabulary has no token for is None. The exporter records this in the manifest."""
@@ -38,7 +52,10 @@ class Tokenizer:
         except Exception as e:  # tokenizers raises plain Exception on a bad file
             raise BundleError(f"cannot read tokenizer {path}: {e}") from None
         self.info = info
-        self.eos_ids = set(info.eos_token_ids)
+        self.eos_ids = set(info.eos_token_ids)  # the model's EOS (the chat template's eos_token)
+        # what ends a request's output (a plain attribute: tests point it at other ids)
+        self.eog_ids = set(end_of_generation(info.eos_token_ids, self.fim) if info.eog_token_ids is None
+                           else info.eog_token_ids)
         self._template = None
         if info.chat_template:
             import jinja2

@@ -29,7 +29,7 @@ class Request:
     prompt: list[int]
     cfg: SamplingConfig
     max_new_tokens: int
-    eos_ids: frozenset[int]
+    eos_ids: frozenset[int]  # end of generation: a committed one ends the output, itself not kept
     k: int  # draft tokens per round (fixed k), the ceiling with adaptive k
     draft: str = "none"  # "model" | "none" | "ngram" | "auto"
     adaptive: bool = False

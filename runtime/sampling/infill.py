@@ -34,7 +34,7 @@ FIRST_CUT = 0.2  # llama.cpp's first threshold on merged probabilities
 class InfillSampler:
     """One vocabulary's infill filter. pieces: each id's bytes without special tokens
     (runtime/text/pieces.py `Pieces.table(vocab, special=False)`); eog: the ids that end
-    generation (the bundle's EOS ids); eot: the token a row collapses to when no text is left."""
+    generation (the tokenizer's `eog_ids`); eot: the token a row collapses to when no text is left."""
 
     pieces: tuple[bytes, ...]
     eog: frozenset[int]

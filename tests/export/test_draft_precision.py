@@ -59,7 +59,7 @@ def test_quantized_separate_draft_greedy_equals_target_only(quantized_drafts, pr
 
 def test_quantized_separate_draft_sampling_follows_target(quantized_drafts, monkeypatch):
     pipe = quantized_drafts["int4"]
-    monkeypatch.setattr(pipe.tokenizer, "eos_ids", set())
+    monkeypatch.setattr(pipe.tokenizer, "eog_ids", set())
     cfg = SamplingConfig(0.8, top_p=0.9)
     prompt = [1, 5, 9, 33, 7, 5, 9]
     want = second_token_dist(pipe, prompt, cfg)

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from tiny_gguf import TYPES, write_tiny_gguf
+from tiny_gguf import EOT, TYPES, write_tiny_gguf
 
 import specrt
 from specrt.export import export_bundle
@@ -46,6 +46,10 @@ def test_gguf_import_is_exact_and_recorded_per_type(quant_bundles):
     man = load_manifest(quant_bundles["gguf-l0"])
     t = man.target
     assert t.precision == "gguf" and t.parity["passed"] and t.parity["tolerance"] == 1e-3
+    # the GGUF's own end tokens join the tokenizer's EOS in the end-of-generation ids
+    eos = man.tokenizer.eos_token_ids
+    assert 2 in eos and EOT not in eos and man.tokenizer.eog_token_ids == sorted({*eos, EOT})
+    assert t.parity["tokenizer_vs_gguf"]["ends"] == {"eos": 2, "eot": EOT}
     assert t.parity["prefill_max_abs"] < 1e-3 and t.parity["greedy_match"] == t.parity["greedy_steps"]
     q = t.quantization
     counts = {}

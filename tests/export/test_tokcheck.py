@@ -44,7 +44,27 @@ def test_tokenizer_matching_its_gguf_passes(tiny):
     g = tokcheck.read_gguf_tokens(write_gguf(tmp / "m.gguf", tokens, types))
     assert g.vocab_size == VOCAB and g.specials == {1: "<s>", 2: "</s>"} and g.eos == 2
     assert tokcheck.check(g, tmp / "tok" / "tokenizer.json", info) == {
-        "special_tokens_checked": 2, "eos": 2, "bos": 1, "added_beyond_gguf": [], "chat_template_as_shipped": True}
+        "special_tokens_checked": 2, "eos": 2, "bos": 1, "ends": {"eos": 2}, "added_beyond_gguf": [],
+        "chat_template_as_shipped": True}
+
+
+def test_the_ggufs_own_end_tokens_are_read(tiny):
+    """eot / eom / fim_pad / fim_rep / fim_sep ids in the metadata: the exporter adds them to
+    the bundle's end-of-generation ids (llama.cpp's EOG set has them whatever their names)."""
+    import gguf
+
+    tmp, tokens, types, info = tiny
+    w = gguf.GGUFWriter(str(tmp / "m.gguf"), "llama")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_eos_token_id(2)
+    w.add_uint32("tokenizer.ggml.eot_token_id", 7)
+    w.add_uint32("tokenizer.ggml.fim_sep_token_id", 9)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert tokcheck.read_gguf_tokens(tmp / "m.gguf").ends == {"eos": 2, "eot": 7, "fim_sep": 9}
 
 
 def test_special_token_not_special_in_bundle_is_refused(tiny):

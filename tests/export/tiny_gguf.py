@@ -11,6 +11,7 @@ import numpy as np
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 512, 2, 4, 2, 128
 HEAD_DIM = HIDDEN // HEADS
+EOT = VOCAB - 1  # the last merged pair, named the end-of-turn token in the metadata
 # per layer: GGUF tensor -> block type (layer 1 differs, so every form appears once at least)
 TYPES = [
     {"attn_q": "Q4_K", "attn_k": "Q4_1", "attn_v": "Q6_K", "attn_output": "Q8_0",
@@ -71,6 +72,8 @@ def write_tiny_gguf(path: Path, seed: int = 0, tie: bool = False) -> Path:
     w.add_token_merges([f"{p[0]} {p[1]}" for p in toks[3 + 52:]])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    # an end-of-turn id only the metadata names (llama.cpp's EOG set has it; so must the bundle's)
+    w.add_uint32("tokenizer.ggml.eot_token_id", EOT)
 
     def add(name, type_name, n, k):
         raw = random_blocks(type_name, n, k, rng)

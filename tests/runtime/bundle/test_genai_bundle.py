@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 import specrt
+from specrt.runtime.bundle.manifest import load_manifest
+from specrt.runtime.bundle.tokenizer import Tokenizer
 
 og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is in the bench extra (make test installs it)")
 
@@ -26,7 +28,8 @@ def _genai_greedy(folder, ids, n, overlay=None):
     while not gen.is_done():
         gen.generate_next_token()
     out = [int(t) for t in gen.get_sequence(0)][len(ids):]
-    eos = set(json.loads((folder / "specrt.json").read_text())["tokenizer"]["eos_token_ids"])
+    man = load_manifest(folder)
+    eos = Tokenizer(folder, man.tokenizer).eog_ids
     return out[:-1] if out and out[-1] in eos else out  # genai keeps the EOS it stopped at; specrt does not emit it
 
 

@@ -96,7 +96,7 @@ def test_eos_as_the_very_first_token(make, kind, draft):
     pipe = make(draft=kind)
     prompt = PROMPTS[0]
     first = want(pipe, prompt, 1)[0]
-    pipe.tokenizer.eos_ids = {first}
+    pipe.tokenizer.eog_ids = {first}
     out, st = run_request(pipe, prompt, max_new_tokens=20, k=4, draft=draft)
     assert out == [] and st.stop_reason == "eos" and st.new_tokens == 0 and st.rounds == 0
     assert pipe.parts.target.calls == [("run", 0, len(prompt), 1)]  # the prefill and nothing else
@@ -112,7 +112,7 @@ def test_eos_inside_an_accepted_run(make):
     prompt = PROMPTS[0]
     full = want(pipe, prompt, 30)
     eos = full[9]
-    pipe.tokenizer.eos_ids = {eos}
+    pipe.tokenizer.eog_ids = {eos}
     out, st = run_request(pipe, prompt, max_new_tokens=30, k=8)
     assert out == full[: full.index(eos)] and st.stop_reason == "eos"
     assert st.acceptance_rate == 1.0 and max(st.k_history) == 8  # EOS came inside a run of 8

@@ -96,11 +96,12 @@ def test_max_new_tokens_and_eos_inside_accepted_run(pipes):
         assert got == full[:n]
     # make a token in the middle of the run an EOS: output stops right before it
     eos_at = 9
-    pipe.tokenizer.eos_ids = {full[eos_at]}
+    ends = pipe.tokenizer.eog_ids
+    pipe.tokenizer.eog_ids = {full[eos_at]}
     try:
         got = [t for c in pipe.stream_ids(PROMPTS[1], max_new_tokens=30, k=8) for t in c]
     finally:
-        pipe.tokenizer.eos_ids = set(pipe.manifest.tokenizer.eos_token_ids)
+        pipe.tokenizer.eog_ids = ends
     assert got == full[: full.index(full[eos_at])]
 
 
@@ -133,7 +134,7 @@ def test_sampling_distribution_matches_target(pipes, bundle, draft, adaptive, cf
     cheap = Costs({1: 10.0, 2: 10.05, 9: 10.4}, draft_ms=0.05)
     monkeypatch.setattr(pipe.store, "_costs", cheap)  # what every request's policies start from
     monkeypatch.setattr(pipe.scheduler, "costs", cheap)
-    monkeypatch.setattr(pipe.tokenizer, "eos_ids", set())  # EOS is just another token here
+    monkeypatch.setattr(pipe.tokenizer, "eog_ids", set())  # EOS is just another token here
     prompt = [1, 5, 9, 33, 7, 5, 9]
     want = second_token_dist(pipe, prompt, cfg)
     n = 3000

@@ -97,7 +97,7 @@ def test_min_tokens_holds_eos_back(make):
     free = reference(pipe.parts.target.table, prompt, 40, Penalties())
     i = next(i for i in range(2, 40) if free[i] not in free[:i])  # a token first chosen at step i
     eos = free[i]
-    pipe.tokenizer.eos_ids = {eos}
+    pipe.tokenizer.eog_ids = {eos}
     short = [t for c in pipe.stream_ids(prompt, max_new_tokens=40, k=4) for t in c]
     assert short == free[:i] and i < 10
     want = reference(pipe.parts.target.table, prompt, 40, Penalties(min_tokens=10), eos={eos})

@@ -67,6 +67,71 @@ def test_fim_tokens_recorded_at_export_and_found_in_older_bundles(fim_bundle, ti
     assert Tokenizer(old, load_manifest(old).tokenizer).fim == fim
 
 
+EOG = [2, 125, 126, 127]  # </s>, then Qwen's <|fim_pad|>, <|repo_name|>, <|file_sep|> (llama.cpp's EOG set)
+
+
+def test_end_of_generation_ids_recorded_at_export_and_derived_for_older_bundles(fim_bundle, tiny_bundles, tmp_path):
+    from specrt.runtime.bundle.tokenizer import Tokenizer
+
+    info = load_manifest(fim_bundle).tokenizer
+    assert info.eos_token_ids == [2] and info.eog_token_ids == EOG
+    assert load_manifest(tiny_bundles["int8"]).tokenizer.eog_token_ids == [2]  # no FIM tokens: its EOS
+    # a bundle exported before the field: the same set, from its EOS ids and its tokenizer's FIM tokens
+    old = tmp_path / "old"
+    shutil.copytree(fim_bundle, old)
+    data = json.loads((old / "specrt.json").read_text())
+    del data["tokenizer"]["eog_token_ids"], data["tokenizer"]["fim"]
+    (old / "specrt.json").write_text(json.dumps(data))
+    assert load_manifest(old).tokenizer.eog_token_ids is None
+    assert Tokenizer(old, load_manifest(old).tokenizer).eog_ids == set(EOG)
+
+
+def _greedy_ends(pipe, ids, n, bias) -> list[int]:
+    """Target-only greedy tokens under a logit bias, running past every end token."""
+    return [t for c in pipe.stream_ids(ids, max_new_tokens=n, draft="none", k=0, temperature=0, ignore_eos=True,
+                                       logit_bias=bias) for t in c]
+
+
+def _bias_that_ends_at(pipe, ids, eog, n) -> tuple[dict, list[int]]:
+    """A logit bias on `eog` whose target-only greedy run first writes it after a few tokens (inside
+    a speculative round, not at its first token), found by bisection -> (bias, tokens up to it)."""
+    lo, hi = 0.0, 40.0  # no bias: never written; 40: written first
+    for _ in range(30):
+        bias = {eog: (lo + hi) / 2}
+        toks = _greedy_ends(pipe, ids, n, bias)
+        at = toks.index(eog) if eog in toks else n
+        if 2 <= at < n - 1:
+            return bias, toks[:at]
+        lo, hi = (bias[eog], hi) if at >= n - 1 else (lo, bias[eog])
+    raise AssertionError(f"no bias writes {eog} within {n} tokens")
+
+
+@pytest.mark.parametrize("eog", EOG)
+def test_a_request_stops_at_each_end_of_generation_token(srv, eog):
+    """Every EOG id ends a FIM completion (speculative, int8 draft, k 4) as target-only decoding
+    would: finish_reason stop, the text and usage end before the token, which is not in the text;
+    through /infill stop_type eos. A plain completion (no suffix) stops at them too."""
+    n, drafted = 24, srv.pipe.counters()["draft_tokens"]
+    tok = srv.pipe.tokenizer
+    ids = fim_parts(tok, PREFIX, SUFFIX).ids
+    bias, want_ids = _bias_that_ends_at(srv.pipe, ids, eog, n)
+    want = tok.decode(want_ids)
+    body = dict(max_tokens=n, temperature=0, logit_bias={str(t): b for t, b in bias.items()})
+    r = srv.client().completions.create(model="fim", prompt=PREFIX, suffix=SUFFIX, **body)
+    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == len(want_ids)
+    assert r.choices[0].text == want and tok.token(eog) not in r.choices[0].text
+    got = _infill(srv, input_prefix=PREFIX, input_suffix=SUFFIX, n_predict=n, temperature=0,
+                  logit_bias=body["logit_bias"]).json()
+    assert got["content"] == want and got["stop_type"] == "eos" and got["tokens_predicted"] == len(want_ids)
+    assert srv.pipe.counters()["draft_tokens"] > drafted  # the draft ran: the end came inside a verified run
+    plain = tok.encode(PREFIX, chat=False)
+    bias, want_ids = _bias_that_ends_at(srv.pipe, plain, eog, n)
+    r = srv.client().completions.create(model="fim", prompt=PREFIX, max_tokens=n, temperature=0,
+                                        logit_bias={str(t): b for t, b in bias.items()})
+    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == len(want_ids)
+    assert r.choices[0].text == tok.decode(want_ids)
+
+
 def test_suffix_and_infill_give_the_same_tokens_equal_to_target_only(srv):
     """Exactness through both endpoints, streamed and whole: greedy speculative (int8 draft,
     k 4) = target-only on the same prompt ids."""
