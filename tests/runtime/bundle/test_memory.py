@@ -300,3 +300,19 @@ def test_a_capped_pool_counts_its_rows_only():
                       kv_capped=((10, 300),))
     assert plan.kv_per_slot(1000) == 100 * 1000 + 10 * 300
     assert plan.kv_per_slot(200) == 100 * 200 + 10 * 200
+
+
+def test_a_load_without_a_context_fits_its_slots_and_says_so(tiny_bundles, monkeypatch):
+    folder = tiny_bundles["int8"]  # S_max 256
+    per_slot, fixed = _per_slot_and_fixed(folder, 256)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: fixed + 5 * per_slot + 100)
+    monkeypatch.setattr(memory, "MIN_FIT_SEQ", 64)
+    with pytest.raises(InsufficientMemory, match="6 KV slots of 256 tokens"):
+        specrt.load(folder, max_batch=6, max_seq_len=256, hugepages=False, packed=False)  # asked for: refused
+    pipe = specrt.load(folder, max_batch=6, hugepages=False, packed=False)
+    try:
+        sizing = pipe.parts.sizing
+        assert pipe.parts.target.pool.slots == 6 and pipe.max_seq_len == sizing.seq == 213  # 5 x 256 rows over 6 slots (under 256: not rounded)
+        assert pipe.max_seq_len < 256 and "context shortened from 256 to 213 tokens" in sizing.summary()
+    finally:
+        pipe.close()
