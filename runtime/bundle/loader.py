@@ -110,13 +110,13 @@ def _shares_kv(man: Manifest, eagle: bool) -> bool:
 
 
 def draft_rows(man: Manifest, seq: int, eagle: bool, window: int | None) -> int | None:
-    """Rows of a separate draft's own pool: the load's context, or for a draft that reads a
-    window (runtime/drafters/model.py) its window and a run after it (memory.windowed_rows);
-    None for a draft on the target's pool."""
-    if eagle or _shares_kv(man, eagle):
+    """Rows of a draft's own pool: the load's context, or for a separate draft that reads a
+    window (runtime/drafters/model.py; an EAGLE head never does) its window and a run after it
+    (memory.windowed_rows); None for a self-draft on the target's pool."""
+    if _shares_kv(man, eagle):
         return None
     rows = min(seq, man.draft.kv.max_seq_len)
-    return rows if window is None else min(rows, memory.windowed_rows(window))
+    return rows if window is None or eagle else min(rows, memory.windowed_rows(window))
 
 
 def memory_plan(folder: Path, man: Manifest, *, want_draft: bool, device: str = "cpu",
@@ -134,12 +134,13 @@ def memory_plan(folder: Path, man: Manifest, *, want_draft: bool, device: str = 
         models.append(memory.ModelMemory(name, size, int(size * factor), e.vocab_size, prefill_width(e),
                                          e.hidden_size * (bool(e.io.hidden_in) + bool(e.io.hidden_out)),
                                          lanes, e.max_tokens_per_call))
-    kv, capped = man.target.kv.bytes_per_token(), ()
-    rows = draft_rows(man, man.target.kv.max_seq_len, eagle, draft_window) if want_draft else None
-    if rows is not None and rows < man.target.kv.max_seq_len:  # a windowed draft's pool stops at its rows
-        capped = ((man.draft.kv.bytes_per_token(), rows),)
-    elif want_draft and not _shares_kv(man, eagle):
-        kv += man.draft.kv.bytes_per_token()
+    kv, capped, s_max = man.target.kv.bytes_per_token(), (), man.target.kv.max_seq_len
+    if want_draft and not _shares_kv(man, eagle):
+        rows = draft_rows(man, s_max, eagle, draft_window)
+        if rows < s_max:  # a windowed draft's pool stops at its rows
+            capped = ((man.draft.kv.bytes_per_token(), rows),)
+        else:
+            kv += man.draft.kv.bytes_per_token()
     features = 4 * man.target.hidden_size if want_draft and eagle else 0
     return memory.MemoryPlan(tuple(models), kv, features, kv_capped=capped)
 

@@ -316,3 +316,11 @@ def test_a_load_without_a_context_fits_its_slots_and_says_so(tiny_bundles, monke
         assert pipe.max_seq_len < 256 and "context shortened from 256 to 213 tokens" in sizing.summary()
     finally:
         pipe.close()
+
+
+def test_an_eagle_heads_pool_follows_the_loads_context(tiny_bundles):
+    """An EAGLE head has a pool of its own (not the target's) and never reads a window: its rows
+    are the load's context, not its bundle's S_max nor a window's run."""
+    with specrt.load(tiny_bundles["eagle"], max_batch=1, max_seq_len=100, hugepages=False) as pipe:
+        assert pipe.parts.eagle and pipe.parts.draft.pool is not pipe.parts.target.pool
+        assert pipe.parts.draft.pool.capacity == pipe.parts.target.pool.capacity == 100
