@@ -44,7 +44,6 @@ class ModelDrafter:
             raise ValueError(f"a draft window must be at least 1 token, got {window}")
         self.model, self.slot, self.pool = model, slot, model.pool
         self.window = window if target_track is None else None  # a shared pool adopts, never reads
-        self.offset = self.pool.offset(model.track, slot)  # the committed token at row 0 (> 0 once windowed)
         self.process = process
         self.track = model.track
         self.target_track = target_track
@@ -57,6 +56,11 @@ class ModelDrafter:
     @property
     def length(self) -> int:
         return self.pool.length(self.track, self.slot)
+
+    @property
+    def offset(self) -> int:
+        """The committed token at row 0 (> 0 once windowed; the pool keeps it with the rows)."""
+        return self.pool.offset(self.track, self.slot)
 
     def route(self, seq) -> str:
         return self.name
@@ -73,8 +77,7 @@ class ModelDrafter:
         self._toks, self._q, self._confs = [], [], []
         if self.window is not None and self._rewindow(len(seq), k):
             self.pool.rewind(self.track, self.slot, 0)
-            self.offset = len(seq) - self.window
-            self.pool.set_offset(self.track, self.slot, self.offset)
+            self.pool.set_offset(self.track, self.slot, len(seq) - self.window)
         lag = np.asarray(seq[self.offset + self.length :], dtype=np.int64)
         c = self.model.max_prefill_t
         self._pending = [lag[s : s + c] for s in range(0, len(lag), c)]

@@ -85,13 +85,7 @@ class Costs:
         one-sequence curve target_ms, linear beyond its widest probe (the weights are streamed
         once; each token adds its share of the compute)."""
         t = np.asarray(tokens, dtype=float)
-        xs = np.array(sorted(self.target_ms), dtype=float)
-        ys = np.array([self.target_ms[int(x)] for x in xs])
-        if len(xs) == 1:
-            beyond = ys[0] * t / xs[0]
-        else:
-            beyond = ys[-1] + (t - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-        out = self.scale * np.where(t > 0, np.where(t > xs[-1], beyond, np.interp(t, xs, ys)), 0.0)
+        out = self.scale * np.where(t > 0, _interp(self.target_ms, t), 0.0)
         return float(out) if out.ndim == 0 else out
 
     def extra_ms(self, T: int, context: int | None) -> float:
@@ -165,15 +159,18 @@ class Costs:
             self.draft_ms = (1 - weight) * self.draft_ms + weight * step
 
 
-def _interp(curve: dict[int, float], x: int) -> float:
-    """Piecewise linear through the probed points; linear growth per row beyond the last."""
-    known = sorted(curve)
-    if x <= known[-1]:
-        return float(np.interp(x, known, [curve[k] for k in known]))
-    if len(known) == 1:
-        return curve[known[0]] * x / known[0]
-    a, b = known[-2], known[-1]
-    return curve[b] + (x - b) * (curve[b] - curve[a]) / (b - a)
+def _interp(curve: dict[int, float], x):
+    """Piecewise linear through the probed points; linear growth per row beyond the last.
+    x: a number (-> float) or an array (-> array, elementwise)."""
+    xs = np.array(sorted(curve), dtype=float)
+    ys = np.array([curve[int(k)] for k in xs])
+    t = np.asarray(x, dtype=float)
+    if len(xs) == 1:
+        beyond = ys[0] * t / xs[0]
+    else:
+        beyond = ys[-1] + (t - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    out = np.where(t > xs[-1], beyond, np.interp(t, xs, ys))
+    return float(out) if out.ndim == 0 else out
 
 
 def measure_costs(target, draft, slot: int, max_t: int, rows: int = 1, busy=(), context: int = 128,
