@@ -11,10 +11,10 @@ drafting row k + 1), and one row of 2 tokens at longer contexts (what a row's at
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import numpy as np
+from call_times import interleaved_medians
 
 from specrt.runtime.backends.kvpool import KVPool
 from specrt.runtime.backends.packed import PackedModel
@@ -46,15 +46,7 @@ def main() -> None:
         for c in CONTEXTS:
             if c + 4 <= pool.capacity:
                 calls[(b, "context", 1, c)] = lambda pm=pm, c=c: pm.run_packed([(0, ids[:2], c, None)])
-    times = {k: [] for k in calls}
-    for f in calls.values():
-        f()  # warm up
-    for _ in range(a.reps):
-        for k, f in calls.items():
-            t0 = time.perf_counter()
-            f()
-            times[k].append(1000 * (time.perf_counter() - t0))
-    med = {k: float(np.median(v)) for k, v in times.items()}
+    med = interleaved_medians(calls, a.reps)
     (ba, ea), (bb, eb) = models
     print(f"A = {ba} (KV {ea.kv.dtype}, {ea.kv.bytes_per_token()} B/token), B = {bb} (KV {eb.kv.dtype}, "
           f"{eb.kv.bytes_per_token()} B/token); {a.lanes} lanes, median of {a.reps} (ms)\n")

@@ -9,10 +9,10 @@ adds at longer contexts. Median of --reps calls, interleaved round-robin; prints
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import numpy as np
+from call_times import interleaved_medians
 
 from specrt.runtime.backends.kvpool import KVPool
 from specrt.runtime.backends.ort import OrtModel
@@ -52,15 +52,7 @@ def main() -> None:
     far = [c for c in (128, 512, 2048, 4096) if c + 4 <= pool.capacity]
     for c in far:
         shapes[("attention", 1, c)] = lambda c=c: pm.run_packed([(0, ids[:2], c, None)])
-    times = {k: [] for k in shapes}
-    for f in shapes.values():
-        f()  # warm up
-    for _ in range(a.reps):
-        for k, f in shapes.items():
-            t0 = time.perf_counter()
-            f()
-            times[k].append(1000 * (time.perf_counter() - t0))
-    med = {k: float(np.median(v)) for k, v in times.items()}
+    med = interleaved_medians(shapes, a.reps)
     print(f"{a.bundle} ({e.precision}), {a.lanes} lanes, context {ctx}, median of {a.reps} (ms)\n")
     print("| rows | tokens | packed call | bundle graph | bundle / packed |")
     print("| --- | --- | --- | --- | --- |")

@@ -96,16 +96,23 @@ def test_a_long_prompt_is_decoded_plain_and_a_short_one_drafts(tmp_path):
     # over the context costs several plain steps
     steeper = Costs(dict(STEEP.target_ms), 0.5, rows_ms=dict(STEEP.rows_ms), context=16,
                     slope={1: 0.002, 2: 0.5, 5: 0.5, 9: 0.6})
-    pipe = fake_pipeline(tmp_path, draft="self", costs=steeper, slots=2)
+    short, long = _short_then_long(tmp_path, draft="self", costs=steeper)
+    assert sum(short.stats.k_history) > 0
+    ks = long.stats.k_history  # plain steps, but for the policy's probe round (k = 2) every 8th
+    assert set(ks) <= {0, 2} and ks.count(0) >= 7, ks
+
+
+def _short_then_long(tmp_path, **kw):
+    """A 10-token prompt, then a 200-token one, each alone through a two-slot fake pipeline,
+    adaptive, 12 new tokens. -> the two finished requests."""
+    pipe = fake_pipeline(tmp_path, slots=2, **kw)
     try:
         short = pipe.request(list(range(5, 15)), max_new_tokens=12, draft="model", adaptive=True, ignore_eos=True)
         long = pipe.request([int(t) for t in np.arange(200) % 20 + 5], max_new_tokens=12, draft="model", adaptive=True,
                             ignore_eos=True)
         drive(pipe, [short])
         drive(pipe, [long])
-        assert sum(short.stats.k_history) > 0
-        ks = long.stats.k_history  # plain steps, but for the policy's probe round (k = 2) every 8th
-        assert set(ks) <= {0, 2} and ks.count(0) >= 7, ks
+        return short, long
     finally:
         pipe.close()
 
@@ -164,15 +171,7 @@ def test_a_long_prompt_whose_reading_would_not_pay_is_decoded_plain(tmp_path):
     # a separate draft reads a 200-token prompt's last 200 (window 256) at 2 ms a token: 396 ms,
     # against ~5 ms saved on each of 12 tokens; a 10-token prompt's 16 ms pays
     reads = Costs({1: 10.0, 2: 10.2, 5: 10.8, 9: 11.6}, draft_ms=0.5, rows_ms={1: 10.0, 2: 10.5}, draft_read_ms=2.0)
-    pipe = fake_pipeline(tmp_path, draft="separate", costs=reads, slots=2)
-    try:
-        short = pipe.request(list(range(5, 15)), max_new_tokens=12, draft="model", adaptive=True, ignore_eos=True)
-        long = pipe.request([int(t) for t in np.arange(200) % 20 + 5], max_new_tokens=12, draft="model", adaptive=True,
-                            ignore_eos=True)
-        drive(pipe, [short])
-        drive(pipe, [long])
-        assert sum(short.stats.k_history) > 0
-        assert set(long.stats.k_history) == {0}, long.stats.k_history
-        assert long.stats.draft_prefill_ms == 0  # the draft never read the prompt
-    finally:
-        pipe.close()
+    short, long = _short_then_long(tmp_path, draft="separate", costs=reads)
+    assert sum(short.stats.k_history) > 0
+    assert set(long.stats.k_history) == {0}, long.stats.k_history
+    assert long.stats.draft_prefill_ms == 0  # the draft never read the prompt
