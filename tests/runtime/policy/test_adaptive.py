@@ -121,6 +121,29 @@ def test_auto_request_learns_each_route_apart(monkeypatch):
     assert store.policies(SimpleNamespace(draft="auto", cfg=sampled))["model"].acc is not pols["model"].acc
 
 
+def test_a_draft_models_first_rounds_start_from_its_measured_agreement(monkeypatch):
+    """Before any round, a draft model's acceptance prior is the agreement its export measured
+    (parity.greedy_agreement_with_target), clipped to PRIOR_RANGE; n-gram lookups and bundles
+    without the figure keep the default. With the costs below, the default prior (0.6) and one
+    rejected first token leave a plain round next; the coder's measured 0.75 keeps drafting."""
+    from specrt.runtime.policy.adaptive import AcceptanceModel
+    from specrt.runtime.policy.store import PRIOR_RANGE
+
+    costs = Costs({1: 100.0, 2: 113.0, 3: 126.0, 4: 139.0, 5: 152.0}, draft_ms=40.0)  # k = 1 pays from a_0 0.53
+    greedy = SamplingConfig(0.0)
+    k_after_a_rejection = {}
+    for agreement, want in ((None, AcceptanceModel.prior), (0.75, 0.75), (0.999, PRIOR_RANGE[1]), (0.0, PRIOR_RANGE[0])):
+        store = _store(costs, monkeypatch)
+        if agreement is not None:
+            store.parts.manifest = SimpleNamespace(draft=SimpleNamespace(parity={"greedy_agreement_with_target": agreement}))
+        pols = store.policies(SimpleNamespace(draft="auto", cfg=greedy))
+        assert pols["model"].acc.prior == pytest.approx(want)
+        assert pols["ngram"].acc.prior == AcceptanceModel.prior
+        pols["model"].update(1, 0, [])
+        k_after_a_rejection[agreement] = pols["model"].choose_k()
+    assert k_after_a_rejection[None] == 0 and k_after_a_rejection[0.75] > 0
+
+
 def test_auto_drafter_routes_before_k_and_keeps_the_route():
     import numpy as np
 

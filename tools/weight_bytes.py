@@ -1,0 +1,106 @@
+"""What one call of a bundle's target streams from memory, by weight form (docs/benchmarks.md §23).
+
+A decode step reads every projection's weights once, whatever its width: at one token that read
+is the step's floor. For each MatMulNBits this counts its codes, its fp32 scales, and the fp32
+per-block sum onnxruntime's int8 path (accuracy_level 4) keeps beside every block in its packed
+form (MLAS `BlkSum`: one float per block, written at prepacking from the scales and zero
+points); for a Q4_K weight also its fp32 mins ([K / 32, N], `export/nbits.py`); for a float
+MatMul its fp32 matrix. Embedding tables are gathered row by row, so they are listed apart and
+not counted. A GGUF file's own bits per weight are given beside it for comparison.
+
+    python tools/weight_bytes.py engines/coder
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+from pathlib import Path
+
+import onnx
+
+from specrt.runtime.bundle.manifest import load_manifest
+
+# the GGUF block type each exact MatMulNBits form comes from (export/gguf_blocks.py)
+GGUF_OF = {"MatMulNBits 4-bit, block 32": "Q4_K", "MatMulNBits 8-bit, block 16": "Q6_K", "MatMulNBits 8-bit, block 32": "Q8_0"}
+GGUF_BITS = {"Q4_K": 4.5, "Q6_K": 6.5625, "Q8_0": 8.5, "Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5, "F32": 32.0}
+ELEM = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.UINT8: 1, onnx.TensorProto.INT8: 1,
+        onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.INT64: 8}
+
+
+def nbytes(t: onnx.TensorProto) -> int:
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n * ELEM.get(t.data_type, 4)
+
+
+def attr(node, name: str) -> int:
+    return next(a.i for a in node.attribute if a.name == name)
+
+
+def account(graph_path: Path) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
+    """-> (form -> {"weights": count, part: bytes, ...} streamed per call, gathered tables' bytes)."""
+    m = onnx.load(str(graph_path), load_external_data=False)
+    inits = {i.name: i for i in m.graph.initializer}
+    forms: dict[str, dict[str, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
+    gathered: dict[str, int] = collections.Counter()
+    last = ""  # the MatMulNBits a mins MatMul corrects (emitted right after it)
+    for node in m.graph.node:
+        if node.op_type == "MatMulNBits":
+            bits, block, n, k = (attr(node, a) for a in ("bits", "block_size", "N", "K"))
+            last = f"MatMulNBits {bits}-bit, block {block}"
+            f = forms[last]
+            f["weights"] += n * k
+            f["codes"] += n * k * bits / 8
+            f["scales (fp32)"] += 4 * n * k / block
+            if attr(node, "accuracy_level") == 4:
+                f["block sums (fp32, packed)"] += 4 * n * k / block
+        elif node.op_type == "MatMul":
+            for name in node.input:
+                if name in inits and "mins" in name:
+                    forms[last]["mins (fp32)"] += nbytes(inits[name])
+                elif name in inits:
+                    forms["float MatMul"]["fp32 matrix"] += nbytes(inits[name])
+                    forms["float MatMul"]["weights"] += nbytes(inits[name]) / 4
+        elif node.op_type in ("Gather", "GatherBlockQuantized"):
+            for name in node.input:
+                if name in inits:
+                    gathered[node.op_type] += nbytes(inits[name])
+    return forms, dict(gathered)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("bundle", type=Path)
+    a = ap.parse_args()
+    manifest = load_manifest(a.bundle)
+    e = manifest.target
+    forms, gathered = account(a.bundle / e.graph)
+    mib = 2 ** 20
+    total = weights = 0.0
+    print(f"{a.bundle} target ({e.precision}): bytes one call streams\n")
+    print("| form | weights (M) | part | MiB | bits per weight |")
+    print("| --- | --- | --- | --- | --- |")
+    for form, parts in forms.items():
+        w = parts.get("weights", 0.0)
+        weights += w
+        for part, b in parts.items():
+            if part == "weights":
+                continue
+            total += b
+            per = f"{8 * b / w:.2f}" if w else "-"
+            print(f"| {form} | {w / 1e6:.0f} | {part} | {b / mib:.1f} | {per} |")
+    print(f"| **all** | {weights / 1e6:.0f} | | **{total / mib:.1f}** | {8 * total / max(weights, 1):.2f} |")
+    for op, b in gathered.items():
+        print(f"\n(not streamed: {op} table, {b / mib:.1f} MiB, read a row per token)")
+    q = (e.quantization or {}).get("types", {})
+    if q:
+        own = sum(parts.get("weights", 0.0) * GGUF_BITS[GGUF_OF[f]] / 8 for f, parts in forms.items() if f in GGUF_OF)
+        print(f"\nThe same weights in the GGUF file's own blocks: {own / mib:.1f} MiB ({total / own:.2f}x fewer bytes)")
+        print("The GGUF file's own types: " + ", ".join(f"{t} ({v['tensors']} tensors) {GGUF_BITS.get(t, '?')} bits "
+                                                      f"per weight" for t, v in q.items()))
+
+
+if __name__ == "__main__":
+    main()
