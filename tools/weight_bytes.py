@@ -56,11 +56,11 @@ def account(graph_path: Path) -> tuple[dict[str, dict[str, float]], dict[str, in
             f["scales (fp32)"] += 4 * n * k / block
             if attr(node, "accuracy_level") == 4:
                 f["block sums (fp32, packed)"] += 4 * n * k / block
-        elif node.op_type == "MatMul":
+        elif node.op_type in ("MatMul", "Gemm"):  # Gemm: a float LM head over the tied embedding table
             for name in node.input:
                 if name in inits and "mins" in name:
                     forms[last]["mins (fp32)"] += nbytes(inits[name])
-                elif name in inits:
+                elif name in inits and len(inits[name].dims) == 2:
                     forms["float MatMul"]["fp32 matrix"] += nbytes(inits[name])
                     forms["float MatMul"]["weights"] += nbytes(inits[name]) / 4
         elif node.op_type in ("Gather", "GatherBlockQuantized"):
@@ -93,7 +93,7 @@ def main() -> None:
             print(f"| {form} | {w / 1e6:.0f} | {part} | {b / mib:.1f} | {per} |")
     print(f"| **all** | {weights / 1e6:.0f} | | **{total / mib:.1f}** | {8 * total / max(weights, 1):.2f} |")
     for op, b in gathered.items():
-        print(f"\n(not streamed: {op} table, {b / mib:.1f} MiB, read a row per token)")
+        print(f"\n({op} table: {b / mib:.1f} MiB, a row per token; counted above only where an LM head multiplies by it)")
     q = (e.quantization or {}).get("types", {})
     if q:
         own = sum(parts.get("weights", 0.0) * GGUF_BITS[GGUF_OF[f]] / 8 for f, parts in forms.items() if f in GGUF_OF)
