@@ -8,7 +8,7 @@ points); for a Q4_K weight also its fp32 mins ([K / 32, N], `export/nbits.py`); 
 MatMul its fp32 matrix. Embedding tables are gathered row by row, so they are listed apart and
 not counted. A GGUF file's own bits per weight are given beside it for comparison.
 
-    python tools/weight_bytes.py engines/coder
+    python tools/weight_bytes.py engines/coder [--model draft]
 """
 
 from __future__ import annotations
@@ -73,13 +73,16 @@ def account(graph_path: Path) -> tuple[dict[str, dict[str, float]], dict[str, in
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bundle", type=Path)
+    ap.add_argument("--model", choices=("target", "draft"), default="target")
     a = ap.parse_args()
     manifest = load_manifest(a.bundle)
-    e = manifest.target
+    e = getattr(manifest, a.model)
+    if e is None:
+        raise SystemExit(f"{a.bundle} has no {a.model} model")
     forms, gathered = account(a.bundle / e.graph)
     mib = 2 ** 20
     total = weights = 0.0
-    print(f"{a.bundle} target ({e.precision}): bytes one call streams\n")
+    print(f"{a.bundle} {a.model} ({e.precision}): bytes one call streams\n")
     print("| form | weights (M) | part | MiB | bits per weight |")
     print("| --- | --- | --- | --- | --- |")
     for form, parts in forms.items():
