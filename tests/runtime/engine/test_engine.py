@@ -401,6 +401,9 @@ def test_policy_mode_drafts_nothing_under_load(tiny_bundles, plan_batches, packe
         pipe.store._costs = costs  # the probe's place: a probe on this machine measures its own
         costs.packed = packed
         pipe.scheduler.costs = costs  # the pipeline took the probe's at load
+        # a draft accepted at 0.6 a position (at the tiny int8 draft's measured agreement even a
+        # verification call per row pays: ~7 tokens a call at 0.95)
+        pipe.store.draft_prior = lambda: 0.6
         prompts = _prompts(4, seed=31)
         want = [_solo(pipe, p, 20) for p in prompts]
         seen = []
@@ -487,6 +490,8 @@ def test_default_bundle_under_concurrency(default_bundle):
                 diff = assert_same_greedy(got[i], w, _margins(pipe, prompts[i], w) if got[i] != w else None)
                 assert diff is None, f"{draft} adaptive={adaptive} prompt {i}: near-tie at token {diff}"
         c = pipe.counters()
-        assert c["rows"] > 2 * c["steps"] and c["running"] == 0
+        # batched: most steps carry several rows (adaptive rounds draft from the first round at the
+        # int8 draft's measured prior, so requests take fewer, fuller steps and overlap less)
+        assert c["rows"] > 1.5 * c["steps"] and c["running"] == 0
     finally:
         pipe.close()
