@@ -3,7 +3,7 @@ one call of N tokens spread over R rows (packed), against what the bundle graph 
 same work (one call per drafting row; rows of one token batched), and what a row's attention
 adds at longer contexts. Median of --reps calls, interleaved round-robin; prints markdown.
 
-    python tools/packed_costs.py engines/coder [--lanes 8] [--reps 7]
+    python tools/packed_costs.py engines/coder [--lanes 8] [--reps 7] [--max-seq-len 4608]
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--max-seq-len", type=int, default=None,
+                    help="rows per lane (default the bundle's S_max: 8 lanes of the coder's 32k are 15 GB)")
     a = ap.parse_args()
     e = load_manifest(a.bundle).target
-    pool = KVPool(e.kv, a.lanes, "cpu")
+    pool = KVPool(e.kv, a.lanes, "cpu", max_seq_len=a.max_seq_len)
     pm = PackedModel(a.bundle / e.packed.file(a.lanes), e, pool, lanes=a.lanes, track="p", threads=a.threads)
     om = OrtModel(a.bundle / e.graph, e, pool, track="o", threads=a.threads)
     ids = np.arange(5, 5 + 256, dtype=np.int64)
