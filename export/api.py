@@ -37,6 +37,7 @@ from .steps import (
     model_draft_entry,
     require_parity,
     self_draft_entry,
+    subset_draft,
     target_entry,
 )
 from .tokcheck import VocabularyMismatch, check_same_vocabulary  # noqa: F401 (API: export.api.VocabularyMismatch)
@@ -77,6 +78,7 @@ def export_bundle(
     kv_dtype: str = "auto",
     trt: bool = False,
     draft_precision: str | None = None,
+    draft_vocab: int = 0,
     echo: Callable[[str], None] | None = print,
 ) -> Manifest:
     """Export `target` (and a draft) into the bundle folder `out`, validated against transformers.
@@ -91,7 +93,8 @@ def export_bundle(
     "int4" quantizes a separate draft model's weights with the self-drafts' recipe (None: the
     target's precision). kv_dtype: "auto" (KV buffers in the activations' dtype) | "fp16" (float16
     KV in every graph of the bundle, ort lowering; parity then held to fp16's tolerance).
-    Returns the written manifest. Models are loaded one at a time and
+    draft_vocab: > 0 cuts a separate draft model's LM head to that many most frequent tokens
+    (export/vocab_subset.py; exact: the draft only proposes). Returns the written manifest. Models are loaded one at a time and
     dropped before onnxruntime loads their graphs (a quantized target's parity check keeps its
     model until the check is done).
     """
@@ -100,8 +103,9 @@ def export_bundle(
     kind = draft_kind(draft)
     _check_settings(cfg, kind, draft, k, trt)
     _check_draft_precision(cfg, kind, draft_precision)
+    _check_draft_vocab(kind, draft_vocab)
     out = Path(out)
-    step = Progress(4 + (kind != "none") + (kind == "model") + trt, echo)
+    step = Progress(4 + (kind != "none") + (kind == "model") + bool(draft_vocab) + trt, echo)
 
     step(f"loading target {target}")
     tgt = LoadedModel(target, max_seq_len, echo)
@@ -128,6 +132,10 @@ def export_bundle(
             d_entry = model_draft_entry(tmp, draft, cfg, probe, draft_precision, step, echo)
         if d_entry is not None:
             require_parity(d_entry, kind)
+        if draft_vocab:
+            step(f"cutting the draft's LM head to {draft_vocab} tokens")
+            subset_draft(tmp, d_entry, tgt.tok.backend_tokenizer, draft_vocab, probe)
+        if d_entry is not None:
             d_entry.default_k = k or RECOMMENDED_K.get(draft, 0)
 
         if trt:
@@ -193,6 +201,16 @@ def _check_draft_precision(cfg: Settings, kind: str, draft_precision: str | None
                          "theirs (self-int8, self-int4)")
     if cfg.lowering != "ort":
         raise ValueError(f"an {draft_precision} draft uses MatMulNBits, which only the 'ort' lowering has")
+
+
+def _check_draft_vocab(kind: str, draft_vocab: int) -> None:
+    if not draft_vocab:
+        return
+    if kind != "model":
+        raise ValueError("a draft vocabulary subset applies to a separate draft model (a self-draft's or "
+                         "EAGLE head's step is mostly not its LM head)")
+    if draft_vocab < 0:
+        raise ValueError(f"a draft vocabulary subset must be a positive number of tokens, got {draft_vocab}")
 
 
 def trt_plans(tmp: Path, entries: list[ModelEntry]) -> None:

@@ -56,9 +56,13 @@ def export_plan(given: dict, config_path: str | None = None) -> tuple[str, str, 
     dr = cfg.get("draft", {})
     draft = given.get("draft")
     kwargs["draft"] = draft if draft is not None else _config_relative(dr.get("source", "self-int8"), cfg_file)
-    # the config's draft precision belongs to the config's draft, not to one named by a flag
+    # the config's draft precision and vocabulary subset belong to the config's draft, not to one named by a flag
     precision = given.get("draft_precision")
     kwargs["draft_precision"] = precision if precision is not None else (dr.get("precision") if draft is None else None)
+    vocab = given.get("draft_vocab")
+    kwargs["draft_vocab"] = vocab if vocab is not None else (dr.get("vocab_subset", 0) if draft is None else 0)
+    if not isinstance(kwargs["draft_vocab"], int) or isinstance(kwargs["draft_vocab"], bool):
+        raise ConfigError(f"{cfg_file}: [draft] vocab_subset must be a number of tokens, got {kwargs['draft_vocab']!r}")
     if not isinstance(kwargs["trt"], bool):
         raise ConfigError(f"{cfg_file}: [export] trt must be true or false, got {kwargs['trt']!r}")
     return target, given.get("out") or f"engines/{cfg.get('name', 'default')}", kwargs

@@ -8,6 +8,7 @@ numbers that gate it.
   measure_draft      a draft's numbers: parity and greedy agreement with the target
   model_draft_entry  a separate draft model, loaded once the target's check is done
   eagle_entry        an EAGLE head, checked on the target graph's features
+  subset_draft       a draft's LM head cut to a frequency-ranked subset of the vocabulary
 
 Memory (docs/design.md, "Export memory"): a model's fp32 weights are in memory once while its
 graphs are built, and not at all while onnxruntime loads them; one session at a time.
@@ -27,7 +28,7 @@ from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.ort import OrtBackend
 from specrt.runtime.bundle.manifest import SELF_DRAFT_PRECISION, KVLayout, ModelEntry
 
-from . import quant_target
+from . import quant_target, vocab_subset
 from .arch import Arch, arch_from_model, numpy_weights
 from .bundle import ExternalData, save_graph
 from .eagle import draft_arch, draft_weights
@@ -203,6 +204,25 @@ def model_draft_entry(tmp: Path, ref: str, cfg: Settings, probe: Probe, draft_pr
     entry = write_model(tmp, "draft", d.arch, d.weights, opts, cfg.max_t, d.src.describe(), recipe)
     d.release()
     return measure_draft(tmp, entry, reference, cfg, probe)
+
+
+def subset_draft(tmp: Path, entry: ModelEntry, tokenizer, size: int, probe: Probe) -> ModelEntry:
+    """The draft graph's LM head cut to the `size` most frequent tokens (export/vocab_subset.py),
+    in place. Records the subset on the entry, whether the kept rows' logits are the full head's
+    bit for bit (`rows_equal`), and the agreement with the target again: it is the runtime's
+    acceptance prior, and tokens outside the subset are now never proposed."""
+    ids, info = vocab_subset.choose(tokenizer, entry.vocab_size, size)
+    full = decoder(tmp, entry).prefill(probe.prompt)
+    vocab_subset.rewrite(tmp, entry.graph, entry.io.logits, ids, entry.vocab_size)
+    dec = decoder(tmp, entry)
+    cut = dec.prefill(probe.prompt)
+    outside = np.ones(entry.vocab_size, dtype=bool)
+    outside[ids] = False
+    info["rows_equal"] = bool(np.array_equal(cut[ids], full[ids]) and np.isneginf(cut[outside]).all())
+    info["agreement_full_head"] = entry.parity.get("greedy_agreement_with_target")
+    entry.parity["greedy_agreement_with_target"] = draft_agreement(dec, probe.target_tokens, probe.prompt)
+    entry.vocab_subset = info
+    return entry
 
 
 def eagle_entry(tmp: Path, tgt: LoadedModel, target_dec: SequenceHarness, head: str, head_w: dict, cfg: Settings,

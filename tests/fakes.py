@@ -204,13 +204,15 @@ def write_json_tokenizer(folder: Path) -> TokenizerInfo:
 
 def fake_parts(folder: Path, *, draft: str | None = "self", slots: int = 4, seed: int = 0, noise: float = 0.3,
                max_t: int = MAX_T, max_prefill_t: int = 16, batch_rows: bool = True, json_tokens: bool = False,
-               tokens=None, one_token_skew: float = 0.0, min_t: int | None = None) -> LoadedModels:
+               tokens=None, one_token_skew: float = 0.0, min_t: int | None = None,
+               draft_vocab=None) -> LoadedModels:
     """LoadedModels (runtime/bundle/loader.py) over fake models. draft: "self" (a second track on the
     target's pool, as a self-int8 draft), "separate" (a pool of its own, as another model) or
     None. The draft is the target's table plus noise: it agrees often, not always.
     json_tokens: a tokenizer of JSON characters (grammar tests) instead of words. tokens: a
     tokenizer of one's own, (vocab size, write(folder) -> TokenizerInfo) (tool-call tests).
-    one_token_skew, min_t: the target's (FakeModel); the draft never skews."""
+    one_token_skew, min_t: the target's (FakeModel); the draft never skews. draft_vocab: the ids a
+    vocabulary-subset draft head keeps (export/vocab_subset.py): its logits are -inf elsewhere."""
     vocab, write = tokens or (VOCAB, write_json_tokenizer if json_tokens else write_tokenizer)
     table = Table(vocab=vocab, seed=seed)
     pool = new_pool(slots)
@@ -219,6 +221,10 @@ def fake_parts(folder: Path, *, draft: str | None = "self", slots: int = 4, seed
     d = None
     if draft is not None:
         dtable = Table(vocab=vocab, seed=seed + 1, noise=noise, like=table)
+        if draft_vocab is not None:
+            outside = np.ones(vocab, dtype=bool)
+            outside[np.asarray(draft_vocab)] = False
+            dtable.C[:, outside] = -np.inf
         if draft == "self":
             d = FakeModel(dtable, pool, "draft", mark=DRAFT_MARK, reads=(TARGET_MARK, DRAFT_MARK), **kw)
         elif draft == "separate":

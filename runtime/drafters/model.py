@@ -102,6 +102,8 @@ class ModelDrafter:
         cfg = self._cfg
         if self.process is not None:
             logits = self.process(logits, self._toks)
+        if not np.isfinite(logits.max()):  # nothing left to propose (a vocabulary-subset head
+            return self._proposal()           # whose every token a grammar or bias ruled out)
         if cfg.greedy:
             t = int(logits.argmax())
             if self._want_conf:
@@ -117,6 +119,9 @@ class ModelDrafter:
         done = len(self._toks) >= self._k or (self._want_conf and not self._policy.continue_after(j, self._confs))
         if not done:
             return self._next_call(t)
+        return self._proposal()
+
+    def _proposal(self) -> Proposal:
         q = np.stack(self._q) if self._q else None  # None: greedy or coupled (verified by token match)
         return Proposal(np.asarray(self._toks, dtype=np.int64), q, self._confs, self.name)
 

@@ -24,6 +24,8 @@ from .common import fail
               help="int8/int4/gguf: the LM head's own precision (default: the target's)")
 @click.option("--draft-precision", type=click.Choice(["int8", "int4"]), default=None,
               help="weight-quantize a separate draft model (the self-drafts' recipe; config: [draft] precision)")
+@click.option("--draft-vocab", type=int, default=None,
+              help="a draft model's LM head over this many most frequent tokens (0: the whole vocabulary; config: [draft] vocab_subset)")
 @click.option("--kv-dtype", type=click.Choice(["auto", "fp16"]), default=None,
               help="KV cache: auto = the activations' dtype (default) | fp16 (half the bytes per token; ort lowering; config: [export] kv_dtype)")
 @click.option("--lowering", type=click.Choice(["ort", "standard"]), default=None)
