@@ -123,7 +123,7 @@ class ModelEntry:
     trt_plans: list[TRTPlan] = field(default_factory=list)
     packed: PackedGraph = field(default_factory=PackedGraph)  # its packed graphs (export/packed.py)
     # a draft whose LM head computes a frequency-ranked subset of the vocabulary (export/vocab_subset.py):
-    # size, corpus, corpus_coverage, ids_sha256, agreement of the full head; {} for a full head
+    # size, corpus, heldout_coverage, ids_sha256, rows_equal, agreement_full_head; {} for a full head
     vocab_subset: dict = field(default_factory=dict)
 
 
