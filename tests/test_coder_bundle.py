@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
 
 from checks import assert_follows, second_token_dist
 from paths import ROOT
@@ -67,6 +69,19 @@ def test_tokenizer_matches_its_gguf():
     text = hf.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
     assert tok.render_messages(conv) == text
     assert tok.encode_messages(conv) == hf(text, add_special_tokens=False)["input_ids"]
+
+
+def test_the_drafts_head_covers_a_frequency_ranked_subset():
+    """configs/coder.toml cuts the 0.5B draft's LM head to 32,768 tokens (export/vocab_subset.py):
+    the kept rows are the full head's bit for bit; the chat, FIM and tool tokens are kept."""
+    from specrt.runtime.bundle.manifest import load_manifest
+
+    man = load_manifest(BUNDLE)
+    info = man.draft.vocab_subset
+    assert info["size"] == 32768 and info["rows_equal"] is True and info["heldout_coverage"] > 0.98
+    graph = onnx.load(str(BUNDLE / man.draft.graph), load_external_data=False)
+    ids = next(numpy_helper.to_array(t) for t in graph.graph.initializer if t.name.endswith("vocab_subset_ids"))
+    assert len(ids) == 32768 and {151643, 151644, 151645, 151657, 151658, 151659, 151660, 151661} <= set(ids.tolist())
 
 
 def test_greedy_speculative_equals_target_only_on_code(pipe):
