@@ -11,6 +11,14 @@ acceptance model, the plan maximizes committed tokens per ms of the step:
     tokens = (n - m) + sum_{r drafts} E_r(k_r)
 
 over a common ceiling on k and the number m of drafting rows (those that gain most first).
+
+Catching up: a separate draft reads the committed tokens it lacks before a row's first proposal
+(its prompt, up to its window) and after plain rounds. That reading is paid once and serves the
+row's remaining tokens, so each step charges a drafting row its share: read_ms(lag) / remaining
+per token the step expects to commit. Alone, a row's policy prices the same reading against its
+own savings (runtime/policy/adaptive.py); under load the savings per token are a few percent of a
+step, and charging nothing made 8 coder requests read every prompt into the draft for a 2% gain
+and lose 14% (docs/benchmarks.md §24).
 Alone (n = 1) this is the single-request rule, E(k) / (k c + v(k+1)). Under load a plain
 batched row costs a fraction of a step while a verification call costs a whole one, so
 drafting stops by itself (docs/design.md, "Speculation under load").
@@ -32,6 +40,7 @@ class Row:
     expected: np.ndarray  # E(j), j = 0..k: tokens a round with j proposals commits
     lookup: bool = False  # an n-gram proposal: no draft-model calls
     context: int | None = None  # the row's length: its calls attend over it (None: the probe's)
+    read_per_token: float = 0.0  # a separate draft's catching up (ms) over the tokens the row has left
 
 
 def step_ms(rows: list[Row], ks: list[int], costs: Costs) -> float:
@@ -93,6 +102,9 @@ def plan(rows: list[Row], costs: Costs) -> list[int]:
         r_ms = np.array([0.0] + [costs.target_rows_ms(b) for b in range(1, n + 1)])
         plain_all = n / (r_ms[n] + plain_extra.sum())  # every row plain: target_rows_ms(n, contexts)
         t = r_ms[n - m][None, :] + np.cumsum(verify, axis=1) + d_ms[depth].sum(axis=2) + attention
+    # a drafting row's catching up, paid once and amortized over the tokens it serves: what this
+    # step commits of them (docstring, "Catching up")
+    t = t + np.cumsum(exp_s * np.array([r.read_per_token for r in rows])[order], axis=1)
     tokens = (n - m)[None, :] + np.cumsum(exp_s, axis=1)
     rate = np.where(valid, tokens / t, -np.inf)
     c, mm = np.unravel_index(int(np.argmax(rate)), rate.shape)
@@ -162,5 +174,6 @@ class Planner:
         k = pol.choose_k(len(r.seq), lag(r.seq) if lag else 0, r.remaining) if pol is not None else r.k
         row = None
         if pol is not None:
-            row = Row(min(k, r.remaining - 1), pol.acc.expected()[: k + 1], r.route == "ngram", len(r.seq))
+            read = pol.costs.read_ms(lag(r.seq)) / max(1, r.remaining) if lag else 0.0
+            row = Row(min(k, r.remaining - 1), pol.acc.expected()[: k + 1], r.route == "ngram", len(r.seq), read)
         return max(0, min(k, r.remaining - 1)), row

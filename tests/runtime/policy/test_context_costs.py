@@ -67,6 +67,22 @@ def test_the_batch_plan_prices_each_row_at_its_own_length():
         alone.verify_ms(ks[0] + 1, 20) + ks[0] * 0.5 + alone.target_rows_ms(1, [600]))
 
 
+def test_the_batch_plan_charges_a_rows_catching_up_over_its_tokens_left():
+    """Eight rows where drafting gains a few percent of the step: a draft that must first read
+    ~100 prompt tokens (2.9 ms each) for 128 tokens left does not draft; the same rows caught up
+    do; a row with thousands of tokens left pays its reading and drafts."""
+    costs = Costs({1: 82.0, 2: 82.0, 3: 97.0, 5: 118.0, 9: 165.0, 17: 250.0}, draft_ms=17.0,
+                  rows_ms={1: 82.0, 2: 82.0, 4: 110.0, 8: 165.0},
+                  draft_rows_ms={1: 17.0, 2: 20.5, 4: 28.0, 8: 43.0}, draft_read_ms=2.9, packed=True)
+    e = np.array([1.0, 1.9, 2.7, 3.4])
+    caught_up = [Row(3, e, context=100) for _ in range(8)]
+    assert any(plan(caught_up, costs))
+    reading = [Row(3, e, context=100, read_per_token=costs.read_ms(100) / 128) for _ in range(8)]
+    assert plan(reading, costs) == [0] * 8
+    long = [Row(3, e, context=100, read_per_token=costs.read_ms(100) / 20000) for _ in range(8)]
+    assert any(plan(long, costs))
+
+
 class Slow:
     """A fake model whose calls take longer the more context they attend to (and a verification
     call more than a plain step), as attention does: 1 ms + 0.02 ms per position per token past 1."""
