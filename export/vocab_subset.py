@@ -1,7 +1,7 @@
 """A draft model's LM head over the most frequent tokens only (FR-Spec: Zhao et al. 2025,
 "Accelerating Large-Vocabulary Language Models via Frequency-Ranked Speculative Sampling").
 
-A 0.5B draft of a 152k-token vocabulary spends about a quarter of its step in its LM head
+A 0.5B draft of a 152k-token vocabulary spends about a fifth of its step in its LM head
 (docs/benchmarks.md §24). Cut to the `size` tokens a corpus uses most, the head's rows are
 sliced, and the graph scatters their logits back into a [.., V] row of -inf: the graph's
 outputs, and everything that reads them, keep their shapes.
@@ -10,7 +10,7 @@ Exactness: the draft's q is 0 outside the subset. A greedy draft proposes its be
 subset, a sampled one draws from q over it, and verification needs only q of the tokens drawn
 (and max(0, p - q) for the residual), so the output stays the target's. A token outside the
 subset is still the target's to choose; the draft never proposes it. A row where a request's
-grammar or logit bias leaves no subset token has no finite logit: its proposal ends there
+grammar leaves no subset token has no finite logit: its proposal ends there
 (runtime/drafters/model.py).
 
 The ranking: token counts over a corpus the exporter has without a network (the running
