@@ -103,7 +103,7 @@ class Round:
         costs: adaptive.Costs (None: no batch plan); running: requests in the engine (costs are
         learned only from a request running alone: batched times are the plan's)."""
         self.outcomes, self.failed = [], set()
-        ks = self.planner.choose_ks(rows, costs)
+        ks = self.planner.choose_ks(rows, costs, running)
         t0 = time.perf_counter()
         proposals = self.propose([r for r, k in zip(rows, ks, strict=True) if k > 0],
                                  {r.id: k for r, k in zip(rows, ks, strict=True)})

@@ -138,8 +138,13 @@ class Planner:
         """Drop the remembered "no drafting" plan (the next step plans afresh)."""
         self.idle = IdlePlan()
 
-    def choose_ks(self, rows: list[Request], costs) -> list[int]:
+    def choose_ks(self, rows: list[Request], costs, running: int | None = None) -> list[int]:
+        """running: requests in the engine, those still reading their prompts included (None:
+        only these rows). A row that would start catching up drafts only if drafting still pays
+        once those requests decode beside it: its reading serves its remaining tokens, which it
+        will mostly spend in the fuller batch."""
         n = len(rows)
+        joining = max(0, (running or n) - n)
         if self.idle.rows == n and self.idle.steps_left > 0 and all(r.policies for r in rows):
             # the plan said "no drafting" for this many rows a few steps ago: a step under load
             # pays nothing for speculation until the row count changes or REPLAN_STEPS pass
@@ -159,6 +164,13 @@ class Planner:
             capped = plan([row for _, row in planned], costs)
             for (i, _), k in zip(planned, capped, strict=True):
                 ks[i] = min(ks[i], k)
+        if self.plan_batches and planned and costs is not None and joining and any(r.read_per_token for _, r in planned):
+            # the batch the reading will be spent in: these rows and the joining requests (each
+            # like the first row here, with a prompt of its own to read)
+            ahead = plan([row for _, row in planned] + [planned[0][1]] * joining, costs)
+            for (i, row), k in zip(planned, ahead, strict=False):
+                if row.read_per_token and k == 0:
+                    ks[i] = 0
             self.idle = IdlePlan(n, REPLAN_STEPS) if not any(ks) else IdlePlan()
         return ks
 

@@ -409,7 +409,7 @@ def test_policy_mode_drafts_nothing_under_load(tiny_bundles, plan_batches, packe
         seen = []
         planner = pipe.scheduler.round.planner
         real = planner.choose_ks
-        planner.choose_ks = lambda rows, costs: seen.append((len(rows), real(rows, costs))) or seen[-1][1]
+        planner.choose_ks = lambda rows, costs, running=None: seen.append((len(rows), real(rows, costs, running))) or seen[-1][1]
         gens = [pipe.stream_ids(p, max_new_tokens=20) for p in prompts]
         got = [[t for c in g for t in c] for g in gens]
         assert got == want

@@ -83,6 +83,40 @@ def test_the_batch_plan_charges_a_rows_catching_up_over_its_tokens_left():
     assert any(plan(long, costs))
 
 
+class _Drafter:
+    def __init__(self, lag):
+        self._lag = lag
+
+    def route(self, seq):
+        return "model"
+
+    def lag(self, seq):
+        return self._lag
+
+
+class _Row:
+    """What `Planner.choose_ks` reads of a request: its drafter, route policies, length, tokens left."""
+
+    def __init__(self, costs, lag, remaining=128):
+        self.drafter, self.seq, self.remaining, self.k, self.route = _Drafter(lag), list(range(100)), remaining, 3, None
+        self.policies = {"model": _learned(costs, rate=0.85, max_k=3)}
+
+
+def test_a_row_starts_catching_up_only_if_drafting_pays_beside_the_requests_still_reading():
+    """One row decodes while seven requests read their prompts: alone, reading its 100-token
+    prompt into the draft pays over 128 tokens; beside seven more rows, where it will spend them,
+    it does not. A row already caught up keeps its own choice."""
+    from specrt.runtime.policy.plan import Planner
+
+    costs = Costs({1: 82.0, 2: 82.0, 3: 97.0, 5: 118.0, 9: 165.0, 17: 250.0}, draft_ms=17.0,
+                  rows_ms={1: 82.0, 2: 82.0, 4: 110.0, 8: 165.0},
+                  draft_rows_ms={1: 17.0, 2: 20.5, 4: 28.0, 8: 43.0}, draft_read_ms=2.9, packed=True)
+    assert Planner().choose_ks([_Row(costs, lag=100)], costs, running=1)[0] > 0
+    assert Planner().choose_ks([_Row(costs, lag=100)], costs, running=8) == [0]
+    assert Planner().choose_ks([_Row(costs, lag=100), _Row(costs, lag=100)], costs, running=8) == [0, 0]
+    assert Planner().choose_ks([_Row(costs, lag=0)], costs, running=8)[0] > 0
+
+
 class Slow:
     """A fake model whose calls take longer the more context they attend to (and a verification
     call more than a plain step), as attention does: 1 ms + 0.02 ms per position per token past 1."""
