@@ -6,6 +6,8 @@ test builds its own pipeline, so nothing learned by adaptive k in one test reach
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from fakes import DRAFT_MARK, StaleRow, drive, reference_greedy, rows, run_reque
 from specrt.runtime.drafters import ModelDrafter
 from specrt.runtime.engine import Stats
 from specrt.runtime.engine.request import DECODE
+from specrt.runtime.policy.adaptive import Costs
 from specrt.runtime.sampling.draws import SamplingConfig, probs
 
 MODES = [("model", False), ("ngram", False), ("auto", False), ("model", True), ("ngram", True), ("auto", True)]
@@ -268,18 +271,35 @@ def test_fixed_k_rounds_propose_k_and_long_prompts_go_in_chunks(make):
     assert [t for _, _, t, _ in pipe.parts.target.calls[3:]] == [4 + 1] * 4  # one call of k + 1 per round
 
 
+@dataclasses.dataclass
+class _Frozen(Costs):
+    """The fake pipeline's costs, not following measured call times: the fake's calls take
+    microseconds that vary with the machine's load, so two runs' k would differ by timing alone,
+    and this test compares what was learned about acceptance."""
+
+    def observe(self, *a, **kw):
+        pass
+
+
+def _frozen() -> _Frozen:
+    return _Frozen({1: 10.0, 2: 10.2, 5: 10.8, 9: 11.6}, draft_ms=0.5, rows_ms={1: 10.0, 2: 10.5, 4: 11.5})
+
+
 def test_forget_learned_starts_adaptive_k_from_its_priors(make):
     """What adaptive k learned from earlier requests shapes the next one's rounds; after
     `forget_learned` a request drafts exactly as on a fresh pipeline."""
     prompt, kw = PROMPTS[2], dict(max_new_tokens=40, draft="ngram", adaptive=True, ignore_eos=True)
     fresh = Stats()
-    tokens(make(draft=None), prompt, stats=fresh, **kw)
-    pipe = make(draft=None)
-    for p in PROMPTS:  # teach it: n-gram proposals on these prompts are mostly rejected
+    tokens(make(draft=None, costs=_frozen()), prompt, stats=fresh, **kw)
+    pipe = make(draft=None, costs=_frozen())
+    others = PROMPTS[:2] + PROMPTS[3:]  # n-gram proposals on these are mostly rejected
+    for p in others:  # teach it
         tokens(pipe, p, **kw)
     taught = Stats()
     tokens(pipe, prompt, stats=taught, **kw)
     assert taught.k_history != fresh.k_history
+    for p in others:  # teach it again (the last request taught it the other way), then forget
+        tokens(pipe, p, **kw)
     pipe.forget_learned()
     again = Stats()
     tokens(pipe, prompt, stats=again, **kw)
