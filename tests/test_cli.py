@@ -312,3 +312,9 @@ def test_inspect_reports_memory(tiny_bundles):
     # two pools (a separate draft), each 512 B a token x 256 tokens: 0.25 MiB
     assert r.returncode == 0 and "KV 0.2 MiB per slot at S_max 256 (every pool)" in r.stdout, r.stdout
     assert "weights target 0.00 GB, draft 0.00 GB" in r.stdout and "--max-batch auto takes 64 slots" in r.stdout
+
+
+@pytest.mark.parametrize("value,msg", [("1536", "PREFIX,SUFFIX"), ("0,512", "prefix >= 1"), ("x,y", "PREFIX,SUFFIX")])
+def test_serve_refuses_a_bad_fim_window_before_loading(tiny_bundles, value, msg):
+    r = run("serve", "--engines", str(tiny_bundles["good"]), "--fim-window", value)
+    assert r.returncode == 2 and "--fim-window" in r.stderr and msg in r.stderr and "Traceback" not in r.stderr

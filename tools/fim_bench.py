@@ -8,7 +8,9 @@ the cursor at several places, two kinds of completion per place:
   lines removed (n_predict 128);
 each sent twice: first, then after a "keystroke" (the first character of the removed text typed,
 the same file). Bodies are llama.vscode's: input_prefix = the lines before the cursor's line,
-prompt = the cursor's line so far, input_suffix = the rest of the file, greedy.
+prompt = the cursor's line so far, input_suffix = the rest of the file, greedy. Both servers cut
+the file to the same window around the cursor: llama-server's /infill keeps 3/4 of its batch
+(`--batch`) of the prefix and 1/4 of the suffix, and specrt gets `--fim-window` to match.
 
 Per arm, kind and phase: median time to the first token (TTFT), time to a complete line (the
 first line break, or the end if none), decode tokens/s (after the first token) and cached
@@ -130,12 +132,13 @@ def _port() -> int:
 def start(arm: str, a) -> tuple[subprocess.Popen, str]:
     port = _port()
     if arm == "llama":
-        cmd = [a.llama_server, "-m", a.gguf, "--port", str(port), "-c", str(a.ctx), "-np", "1", "-b", "1024",
-               "-ub", "1024", "--cache-reuse", "256", "-t", str(a.threads or os.cpu_count())]
+        cmd = [a.llama_server, "-m", a.gguf, "--port", str(port), "-c", str(a.ctx), "-np", "1", "-b", str(a.batch),
+               "-ub", str(a.batch), "--cache-reuse", "256", "-t", str(a.threads or os.cpu_count())]
         cmd += ["-md", a.llama_draft] if a.llama_draft else []
     else:
         cmd = [sys.executable, "-m", "specrt.cli", "serve", "--engines", a.engines, "--port", str(port), "--draft",
-               arm, "--max-batch", "2"] + (["--threads", str(a.threads)] if a.threads else [])
+               arm, "--max-batch", "2", "--fim-window", a.fim_window or f"{3 * (a.batch // 4)},{a.batch // 4}"]
+        cmd += ["--threads", str(a.threads)] if a.threads else []
     try:
         return start_server(arm, cmd, port, 900)
     except RuntimeError as e:
@@ -202,6 +205,10 @@ def main(argv=None) -> int:
     ap.add_argument("--gguf", default=None, help="the target GGUF llama-server loads")
     ap.add_argument("--llama-draft", default=None, help="a draft GGUF for llama-server (-md)")
     ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=1024,
+                    help="llama-server's -b/-ub; its /infill keeps 3/4 of it of the prefix and 1/4 of the suffix, so "
+                         "specrt's --fim-window is set to the same unless --fim-window is given")
+    ap.add_argument("--fim-window", default=None, help="specrt's --fim-window (PREFIX,SUFFIX or none)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default="bench/fim.json")
     a = ap.parse_args(argv)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..bundle.manifest import Manifest, load_manifest
 from ..options import LoadOptions, default_draft
+from ..text.fim import FimWindow
 
 
 @dataclass
@@ -27,6 +28,8 @@ class ServerConfig:
     # n-gram drafting, measured fastest for editors' short completions in a file they resend
     # (no draft model reading the file first; docs/benchmarks.md §18). None: the server's drafter
     fim_draft: str | None = "ngram"
+    # how much of the file around the cursor a FIM prompt keeps (text/fim.py FimWindow; None: all)
+    fim_window: FimWindow | None = FimWindow()
 
     def server_options(self, fim: bool = False) -> dict:
         """The RequestOptions fields the server sets for every request (the client cannot)."""
@@ -49,6 +52,7 @@ class ServeOptions:
     request_timeout: float | None = None  # seconds; a request still running then ends
     max_body_mb: float = 1.0  # larger request bodies get 413
     grace: float = 30.0  # seconds in-flight requests get to finish at a stop
+    fim_window: str = "1536,512"  # FIM prompts keep this much of the file around the cursor ('none': all)
 
     @classmethod
     def from_args(cls, **args):
@@ -78,7 +82,8 @@ class ServeOptions:
         adaptive = self.loading.adaptive is not False  # None: on, as a load of more than one slot
         return ServerConfig(model_id=self.folder.name, api_key=self.api_key or os.environ.get("SPECRT_API_KEY"),
                             max_body_bytes=int(self.max_body_mb * 2**20), request_timeout_s=self.request_timeout,
-                            draft=draft, adaptive=adaptive and draft != "none")
+                            draft=draft, adaptive=adaptive and draft != "none",
+                            fim_window=FimWindow.parse(self.fim_window))
 
     def load(self):
         """-> the Pipeline (max_batch must be a count by now)."""

@@ -2,8 +2,9 @@
 
 Both build their prompt with runtime/text/fim.py from the bundle's own FIM tokens (a bundle
 without them answers 400 naming `suffix` / `input_prefix`), so the same prefix and suffix give
-the same token ids, hence the same tokens, through either endpoint. The prompt is trimmed to
-leave room for the completion (`FimParts.fit`: extra files first, then the prefix's start, then
+the same token ids, hence the same tokens, through either endpoint. The file is cut to the
+server's window around the cursor (`ServerConfig.fim_window`, text/fim.py `FimWindow`), and the
+prompt is trimmed to leave room for the completion (`FimParts.fit`: extra files first, then the prefix's start, then
 the suffix's end); /infill reports that as `truncated`. /infill's answer is llama.cpp's shape
 (`InfillOutput`), and its text is cut by the editor stops (`n_indent`, `t_max_predict_ms`:
 `EditorText`).
@@ -12,11 +13,12 @@ the suffix's end); /infill reports that as `truncated`. /infill's answer is llam
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from pydantic import RootModel
 
 from ..errors import InvalidRequest
-from ..text.fim import EditorText, FimParts, fim_parts
+from ..text.fim import EditorText, FimParts, FimWindow, fim_parts
 from ..text.textstream import TextStream
 from .errors import bad
 from .protocol import UsageInfo
@@ -27,32 +29,35 @@ from .responses import dump
 RESERVE = 128  # tokens kept free for a completion that names no length (llama.vscode's n_predict)
 
 
-def _fim(front, req, prefix: str, suffix: str, extra=(), field: str = "suffix") -> tuple[FimParts, FimParts]:
-    """(the whole FIM prompt, the prompt trimmed to leave the completion its tokens). A bundle
+def _fim(front, req, prefix: str, suffix: str, extra=(), field: str = "suffix",
+         window: FimWindow | None = None) -> FimParts:
+    """The FIM prompt, the file cut to `window` around the cursor (ServerConfig.fim_window) and
+    the whole trimmed to leave the completion its tokens (`left_out` counts both cuts). A bundle
     without FIM tokens is a 400 naming `field`; a cursor line that leaves no room names the
     request's length field."""
     try:
-        full = fim_parts(front.tokenizer, prefix, suffix, extra, field=field)
+        parts = fim_parts(front.tokenizer, prefix, suffix, extra, field=field, window=window)
         want = min(req._requested_max_tokens() or RESERVE, front.max_seq_len - 1)
-        return full, full.fit(front.max_seq_len - want)
+        fitted = parts.fit(front.max_seq_len - want)
+        return replace(fitted, left_out=parts.left_out + len(parts.ids) - len(fitted.ids))
     except InvalidRequest as e:
         raise bad(str(e), field if e.param == field else req.field_of(e.param)) from None
 
 
-def completion_ids(front, req: CompletionRequest) -> list[int]:
+def completion_ids(front, req: CompletionRequest, window: FimWindow | None = None) -> list[int]:
     """The prompt's token ids: with a non-empty `suffix`, the FIM prompt for `prompt` before the
     cursor and `suffix` after it (user text, no special tokens read from it); otherwise the
     prompt as it is written (special tokens in it are read: clients such as Continue write the
     FIM tokens themselves). An empty suffix (nothing after the insertion) is a plain completion."""
     if not req.suffix:
         return front.tokenizer.encode(req.prompt, chat=False)
-    return _fim(front, req, req.prompt, req.suffix)[1].ids
+    return _fim(front, req, req.prompt, req.suffix, window=window).ids
 
 
-def infill_prompt(front, req: InfillRequest) -> tuple[list[int], InfillOutput]:
+def infill_prompt(front, req: InfillRequest, window: FimWindow | None = None) -> tuple[list[int], InfillOutput]:
     """/infill's prompt ids and response shapes."""
-    full, parts = _fim(front, req, req.prefix, req.input_suffix, req.extra, "input_prefix")
-    return parts.ids, InfillOutput(req, truncated=len(parts.ids) < len(full.ids))
+    parts = _fim(front, req, req.prefix, req.input_suffix, req.extra, "input_prefix", window)
+    return parts.ids, InfillOutput(req, truncated=parts.left_out > 0)
 
 
 class InfillOutput:

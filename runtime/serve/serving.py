@@ -114,13 +114,13 @@ class OpenAIServing:
 
     async def complete(self, req: CompletionRequest, request: Request) -> Response:
         front = self._served(req.model)
-        ids = completion_ids(front, req)  # a FIM prompt when the request has a suffix (infill.py)
+        ids = completion_ids(front, req, self.cfg.fim_window)  # a FIM prompt when the request has a suffix (infill.py)
         out = CompletionOutput(req.model)
         out.fim = bool(req.suffix)  # the server's drafter for editors (ServerConfig.fim_draft)
         return await self.client.respond(req, ids, "prompt", out, request)
 
     async def infill(self, req: InfillRequest, request: Request) -> Response:
-        ids, out = infill_prompt(self._served(self._model(req.model)), req)
+        ids, out = infill_prompt(self._served(self._model(req.model)), req, self.cfg.fim_window)
         return await self.client.respond(req, ids, "input_prefix", out, request)
 
     def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:

@@ -15,6 +15,14 @@ so this is exact: the output is the target's own for these ids, cached or not.
 
 User text is tokenized as text (`Tokenizer.encode_text`): a literal `<|fim_prefix|>` in a file
 stays characters.
+
+A window (`FimWindow`, llama.cpp's /infill does the like with its batch size) keeps the text near
+the cursor: at most `prefix` tokens of the prefix's whole lines and `suffix` tokens of the suffix,
+each cut at a line boundary. Where the prefix starts is a multiple of `step` tokens counted from
+the file's start (then moved to the next line start), so a cursor moving a few lines keeps the
+same start and the rows before the old cursor stay cached; a window cut at `len - prefix` would
+start elsewhere at every cursor move and share nothing (llama.cpp's server then shifts cached rows
+into new positions, `--cache-reuse`, which is not what a fresh read computes).
 """
 
 from __future__ import annotations
@@ -43,6 +51,64 @@ class ExtraFile:
 
 
 @dataclass(frozen=True)
+class FimWindow:
+    """How much of the file around the cursor a FIM prompt keeps (module docstring)."""
+
+    prefix: int = 1536  # tokens of the prefix's whole lines, at most (llama.cpp: 3/4 of n_batch 2048)
+    suffix: int = 512  # tokens of the suffix, at most (llama.cpp: 1/4)
+    step: int = 256  # the prefix's start moves in steps of this many tokens
+
+    def __post_init__(self):
+        if not (self.prefix >= 1 and self.suffix >= 1 and 1 <= self.step <= self.prefix):
+            raise ValueError(f"a FIM window needs prefix >= 1, suffix >= 1 and 1 <= step <= prefix; got {self}")
+
+    @classmethod
+    def parse(cls, text: str) -> FimWindow | None:
+        """'PREFIX,SUFFIX' (tokens) -> a window; 'none' -> None (the whole file, as the context holds)."""
+        if text.strip().lower() == "none":
+            return None
+        try:
+            prefix, suffix = (int(x) for x in text.split(","))
+            return cls(prefix, suffix, min(cls.step, prefix))
+        except ValueError as e:
+            raise ValueError(f"a FIM window is 'PREFIX,SUFFIX' in tokens (e.g. 1536,512) or 'none': {e}") from None
+
+    def cut_prefix(self, text: str, ids: list[int], starts: list[int], encode) -> list[int]:
+        """The kept prefix's ids. text: the prefix's whole lines; ids: its tokens; starts[j - 1]:
+        the token where line j starts (`_line_starts`); encode: text -> ids. The start is the
+        first line starting at or after a multiple of `step` tokens, the kept lines tokenized
+        anew (so the first line keeps its indentation); no line start there: a token cut."""
+        n = len(ids)
+        if n <= self.prefix:
+            return ids
+        at = -(-(n - self.prefix) // self.step) * self.step  # stable while the cursor moves within a step
+        lines = text.split("\n")
+        j = next((j for j, t in enumerate(starts, 1) if t >= at), None)
+        if j is None or j >= len(lines) - 1:  # no whole line starts after it
+            return ids[at:]
+        kept = encode("\n".join(lines[j:]))
+        while len(kept) > self.prefix and j < len(lines) - 2:  # a new tokenization one token longer
+            j += 1
+            kept = encode("\n".join(lines[j:]))
+        return kept
+
+    def cut_suffix(self, text: str, ids: list[int], starts: list[int], encode) -> list[int]:
+        """The kept suffix's ids: its whole lines within `suffix` tokens (a first line longer than
+        that is cut at the token)."""
+        if len(ids) <= self.suffix:
+            return ids
+        j = max((j for j, t in enumerate(starts, 1) if t <= self.suffix), default=0)
+        if j == 0:
+            return ids[: self.suffix]
+        lines = text.split("\n")
+        kept = encode("\n".join(lines[:j]) + "\n")
+        while len(kept) > self.suffix and j > 1:
+            j -= 1
+            kept = encode("\n".join(lines[:j]) + "\n")
+        return kept if len(kept) <= self.suffix else ids[: self.suffix]
+
+
+@dataclass(frozen=True)
 class FimParts:
     """A FIM prompt's token ids in its four parts (the prompt is their concatenation); `fit`
     trims it to a budget."""
@@ -51,6 +117,7 @@ class FimParts:
     prefix: list[int]  # <|fim_prefix|> + the prefix's whole lines
     suffix: list[int]  # <|fim_suffix|> + the suffix
     middle: list[int]  # <|fim_middle|> + the cursor's line so far
+    left_out: int = 0  # tokens of the prefix and suffix the window left out
 
     @property
     def ids(self) -> list[int]:
@@ -71,13 +138,14 @@ class FimParts:
         cut = min(over, len(self.prefix) - 1)
         prefix, over = self.prefix[:1] + self.prefix[1 + cut :], over - cut
         suffix = self.suffix[: len(self.suffix) - over]
-        return FimParts(extra, prefix, suffix, self.middle)
+        return FimParts(extra, prefix, suffix, self.middle, self.left_out)
 
 
 def fim_parts(tok: Tokenizer, prefix: str, suffix: str, extra: tuple[ExtraFile, ...] | list = (),
-              path: str | None = None, field: str = "suffix") -> FimParts:
+              path: str | None = None, field: str = "suffix", window: FimWindow | None = None) -> FimParts:
     """The FIM prompt for the code before (`prefix`) and after (`suffix`) the cursor, extra files
-    first (docstring above). Raises NoFim naming `field` when the bundle has no FIM tokens."""
+    first, the file cut to `window` around the cursor (None: all of it; docstring above). Raises
+    NoFim naming `field` when the bundle has no FIM tokens."""
     fim = tok.fim
     if not fim.usable:
         raise NoFim("this model has no fill-in-the-middle tokens (its vocabulary lacks <|fim_prefix|>, "
@@ -86,8 +154,21 @@ def fim_parts(tok: Tokenizer, prefix: str, suffix: str, extra: tuple[ExtraFile, 
     ids = list(tok.tk.encode("", add_special_tokens=True).ids)  # BOS, where the tokenizer adds one
     if extra or path:
         ids += _files(tok, list(extra), path or CURRENT)
-    return FimParts(ids, [fim.prefix] + tok.encode_text(head + nl), [fim.suffix] + tok.encode_text(suffix),
-                    [fim.middle] + tok.encode_text(line))
+    pre, suf = tok.encode_text(head + nl), tok.encode_text(suffix)
+    whole = len(pre) + len(suf)
+    if window is not None and len(pre) > window.prefix:
+        pre = window.cut_prefix(head + nl, pre, _line_starts(tok, pre), tok.encode_text)
+    if window is not None and len(suf) > window.suffix:
+        suf = window.cut_suffix(suffix, suf, _line_starts(tok, suf), tok.encode_text)
+    return FimParts(ids, [fim.prefix] + pre, [fim.suffix] + suf, [fim.middle] + tok.encode_text(line),
+                    whole - len(pre) - len(suf))
+
+
+def _line_starts(tok: Tokenizer, ids: list[int]) -> list[int]:
+    """[j - 1]: the token where line j starts (the one after the token holding the j-th line
+    break; a token such as "\\n   " holds a break and the next line's indentation)."""
+    pieces = tok.tk.decode_batch([[i] for i in ids], skip_special_tokens=False)
+    return [i + 1 for i, p in enumerate(pieces) for _ in range(p.count("\n"))]
 
 
 def _files(tok: Tokenizer, extra: list[ExtraFile], current: str) -> list[int]:

@@ -28,6 +28,9 @@ from .common import engines_default, engines_option, fail, load_flags, loading
 @click.option("--max-body-mb", type=float, default=1.0, show_default=True, help="larger request bodies get 413")
 @click.option("--grace", type=float, default=30.0, show_default=True, help="seconds in-flight requests get after SIGTERM")
 @load_flags(SERVE_LOADING, "threads", "hugepages", "prefix_cache", "draft_window", "packed")
+@click.option("--fim-window", default="1536,512", show_default=True, callback=lambda c, p, v: _fim_window(v),
+              help="fill-in-the-middle prompts keep at most PREFIX,SUFFIX tokens of the file around the cursor "
+                   "('none': the whole file)")
 @click.option("--replicas", type=int, default=None,
               help="serve through Ray Serve with N engine replicas (extra `ray`; with --min/--max-replicas: the initial count)")
 @click.option("--min-replicas", type=int, default=None, help="Ray: autoscale from this many replicas (with --max-replicas)")
@@ -85,6 +88,16 @@ def serve(host, port, memory_fraction, ray_address, replicas, min_replicas, max_
         fail(f"cannot load {o.engines}: {failed[0]}")
     if not server.started:
         fail(f"could not start the server on {host}:{port} (port in use?)")
+
+
+def _fim_window(value: str) -> str:
+    from specrt.runtime.text.fim import FimWindow
+
+    try:
+        FimWindow.parse(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    return value
 
 
 def _size_serve(o):

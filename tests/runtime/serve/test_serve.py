@@ -37,7 +37,7 @@ class Server:
 
     def __init__(self, folder: Path, api_key=None, timeout=None, **load_kw):
         self.pipe = specrt.load(folder, **load_kw)
-        cfg = ServerConfig(model_id=Path(folder).name, api_key=api_key, request_timeout_s=timeout)
+        cfg = self.cfg = ServerConfig(model_id=Path(folder).name, api_key=api_key, request_timeout_s=timeout)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(build_app(cfg, lambda: self.pipe), host="127.0.0.1", port=self.port,

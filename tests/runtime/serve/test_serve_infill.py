@@ -16,7 +16,7 @@ from test_serve import KEY, Server
 
 from specrt.runtime.bundle.manifest import FimTokens, load_manifest
 from specrt.runtime.options import RequestOptions
-from specrt.runtime.text.fim import ExtraFile, fim_parts
+from specrt.runtime.text.fim import ExtraFile, FimWindow, fim_parts
 from tiny import save_tiny
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -187,6 +187,32 @@ def test_a_prompt_beyond_the_context_is_trimmed_and_says_so(srv):
     long = " ".join(f"w{10 + i % 100}" for i in range(400))
     got = _infill(srv, input_prefix=long + "\n", input_suffix="w16", prompt="w14", n_predict=8, temperature=0).json()
     assert got["truncated"] is True and got["tokens_evaluated"] + 8 <= 256
+
+
+def test_the_server_window_keeps_the_file_near_the_cursor_through_both_endpoints(srv):
+    """ServerConfig.fim_window cuts the prefix's start and the suffix's end (text/fim.py
+    FimWindow); /infill says `truncated`; both endpoints give target-only's tokens on the
+    windowed prompt."""
+    prefix = " ".join(f"w{10 + i}" for i in range(40)) + "\nw60 w61"
+    suffix = " ".join(f"w{70 + i}" for i in range(30))
+    w = FimWindow(prefix=12, suffix=6, step=4)
+    ids = fim_parts(srv.pipe.tokenizer, prefix, suffix, window=w).ids
+    assert len(ids) == 1 + 12 + 1 + 6 + 1 + 2  # 40 prefix words -> start 28 -> 12 kept; 6 of the suffix
+    want = srv.pipe.tokenizer.decode(_target_only(srv.pipe, ids, 8))
+    srv.cfg.fim_window = w
+    try:
+        got = _infill(srv, input_prefix=prefix.rpartition("\n")[0] + "\n", prompt="w60 w61", input_suffix=suffix,
+                      n_predict=8, temperature=0, ignore_eos=True).json()
+        r = srv.client().completions.create(model="fim", prompt=prefix, suffix=suffix, max_tokens=8, temperature=0,
+                                            extra_body={"ignore_eos": True})
+    finally:
+        srv.cfg.fim_window = FimWindow()
+    assert got["truncated"] is True and got["tokens_evaluated"] == len(ids) and got["content"] == want
+    assert r.choices[0].text == want and r.usage.prompt_tokens == len(ids)
+    whole = _infill(srv, input_prefix=prefix.rpartition("\n")[0] + "\n", prompt="w60 w61", input_suffix=suffix,
+                    n_predict=1, temperature=0).json()
+    assert whole["truncated"] is False and whole["tokens_evaluated"] == len(fim_parts(srv.pipe.tokenizer, prefix,
+                                                                                       suffix).ids)
 
 
 @pytest.mark.parametrize("body,param", [

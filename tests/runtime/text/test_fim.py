@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
 from specrt.runtime.bundle.manifest import FimTokens, TokenizerInfo, load_manifest
 from specrt.runtime.bundle.tokenizer import Tokenizer, find_fim_tokens
-from specrt.runtime.text.fim import EditorText, ExtraFile, NoFim, fim_parts
+from specrt.runtime.text.fim import EditorText, ExtraFile, FimWindow, NoFim, fim_parts
 from specrt.runtime.text.textstream import TextStream
 from tiny import FIM, tiny_tokenizer
 
@@ -150,3 +151,80 @@ def test_manifest_round_trips_the_fim_entry(tmp_path):
     assert back.tokenizer.fim == FimTokens(prefix=1, suffix=2, middle=3)
     assert manifest_from_dict({"schema_version": 2, "tokenizer": {}}).tokenizer.fim is None  # older bundles
     assert dataclasses.asdict(back)["tokenizer"]["fim"]["pad"] is None
+
+
+def _words(text: str) -> list[str]:
+    """A toy tokenizer for the window's arithmetic: each word a token, each line break one."""
+    return re.findall(r"\S+|\n", text)
+
+
+def _starts(ids: list[str]) -> list[int]:
+    return [i + 1 for i, t in enumerate(ids) if t == "\n"]
+
+
+def test_window_keeps_whole_lines_near_the_cursor_from_a_stable_start():
+    w = FimWindow(prefix=10, suffix=4, step=4)
+    text = "".join(f"a{i} b{i} c{i} d{i}\n" for i in range(6))  # 6 lines of 5 tokens: lines start at 0, 5, 10, ...
+
+    def cut(n_lines):
+        t = "".join(text.splitlines(keepends=True)[:n_lines])
+        return w.cut_prefix(t, _words(t), _starts(_words(t)), _words)
+
+    assert cut(2) == _words(text)[:10]  # fits: all of it
+    # 30 tokens: over by 20 -> a start at 20 (a multiple of 4) -> the line starting there: line 4
+    assert cut(6) == _words(text)[20:]
+    # 25 -> over by 15 -> 16 -> the next line start: 20 (line 4); 20 -> 10 -> 12 -> line 3
+    assert cut(5) == _words(text)[20:25] and cut(4) == _words(text)[15:20]
+    # a cursor moving down a line keeps the start while it stays within a step
+    w8 = FimWindow(prefix=17, suffix=4, step=16)
+    t5 = "".join(text.splitlines(keepends=True)[:5])
+    a = w8.cut_prefix(t5, _words(t5), _starts(_words(t5)), _words)
+    b = w8.cut_prefix(text, _words(text), _starts(_words(text)), _words)
+    assert a[0] == b[0] == "a4" and b[: len(a)] == a
+    # no line starts after the start: cut at the token
+    long = " ".join(f"x{i}" for i in range(13)) + "\n"
+    assert w.cut_prefix(long, _words(long), _starts(_words(long)), _words) == _words(long)[4:]
+    # the suffix: whole lines within the budget, else the first line cut at the token
+    assert w.cut_suffix(text, _words(text), _starts(_words(text)), _words) == _words(text)[:4]
+    w12 = FimWindow(prefix=10, suffix=12, step=4)
+    assert w12.cut_suffix(text, _words(text), _starts(_words(text)), _words) == _words(text)[:10]
+    assert FimWindow.parse("none") is None and FimWindow.parse("1536,512") == FimWindow(1536, 512, 256)
+    assert FimWindow.parse("100,20") == FimWindow(100, 20, 100)
+    for bad in ("1536", "0,10", "a,b", "10,-1"):
+        with pytest.raises(ValueError):
+            FimWindow.parse(bad)
+
+
+@pytest.fixture(scope="module")
+def bpe_fim(default_bundle):
+    """SmolLM2's byte-level BPE tokenizer (the default bundle) with three of its ids recorded as
+    FIM tokens: a real tokenizer whose line breaks are tokens of their own or inside others."""
+    info = dataclasses.replace(load_manifest(default_bundle).tokenizer, fim=FimTokens(prefix=1, suffix=2, middle=3))
+    return Tokenizer(default_bundle, info)
+
+
+def _code(n_lines: int) -> list[str]:
+    return [f"    value_{i} = compute(items[{i}], scale={i % 7})  # step {i}\n" for i in range(n_lines)]
+
+
+def test_a_windowed_prompt_keeps_lines_near_the_cursor_and_its_cache_as_the_cursor_moves(bpe_fim):
+    w = FimWindow(prefix=600, suffix=100, step=512)
+    lines = _code(120)
+    whole = fim_parts(bpe_fim, "".join(lines[:80]), "".join(lines[80:]))
+    parts = fim_parts(bpe_fim, "".join(lines[:80]), "".join(lines[80:]), window=w)
+    pre, suf = bpe_fim.tk.decode(parts.prefix[1:]), bpe_fim.tk.decode(parts.suffix[1:])
+    assert w.prefix - w.step - 40 < len(parts.prefix) - 1 <= w.prefix and len(parts.suffix) - 1 <= w.suffix
+    assert pre in "".join(lines[:80]) and pre.startswith("    value_") and pre.endswith("\n")  # whole lines
+    assert "".join(lines[80:]).startswith(suf) and suf.endswith("\n") and len(suf) > 0
+    assert parts.left_out == len(whole.ids) - len(parts.ids) > 0
+    assert parts.middle == whole.middle
+    # the cursor two lines further down: the same start, so every row up to the old cursor is
+    # cached (but the last line break's, which BPE merges with the next line's indentation)
+    moved = fim_parts(bpe_fim, "".join(lines[:82]), "".join(lines[82:]), window=w)
+    assert moved.prefix[: len(parts.prefix) - 1] == parts.prefix[:-1]
+    # a keystroke on the cursor's line: only the middle changes
+    typed = fim_parts(bpe_fim, "".join(lines[:80]) + "    val", "".join(lines[80:]), window=w)
+    assert typed.prefix == parts.prefix and typed.suffix == parts.suffix and typed.middle != parts.middle
+    # no window, or a file inside it: the whole file
+    assert fim_parts(bpe_fim, "".join(lines[:5]), "".join(lines[5:8]), window=w) == \
+        fim_parts(bpe_fim, "".join(lines[:5]), "".join(lines[5:8]))
