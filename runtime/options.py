@@ -43,6 +43,9 @@ class RequestOptions:
     min_tokens: int = 0  # EOS masked until this many new tokens
     logprobs: int | None = None  # report each new token's logprob and this many alternatives (0-20); None: off
     grammar: Constraint | None = None  # the output must match it (runtime/sampling/grammar.py); None: free
+    # the tokens must write this text first, and it is not part of the output's text: the prompt's
+    # last token taken back (token healing, runtime/sampling/text_prefix.py); "": none
+    text_prefix: str = ""
     timeout_s: float | None = None  # from submission; a request still running then ends (stop_reason "timeout")
     k: int | None = None  # draft tokens per round (the ceiling with adaptive k); None: the pipeline's default
     draft: str | None = None  # "model" | "none" | "ngram" | "auto"; None: the pipeline's default
@@ -69,6 +72,9 @@ class RequestOptions:
             raise InvalidRequest(f"logprobs must be between 0 and 20 alternatives, got {self.logprobs}", "logprobs")
 
     def _check_grammar(self) -> None:
+        if self.grammar is not None and self.text_prefix:
+            raise InvalidRequest("text_prefix cannot be combined with a grammar (the grammar reads the output's "
+                                 "text from its start)", "text_prefix")
         if self.grammar is None:
             return
         for name in ("ignore_eos", "min_tokens"):  # a complete grammar allows only EOS

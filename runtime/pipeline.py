@@ -34,6 +34,7 @@ from .options import (
 from .policy.store import PolicyStore
 from .sampling.grammar import Grammars
 from .sampling.infill import InfillSampler
+from .sampling.text_prefix import TextPrefix, prefix_index
 from .text.output import TextOutput
 from .text.pieces import pieces
 from .text.results import DONE, Events, Result
@@ -146,6 +147,8 @@ class Pipeline:
         pen = o.penalties()
         o.check_vocab(self.manifest.target.vocab_size)
         matcher = None if o.grammar is None else self.grammars.matcher(self.grammars.compile(o.grammar))
+        if o.text_prefix:
+            matcher = TextPrefix(prefix_index(self.tokenizer, self.manifest.target.vocab_size), o.text_prefix)
         k = self.default_k if o.k is None else o.k
         self.check_request(len(prompt_ids), o.max_new_tokens, k)
         draft = o.draft or self.default_draft
@@ -156,7 +159,7 @@ class Pipeline:
         return Request(list(prompt_ids), cfg, o.max_new_tokens, eos, k=k if draft != "none" else 0,
                        draft=draft, adaptive=adaptive and draft != "none", seed=o.stream_seed(sibling), stats=stats,
                        timeout_s=o.timeout_s, penalties=pen if pen.active else None, logprobs=o.logprobs,
-                       grammar=matcher)
+                       grammar=matcher, text_prefix=o.text_prefix)
 
     def stream_ids(self, prompt_ids: list[int], options: RequestOptions | None = None, **kw) -> Iterator[list[int]]:
         """Token-level generation: yields committed chunks of new token ids. Closing the

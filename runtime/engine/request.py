@@ -40,6 +40,7 @@ class Request:
     penalties: Penalties | None = None  # runtime/sampling/logits.py: applied at every verified position
     logprobs: int | None = None  # report each new token's logprob and this many alternatives (None: off)
     grammar: Matcher | None = None  # runtime/sampling/grammar.py: the output must match it (None: free)
+    text_prefix: str = ""  # the tokens write this first, not the output's text (sampling/text_prefix.py)
     stats: Stats = None  # filled in place (the caller may pass its own)
     # engine-owned state
     id: int = field(default_factory=lambda: next(_ids))

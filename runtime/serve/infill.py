@@ -36,7 +36,9 @@ def _fim(front, req, prefix: str, suffix: str, extra=(), field: str = "suffix",
     without FIM tokens is a 400 naming `field`; a cursor line that leaves no room names the
     request's length field."""
     try:
-        parts = fim_parts(front.tokenizer, prefix, suffix, extra, field=field, window=window)
+        # the cursor line's last token healed, unless a grammar reads the output from its start
+        parts = fim_parts(front.tokenizer, prefix, suffix, extra, field=field, window=window,
+                          heal=req.grammar_field() is None)
         want = min(req._requested_max_tokens() or RESERVE, front.max_seq_len - 1)
         fitted = parts.fit(front.max_seq_len - want)
         return replace(fitted, left_out=parts.left_out + len(parts.ids) - len(fitted.ids))
@@ -44,20 +46,22 @@ def _fim(front, req, prefix: str, suffix: str, extra=(), field: str = "suffix",
         raise bad(str(e), field if e.param == field else req.field_of(e.param)) from None
 
 
-def completion_ids(front, req: CompletionRequest, window: FimWindow | None = None) -> list[int]:
+def completion_prompt(front, req: CompletionRequest, window: FimWindow | None = None) -> tuple[list[int], str]:
     """The prompt's token ids: with a non-empty `suffix`, the FIM prompt for `prompt` before the
     cursor and `suffix` after it (user text, no special tokens read from it); otherwise the
     prompt as it is written (special tokens in it are read: clients such as Continue write the
-    FIM tokens themselves). An empty suffix (nothing after the insertion) is a plain completion."""
+    FIM tokens themselves). An empty suffix (nothing after the insertion) is a plain completion.
+    -> (the ids, the healed text the output must begin with: FimParts.heal)."""
     if not req.suffix:
-        return front.tokenizer.encode(req.prompt, chat=False)
-    return _fim(front, req, req.prompt, req.suffix, window=window).ids
+        return front.tokenizer.encode(req.prompt, chat=False), ""
+    parts = _fim(front, req, req.prompt, req.suffix, window=window)
+    return parts.ids, parts.heal
 
 
 def infill_prompt(front, req: InfillRequest, window: FimWindow | None = None) -> tuple[list[int], InfillOutput]:
     """/infill's prompt ids and response shapes."""
     parts = _fim(front, req, req.prefix, req.input_suffix, req.extra, "input_prefix", window)
-    return parts.ids, InfillOutput(req, truncated=parts.left_out > 0)
+    return parts.ids, InfillOutput(req, truncated=parts.left_out > 0, heal=parts.heal)
 
 
 class InfillOutput:
@@ -66,13 +70,13 @@ class InfillOutput:
 
     fim = True  # the server's drafter for editors (ServerConfig.fim_draft)
 
-    def __init__(self, req: InfillRequest, truncated: bool = False):
-        self.model, self.warmup, self.truncated = req.model, req.warmup, truncated
+    def __init__(self, req: InfillRequest, truncated: bool = False, heal: str = ""):
+        self.model, self.warmup, self.truncated, self.heal = req.model, req.warmup, truncated, heal
         self.n_indent, self.t_max_s, self.fields = req.n_indent, req.t_max_s, req.response_fields
         self.t0 = time.time()  # wall clock: under Ray a replica, maybe on another node, finishes the timing
 
     def text_stream(self, tokenizer, stop: list[str]) -> EditorText:
-        return EditorText(TextStream(tokenizer, stop), self.n_indent, self.t_max_s)
+        return EditorText(TextStream(tokenizer, stop, self.heal), self.n_indent, self.t_max_s)
 
     def first(self, index: int) -> list:
         return []

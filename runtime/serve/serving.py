@@ -14,6 +14,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from dataclasses import replace
 from typing import Protocol
 
 from fastapi import Request
@@ -23,7 +24,7 @@ from ..sampling.grammar import GrammarError
 from ..text.toolcalls import ToolError
 from .config import ServerConfig
 from .errors import APIError, bad
-from .infill import completion_ids, infill_prompt
+from .infill import completion_prompt, infill_prompt
 from .metrics import Metrics
 from .protocol import GenerationRequest, ModelCard, ModelList
 from .protocol_chat import ChatCompletionRequest
@@ -114,9 +115,10 @@ class OpenAIServing:
 
     async def complete(self, req: CompletionRequest, request: Request) -> Response:
         front = self._served(req.model)
-        ids = completion_ids(front, req, self.cfg.fim_window)  # a FIM prompt when the request has a suffix (infill.py)
+        ids, heal = completion_prompt(front, req, self.cfg.fim_window)  # a FIM prompt when the request has a suffix
         out = CompletionOutput(req.model)
         out.fim = bool(req.suffix)  # the server's drafter for editors (ServerConfig.fim_draft)
+        out.heal = heal  # the text the output must begin with (infill.py)
         return await self.client.respond(req, ids, "prompt", out, request)
 
     async def infill(self, req: InfillRequest, request: Request) -> Response:
@@ -192,6 +194,8 @@ class LocalClient:
         pipe = self.pipe
         try:  # choice i samples from its own stream derived from the seed (RequestOptions.stream_seed)
             opts = with_tool_grammar(req.to_options(pipe.room(len(ids)), **self.cfg.server_options(getattr(out, "fim", False))), out)
+            if getattr(out, "heal", ""):  # a FIM prompt's healed last token (infill.py)
+                opts = replace(opts, text_prefix=out.heal)
             rs = [pipe.request(ids, opts, sibling=i) for i in range(req.n or 1)]
         except GrammarError as e:  # a schema / regex / grammar (or the tools' schemas) the engine cannot compile
             raise bad(str(e), tool_grammar_field(out) or req.grammar_field(), "invalid_grammar") from None

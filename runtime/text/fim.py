@@ -16,6 +16,11 @@ so this is exact: the output is the target's own for these ids, cached or not.
 User text is tokenized as text (`Tokenizer.encode_text`): a literal `<|fim_prefix|>` in a file
 stays characters.
 
+The cursor line's last token is healed: left out of the prompt, and the output must begin with
+its text (`FimParts.heal`, runtime/sampling/text_prefix.py), because a line typed up to the
+cursor ends on a token the model rarely sees continued (8 typed spaces are one token, where the
+file's lines are "7 spaces" + " self"; "def e" ends on " e", never followed by "mpty").
+
 A window (`FimWindow`, llama.cpp's /infill does the like with its batch size) keeps the text near
 the cursor: at most `prefix` tokens of the prefix's whole lines and `suffix` tokens of the suffix,
 each cut at a line boundary. Where the prefix starts is a multiple of `step` tokens counted from
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 
 from ..bundle.tokenizer import Tokenizer
 from ..errors import InvalidRequest
+from .pieces import pieces
 from .textstream import TextStream
 
 PROJECT = "project"  # the repository name written after <|repo_name|> (no client sends one)
@@ -116,8 +122,9 @@ class FimParts:
     extra: list[int]  # BOS (if the tokenizer adds one) and the extra files
     prefix: list[int]  # <|fim_prefix|> + the prefix's whole lines
     suffix: list[int]  # <|fim_suffix|> + the suffix
-    middle: list[int]  # <|fim_middle|> + the cursor's line so far
+    middle: list[int]  # <|fim_middle|> + the cursor's line so far, less its healed last token
     left_out: int = 0  # tokens of the prefix and suffix the window left out
+    heal: str = ""  # the cursor line's last token's text, left out: the output must begin with it
 
     @property
     def ids(self) -> list[int]:
@@ -138,14 +145,16 @@ class FimParts:
         cut = min(over, len(self.prefix) - 1)
         prefix, over = self.prefix[:1] + self.prefix[1 + cut :], over - cut
         suffix = self.suffix[: len(self.suffix) - over]
-        return FimParts(extra, prefix, suffix, self.middle, self.left_out)
+        return FimParts(extra, prefix, suffix, self.middle, self.left_out, self.heal)
 
 
 def fim_parts(tok: Tokenizer, prefix: str, suffix: str, extra: tuple[ExtraFile, ...] | list = (),
-              path: str | None = None, field: str = "suffix", window: FimWindow | None = None) -> FimParts:
+              path: str | None = None, field: str = "suffix", window: FimWindow | None = None,
+              heal: bool = True) -> FimParts:
     """The FIM prompt for the code before (`prefix`) and after (`suffix`) the cursor, extra files
-    first, the file cut to `window` around the cursor (None: all of it; docstring above). Raises
-    NoFim naming `field` when the bundle has no FIM tokens."""
+    first, the file cut to `window` around the cursor (None: all of it), the cursor line's last
+    token healed (`heal`; docstring above). Raises NoFim naming `field` when the bundle has no
+    FIM tokens."""
     fim = tok.fim
     if not fim.usable:
         raise NoFim("this model has no fill-in-the-middle tokens (its vocabulary lacks <|fim_prefix|>, "
@@ -160,8 +169,28 @@ def fim_parts(tok: Tokenizer, prefix: str, suffix: str, extra: tuple[ExtraFile, 
         pre = window.cut_prefix(head + nl, pre, _line_starts(tok, pre), tok.encode_text)
     if window is not None and len(suf) > window.suffix:
         suf = window.cut_suffix(suffix, suf, _line_starts(tok, suf), tok.encode_text)
-    return FimParts(ids, [fim.prefix] + pre, [fim.suffix] + suf, [fim.middle] + tok.encode_text(line),
-                    whole - len(pre) - len(suf))
+    typed, healed = _healed(tok, line) if heal else (tok.encode_text(line), "")
+    return FimParts(ids, [fim.prefix] + pre, [fim.suffix] + suf, [fim.middle] + typed, whole - len(pre) - len(suf),
+                    healed)
+
+
+def _healed(tok: Tokenizer, line: str) -> tuple[list[int], str]:
+    """(the typed line's tokens less its last one, that token's text); the whole line and ""
+    where the line is empty or its tokens' pieces do not spell it byte for byte, and for a
+    vocabulary whose tokens are whole words (no byte-level or SentencePiece pieces: nothing to
+    heal). A last token holding part of a character takes the one before it too."""
+    ids, p = tok.encode_text(line), pieces(tok)
+    if not ids or (p.bmap is None and not p.metaspace):  # a word-level vocabulary: words are whole tokens
+        return ids, ""
+    spelled = [p.piece(t) for t in ids]
+    if b"".join(spelled) != line.encode():
+        return ids, ""
+    for j in range(len(ids) - 1, -1, -1):
+        try:
+            return ids[:j], b"".join(spelled[j:]).decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return ids, ""
 
 
 def _line_starts(tok: Tokenizer, ids: list[int]) -> list[int]:

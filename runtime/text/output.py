@@ -39,7 +39,7 @@ class TextOutput:
         request from any thread without waiting (`Pipeline.cancel`); text: a TextStream of the
         caller's that ends the text by more than stop strings (an editor's, runtime/text/fim.py)."""
         self._r, self._chunks, self._cancel = r, chunks, cancel
-        self.text = text if text is not None else TextStream(tokenizer, list(stop))
+        self.text = text if text is not None else TextStream(tokenizer, list(stop), r.text_prefix)
         self._token_text = tokenizer.token_text
         self._lp_sent = 0  # tokens whose logprobs `new_logprobs` handed out
         self._ait = None  # the async iteration, once begun

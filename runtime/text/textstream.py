@@ -10,10 +10,15 @@ from ..bundle.tokenizer import Tokenizer
 
 
 class TextStream:
-    def __init__(self, tokenizer: Tokenizer, stop: list[str] | None = None):
+    def __init__(self, tokenizer: Tokenizer, stop: list[str] | None = None, skip: str = ""):
+        """skip: text the tokens begin with that is not the output's (a healed prompt's last
+        token, runtime/sampling/text_prefix.py): left out of the text, stop strings looked
+        for after it."""
         self.dec = tokenizer.stream()
         self.stops = [s for s in (stop or []) if s]
         self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.skip = skip
+        self._skipped = 0  # characters of `skip` decoded so far
         self.full = ""  # text so far (cut at a stop string)
         self.emitted = 0  # characters of `full` handed out
         self.ids: list[int] = []
@@ -27,7 +32,7 @@ class TextStream:
         is counted and reported of them, must be those of target-only decoding)."""
         for piece in ([[t] for t in chunk] if self.stops else [list(chunk)]):
             self.ids.extend(piece)
-            self.full += self.dec.push(piece)
+            self.full += self._own(self.dec.push(piece))
             hit = _find_stop(self.full, self.stops, max(0, self.emitted - self.hold))
             if hit is not None:
                 cut, self.stop = hit
@@ -42,7 +47,14 @@ class TextStream:
 
     def flush(self) -> None:
         """The tokens ended (EOS or length): decode what the detokenizer held back."""
-        self.full += self.dec.flush()
+        self.full += self._own(self.dec.flush())
+
+    def _own(self, text: str) -> str:
+        """Decoded text less what is left of `skip` (the tokens write it first)."""
+        if self._skipped < len(self.skip) and text:
+            n = min(len(text), len(self.skip) - self._skipped)
+            self._skipped, text = self._skipped + n, text[n:]
+        return text
 
     def tail(self) -> str:
         """Text not handed out yet (after the last push, and flush if the tokens ended)."""

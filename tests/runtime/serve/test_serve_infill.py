@@ -16,6 +16,7 @@ from test_serve import KEY, Server
 
 from specrt.runtime.bundle.manifest import FimTokens, load_manifest
 from specrt.runtime.options import RequestOptions
+from specrt.runtime.sampling.grammar import Constraint
 from specrt.runtime.text.fim import ExtraFile, FimWindow, fim_parts
 from tiny import save_tiny
 
@@ -419,3 +420,66 @@ def test_fill_in_the_middle_drafts_by_n_gram_on_a_server_that_drafts():
     assert cfg.server_options()["draft"] is None  # other requests: the server's drafter
     assert ServerConfig("m", draft="none").server_options(fim=True)["draft"] == "none"
     assert ServerConfig("m", fim_draft=None, draft="model").server_options(fim=True)["draft"] == "model"
+
+
+@pytest.fixture(scope="module")
+def bpe_srv(default_bundle, tmp_path_factory):
+    """The default bundle (SmolLM2: a byte-level BPE tokenizer, its int8 self-draft) with three of
+    its special ids recorded as FIM tokens: a real model whose typed lines end inside words and
+    runs of spaces, served with the model drafter for FIM (not n-gram) so the draft's masks count."""
+    folder = tmp_path_factory.mktemp("smolfim") / "smolfim"
+    folder.mkdir()
+    for f in default_bundle.resolve().iterdir():
+        if f.name != "specrt.json":
+            (folder / f.name).symlink_to(f)
+    data = json.loads((default_bundle / "specrt.json").read_text())
+    data["tokenizer"]["fim"] = {**data["tokenizer"]["fim"], "prefix": 1, "suffix": 2, "middle": 4}
+    (folder / "specrt.json").write_text(json.dumps(data))
+    s = Server(folder, api_key=KEY, max_batch=2, adaptive=False, k=4)
+    s.cfg.fim_draft = None
+    yield s
+    s.stop()
+
+
+BPE_CODE = "class Queue:\n    def __init__(self, maxsize=0):\n        self.maxsize = maxsize\n\n    def put(self, item):\n"
+BPE_TAIL = "\n\n    def get(self):\n        return self.items.pop(0)\n"
+
+
+@pytest.mark.parametrize("typed", ["        ", "        s", "        self.ite", "    def e"])
+def test_the_cursor_lines_last_token_is_healed_and_the_output_stays_exact(bpe_srv, typed):
+    """The typed line's last token is left out of the prompt and the output must begin with its
+    text (runtime/sampling/text_prefix.py); the client gets what follows. Greedy speculative
+    (int8 self-draft, k 4) = target-only under the same constraint, through /infill (streamed
+    and whole) and `suffix`; the draft ran."""
+    pipe, tok = bpe_srv.pipe, bpe_srv.pipe.tokenizer
+    parts = fim_parts(tok, BPE_CODE + typed, BPE_TAIL)
+    assert parts.heal and (BPE_CODE + typed).endswith(parts.heal) and parts.heal.strip(" ") in ("", "s", "ite", "e")
+    assert parts.middle[1:] + tok.encode_text(parts.heal) == tok.encode_text(typed)  # the line less its last token
+    raw = [t for c in pipe.stream_ids(parts.ids, max_new_tokens=16, draft="none", k=0, text_prefix=parts.heal)
+           for t in c]
+    text = tok.decode(raw)
+    assert text.startswith(parts.heal)
+    want = text[len(parts.heal):]
+    drafted = pipe.counters()["draft_tokens"]
+    body = dict(input_prefix=BPE_CODE, prompt=typed, input_suffix=BPE_TAIL, n_predict=16, temperature=0)
+    got = _infill(bpe_srv, **body).json()
+    assert got["content"] == want and got["tokens_predicted"] == len(raw)
+    assert pipe.counters()["draft_tokens"] > drafted
+    with httpx.stream("POST", bpe_srv.url + "/infill", json={**body, "stream": True}, headers=AUTH, timeout=60) as r:
+        streamed = "".join(json.loads(ln[6:]).get("content", "") for ln in r.iter_lines() if ln.startswith("data: {"))
+    assert streamed == want
+    r = bpe_srv.client().completions.create(model="smolfim", prompt=BPE_CODE + typed, suffix=BPE_TAIL, max_tokens=16,
+                                            temperature=0)
+    assert r.choices[0].text == want and r.usage.completion_tokens == len(raw)
+
+
+def test_a_grammar_reads_the_typed_line_whole(bpe_srv):
+    """With a grammar the typed line stays whole in the prompt (the grammar reads the output from
+    its start): the prompt and output are those of the unhealed layout."""
+    tok = bpe_srv.pipe.tokenizer
+    ids = fim_parts(tok, BPE_CODE + "        s", BPE_TAIL, heal=False).ids
+    want = [t for c in bpe_srv.pipe.stream_ids(ids, max_new_tokens=8, draft="none", k=0,
+                                                grammar=Constraint.regex("[a-z._ =()]{1,12}")) for t in c]
+    r = bpe_srv.client().completions.create(model="smolfim", prompt=BPE_CODE + "        s", suffix=BPE_TAIL, max_tokens=8,
+                                            temperature=0, extra_body={"guided_regex": "[a-z._ =()]{1,12}"})
+    assert r.choices[0].text == tok.decode(want) and r.usage.prompt_tokens == len(ids)

@@ -230,7 +230,7 @@ def test_a_failing_choice_stops_its_siblings_and_surfaces_its_own_error():
             return SimpleNamespace(push=lambda ids: "x", flush=lambda: "")
 
     def req():  # what a TextOutput reads of a request
-        return SimpleNamespace(logprobs=None, stats=SimpleNamespace(stop_reason="eos", cached_tokens=0))
+        return SimpleNamespace(logprobs=None, text_prefix="", stats=SimpleNamespace(stop_reason="eos", cached_tokens=0))
 
     def output(chunks):
         r = req()

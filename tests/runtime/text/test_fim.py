@@ -56,7 +56,7 @@ def test_layout_plain_and_repo_level(tiny_fim):
     assert parts.ids == ([REPO] + enc("project\n") + [SEP] + enc("a.py\nw20 w21") + [SEP] + enc("b.py\nw22")
                          + [SEP] + enc("c.py\n") + [P, 10, S, 14, M])
     # a keystroke on the cursor's line changes only the tokens after <|fim_middle|>
-    a, b = fim_parts(tiny_fim, "w10\nw12", "w14", extra).ids, fim_parts(tiny_fim, "w10\nw12 w13", "w14", extra).ids
+    a, b = (fim_parts(tiny_fim, p, "w14", extra, heal=False).ids for p in ("w10\nw12", "w10\nw12 w13"))
     assert b[: len(a)] == a and b[len(a):] == [13]
 
 
@@ -228,3 +228,18 @@ def test_a_windowed_prompt_keeps_lines_near_the_cursor_and_its_cache_as_the_curs
     # no window, or a file inside it: the whole file
     assert fim_parts(bpe_fim, "".join(lines[:5]), "".join(lines[5:8]), window=w) == \
         fim_parts(bpe_fim, "".join(lines[:5]), "".join(lines[5:8]))
+
+
+def test_the_cursor_lines_last_token_is_healed_on_a_byte_level_vocabulary(bpe_fim, tiny_fim):
+    enc = bpe_fim.encode_text
+    for typed, heal in (("        ", "        "), ("        s", " s"), ("    def e", " e"), ("x = f(", "(")):
+        parts = fim_parts(bpe_fim, "a = 1\n" + typed, "\nb = 2\n")
+        assert parts.heal == heal and parts.middle == [3] + enc(typed)[:-1], typed
+        assert fim_parts(bpe_fim, "a = 1\n" + typed, "\nb = 2\n", heal=False).middle == [3] + enc(typed)
+    assert fim_parts(bpe_fim, "a = 1\n", "b").heal == ""  # nothing typed: nothing to heal
+    # a last token that holds part of a character takes the token before it too: the healed
+    # text is whole characters
+    typed = "    s = '\u4e2d\u6587\u5b57"
+    parts = fim_parts(bpe_fim, typed, "")
+    assert parts.heal and typed.endswith(parts.heal) and bpe_fim.tk.decode(parts.middle[1:]) + parts.heal == typed
+    assert fim_parts(tiny_fim, "w10\nw12", "w14").heal == ""  # whole-word tokens: nothing to heal
