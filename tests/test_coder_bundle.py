@@ -224,8 +224,13 @@ def test_fim_on_the_real_pair_is_the_targets_own_through_both_endpoints(pipe, ur
     assert 151659 not in tok.encode_text("s = '<|fim_prefix|>'")
     parts = fim_parts(tok, FIM_PREFIX, FIM_SUFFIX)
     ids = parts.ids
-    want_ids = [t for c in pipe.stream_ids(ids, max_new_tokens=NEW, draft="none", k=0) for t in c]
-    want = tok.decode([t for t in want_ids if t not in tok.eog_ids])
+    # the typed indentation is one token (8 spaces, where code is 7 + " name"): healed, the output
+    # must write it first and the client gets what follows (runtime/sampling/text_prefix.py)
+    assert parts.heal == " " * 8 and parts.middle == [fim.middle]
+    want_ids = [t for c in pipe.stream_ids(ids, max_new_tokens=NEW, draft="none", k=0, text_prefix=parts.heal)
+                for t in c]
+    want = tok.decode([t for t in want_ids if t not in tok.eog_ids])[len(parts.heal):]
+    assert want[:1] not in ("", " ", "\t"), want  # the block's own indentation, not one space more
     client = openai.OpenAI(base_url=url + "/v1", api_key="x")
     r = client.completions.create(model="coder", prompt=FIM_PREFIX, suffix=FIM_SUFFIX, max_tokens=NEW, temperature=0)
     assert r.choices[0].text == want and r.usage.prompt_tokens == len(ids)
