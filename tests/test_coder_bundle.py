@@ -97,8 +97,10 @@ def test_greedy_speculative_equals_target_only_on_code(pipe):
 
 
 def test_four_concurrent_requests_each_get_their_target_only_tokens(pipe):
-    """Four greedy requests at once share the batched calls (and the adaptive policy's per-step
-    choice); each one's tokens are still exactly what the target alone gives it."""
+    """Four greedy requests at once share the batched calls; two follow the adaptive policy's
+    per-step choice (which may be not to draft at four rows), two draft at a fixed k, so drafting
+    rows and plain rows meet in one step; each one's tokens are still exactly what the target
+    alone gives it."""
     items = WORKLOAD[2:6]
     want = [pipe.generate(it["prompt"], max_new_tokens=NEW, draft="none", k=0).token_ids for it in items]
     got: list = [None] * len(items)
@@ -106,7 +108,8 @@ def test_four_concurrent_requests_each_get_their_target_only_tokens(pipe):
 
     def one(i):
         start.wait()
-        got[i] = pipe.generate(items[i]["prompt"], max_new_tokens=NEW, draft="model")
+        fixed = {} if i < 2 else {"adaptive": False, "k": 3}
+        got[i] = pipe.generate(items[i]["prompt"], max_new_tokens=NEW, draft="model", **fixed)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(items))]
     for t in threads:
@@ -115,7 +118,7 @@ def test_four_concurrent_requests_each_get_their_target_only_tokens(pipe):
         t.join(600)
     for it, w, g in zip(items, want, got, strict=True):
         assert g is not None and g.token_ids == w, it["id"]
-    assert sum(g.stats.draft_tokens for g in got) > 0, "no request drafted: speculation went unchecked"
+    assert all(g.stats.draft_tokens > 0 for g in got[2:]), "speculation went unchecked"
 
 
 def test_sampling_follows_the_target(pipe, monkeypatch):
@@ -251,7 +254,9 @@ def test_fim_stops_at_the_next_files_file_sep(pipe, url):
 
     tok = pipe.tokenizer
     assert tok.eog_ids == {151643, 151645, 151662, 151663, 151664}
-    body = dict(input_prefix=FIM_PREFIX, input_suffix=FIM_SUFFIX, n_predict=8, temperature=0)
+    # nothing typed on the cursor's line (a typed line's last token is healed: the output must
+    # write it before it may end, runtime/sampling/text_prefix.py)
+    body = dict(input_prefix=FIM_PREFIX.rstrip(" "), input_suffix=FIM_SUFFIX, n_predict=8, temperature=0)
     for end in (151662, 151663, 151664):
         got = httpx.post(url + "/infill", json={**body, "logit_bias": {str(end): 100}}, timeout=600).json()
         assert got["content"] == "" and got["stop_type"] == "eos" and got["tokens_predicted"] == 0, got
