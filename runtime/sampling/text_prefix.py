@@ -31,7 +31,8 @@ from ..text.pieces import pieces
 
 class PrefixIndex:
     """A tokenizer's tokens by their bytes: sorted, for "tokens that begin with b" (a range) and
-    "tokens that are b" (a lookup). Built once per (tokenizer, vocab): ~0.2 s for 150k tokens."""
+    "tokens that are b" (a lookup). Built once per (tokenizer, vocab), on the first healed request:
+    0.75 s for Qwen's 152k tokens (the piece table included, measured beside a test run)."""
 
     def __init__(self, tok: Tokenizer, vocab: int):
         p = pieces(tok)
