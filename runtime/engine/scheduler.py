@@ -300,7 +300,7 @@ class Scheduler:
             if r.grammar.done:
                 r.stats.stop_reason = "eos"
                 return new[: i + 1]
-        if getattr(r.grammar, "spent", False):  # a text prefix written: nothing left to constrain
+        if r.grammar.spent:  # e.g. a text prefix written: nothing left to constrain
             r.grammar = None
         return new
 

@@ -204,6 +204,12 @@ class Matcher:
         """The grammar is complete: nothing but EOS may follow."""
         return self.m.is_stopped()
 
+    @property
+    def spent(self) -> bool:
+        """Nothing is constrained any more (never, for a grammar: it holds to the end;
+        runtime/sampling/text_prefix.py's is spent once its text is written)."""
+        return False
+
 
 def apply_mask(rows: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     """rows [T, V] logits, allowed bool [T, V] -> a copy with forbidden tokens at -inf."""

@@ -4,8 +4,8 @@ Both build their prompt with runtime/text/fim.py from the bundle's own FIM token
 without them answers 400 naming `suffix` / `input_prefix`), so the same prefix and suffix give
 the same token ids, hence the same tokens, through either endpoint. The file is cut to the
 server's window around the cursor (`ServerConfig.fim_window`, text/fim.py `FimWindow`), and the
-prompt is trimmed to leave room for the completion (`FimParts.fit`: extra files first, then the prefix's start, then
-the suffix's end); /infill reports that as `truncated`. /infill's answer is llama.cpp's shape
+prompt is trimmed to leave room for the completion (`FimParts.fit`: extra files first, then the
+prefix's start, then the suffix's end); /infill reports either cut as `truncated`. /infill's answer is llama.cpp's shape
 (`InfillOutput`), and its text is cut by the editor stops (`n_indent`, `t_max_predict_ms`:
 `EditorText`).
 """
@@ -13,7 +13,6 @@ the suffix's end); /infill reports that as `truncated`. /infill's answer is llam
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 from pydantic import RootModel
 
@@ -40,8 +39,7 @@ def _fim(front, req, prefix: str, suffix: str, extra=(), field: str = "suffix",
         parts = fim_parts(front.tokenizer, prefix, suffix, extra, field=field, window=window,
                           heal=req.grammar_field() is None)
         want = min(req._requested_max_tokens() or RESERVE, front.max_seq_len - 1)
-        fitted = parts.fit(front.max_seq_len - want)
-        return replace(fitted, left_out=parts.left_out + len(parts.ids) - len(fitted.ids))
+        return parts.fit(front.max_seq_len - want)
     except InvalidRequest as e:
         raise bad(str(e), field if e.param == field else req.field_of(e.param)) from None
 

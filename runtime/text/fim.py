@@ -33,7 +33,7 @@ into new positions, `--cache-reuse`, which is not what a fresh read computes).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..bundle.tokenizer import Tokenizer
 from ..errors import InvalidRequest
@@ -123,7 +123,7 @@ class FimParts:
     prefix: list[int]  # <|fim_prefix|> + the prefix's whole lines
     suffix: list[int]  # <|fim_suffix|> + the suffix
     middle: list[int]  # <|fim_middle|> + the cursor's line so far, less its healed last token
-    left_out: int = 0  # tokens of the prefix and suffix the window left out
+    left_out: int = 0  # tokens the window and `fit` left out
     heal: str = ""  # the cursor line's last token's text, left out: the output must begin with it
 
     @property
@@ -145,7 +145,8 @@ class FimParts:
         cut = min(over, len(self.prefix) - 1)
         prefix, over = self.prefix[:1] + self.prefix[1 + cut :], over - cut
         suffix = self.suffix[: len(self.suffix) - over]
-        return FimParts(extra, prefix, suffix, self.middle, self.left_out, self.heal)
+        cut = FimParts(extra, prefix, suffix, self.middle, heal=self.heal)
+        return replace(cut, left_out=self.left_out + len(self.ids) - len(cut.ids))
 
 
 def fim_parts(tok: Tokenizer, prefix: str, suffix: str, extra: tuple[ExtraFile, ...] | list = (),
@@ -196,8 +197,8 @@ def _healed(tok: Tokenizer, line: str) -> tuple[list[int], str]:
 def _line_starts(tok: Tokenizer, ids: list[int]) -> list[int]:
     """[j - 1]: the token where line j starts (the one after the token holding the j-th line
     break; a token such as "\\n   " holds a break and the next line's indentation)."""
-    pieces = tok.tk.decode_batch([[i] for i in ids], skip_special_tokens=False)
-    return [i + 1 for i, p in enumerate(pieces) for _ in range(p.count("\n"))]
+    spelled = pieces(tok)
+    return [i + 1 for i, t in enumerate(ids) for _ in range(spelled.piece(t).count(b"\n"))]
 
 
 def _files(tok: Tokenizer, extra: list[ExtraFile], current: str) -> list[int]:
