@@ -9,7 +9,7 @@ PROMPT ?= Explain KV caches in two sentences.
 # 2 cores: corpus generation + training), then `make export-eagle`.
 HEAD := .cache/heads/smollm2-135m-instruct.eagle.safetensors
 
-.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server clean
+.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels clean
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,11 +35,11 @@ serve: export
 
 # Unit + end-to-end tests (tiny models and the real default bundle), then the runtime from a
 # virtual environment holding only the runtime's own dependencies (no torch).
-test: export
+test: export kernels
 	$(PY) -m pytest -q tests
 	$(MAKE) runtime-only
 
-test-unit: $(VENV)/.stamp
+test-unit: $(VENV)/.stamp kernels
 	$(PY) -m pytest -q tests -m "not slow"
 
 runtime-only: export
@@ -82,6 +82,31 @@ $(LLAMA_SERVER): $(VENV)/.stamp
 	PYTHON=$(PY) tools/build_llama_server.sh .cache/llama.cpp
 
 llama-server: $(LLAMA_SERVER)
+
+# specrt's own onnxruntime operators (native/, docs/design.md "Our own kernel"), built against
+# onnxruntime's C API headers from Debian's libonnxruntime-dev (API version 21; the runtime's
+# newer onnxruntime accepts it). The library lands in the runtime package, where
+# runtime/kernels finds it. Skipped when built.
+ORT_DEB := libonnxruntime-dev_1.21.0+dfsg-1_amd64.deb
+ORT_DEB_SHA256 := 14f7d959d5deacbcf1504830d4189f91fc67382b399ed9ae9d3aa9c4050ced08
+ORT_HEADERS := .cache/onnxruntime-1.21/usr/include/onnxruntime
+KERNELS := runtime/kernels/libspecrt_kernels.so
+KERNEL_FLAGS := -O3 -std=c++17 -fPIC -fvisibility=hidden -ffp-contract=off -Wall -Wextra -I$(ORT_HEADERS)
+
+$(ORT_HEADERS)/onnxruntime_c_api.h:
+	mkdir -p .cache/onnxruntime-1.21
+	curl -fsSL -o .cache/$(ORT_DEB) http://deb.debian.org/debian/pool/main/o/onnxruntime/$(ORT_DEB)
+	echo "$(ORT_DEB_SHA256)  .cache/$(ORT_DEB)" | sha256sum -c --quiet
+	dpkg-deb -x .cache/$(ORT_DEB) .cache/onnxruntime-1.21
+
+$(KERNELS): native/ort_ops.cc native/qmatmul_ref.cc native/qmatmul_x86.cc native/qmatmul.h $(ORT_HEADERS)/onnxruntime_c_api.h
+	mkdir -p .cache/kernels
+	g++ $(KERNEL_FLAGS) -c native/ort_ops.cc -o .cache/kernels/ort_ops.o
+	g++ $(KERNEL_FLAGS) -c native/qmatmul_ref.cc -o .cache/kernels/qmatmul_ref.o
+	g++ $(KERNEL_FLAGS) -mavx512f -mavx512bw -mavx512vnni -mamx-tile -mamx-int8 -Wno-maybe-uninitialized -c native/qmatmul_x86.cc -o .cache/kernels/qmatmul_x86.o
+	g++ -shared -o $@ .cache/kernels/ort_ops.o .cache/kernels/qmatmul_ref.o .cache/kernels/qmatmul_x86.o
+
+kernels: $(KERNELS)
 
 lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check .

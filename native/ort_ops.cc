@@ -1,0 +1,234 @@
+// onnxruntime custom-op library: domain "specrt", op QMatMul4 (qmatmul.h), against onnxruntime's
+// C API version 21 (headers from Debian's libonnxruntime-dev 1.21; newer runtimes accept it).
+//   inputs:  x float [..., K], codes uint8 [N/16, K/32, 256], scale float [N/16, K/32, 16],
+//            min float [N/16, K/32, 16] (optional), bias float [N] (optional)
+//   attrs:   K, N;  output: y float [..., N]
+// Work is split over column tiles with onnxruntime's intra-op pool (KernelContext_ParallelFor).
+#include <cpuid.h>
+#include <onnxruntime_c_api.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "qmatmul.h"
+
+#define SPECRT_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+using namespace specrt;
+
+const OrtApi* g_api = nullptr;
+
+enum Isa { kRef = 0, kVnni = 1, kAmx = 2 };
+const char* const kIsaNames[] = {"ref", "vnni", "amx"};
+
+bool os_saves(uint64_t mask) {
+  uint32_t lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return ((static_cast<uint64_t>(hi) << 32 | lo) & mask) == mask;
+}
+
+int detect() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || !(c & (1u << 27))) return kRef;  // OSXSAVE
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return kRef;
+  const bool avx512 = (b & (1u << 16)) && (b & (1u << 30)) && (c & (1u << 11)) && os_saves(0xE6);
+  if (!avx512) return kRef;
+  const bool amx = (d & (1u << 24)) && (d & (1u << 25)) && os_saves(0x60000) &&
+                   syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return amx ? kAmx : kVnni;
+}
+
+// The best the CPU has, lowered by SPECRT_KERNELS_ISA=ref|vnni (tests compare the forms).
+int best_isa() {
+  static const int found = detect();
+  const char* want = std::getenv("SPECRT_KERNELS_ISA");
+  for (int i = 0; want && i < found; ++i)
+    if (std::strcmp(want, kIsaNames[i]) == 0) return i;
+  return found;
+}
+
+struct Kernel {
+  int64_t K, N;
+  int isa;
+};
+
+struct Job {
+  const Activations* a;
+  const Weights* w;
+  Shape s;
+  float* y;
+  int64_t tiles_per_chunk;
+  int isa;
+};
+
+constexpr int64_t kAmxMinRows = 8;  // below it the VNNI form is faster (docs/benchmarks.md §26)
+
+void run_chunk(void* p, size_t i) {
+  const Job& j = *static_cast<Job*>(p);
+  const int64_t t0 = static_cast<int64_t>(i) * j.tiles_per_chunk;
+  const int64_t t1 = std::min(t0 + j.tiles_per_chunk, j.s.N / kTile);
+  if (j.isa == kAmx && j.s.M >= kAmxMinRows)
+    matmul_amx(*j.a, *j.w, j.s, j.y, t0, t1);
+  else if (j.isa >= kVnni)
+    matmul_vnni(*j.a, *j.w, j.s, j.y, t0, t1);
+  else
+    matmul_ref(*j.a, *j.w, j.s, j.y, t0, t1);
+}
+
+OrtStatus* fail(const std::string& msg) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, ("QMatMul4: " + msg).c_str()); }
+
+#define TRY(expr)                  \
+  do {                             \
+    OrtStatus* _st = (expr);       \
+    if (_st) return _st;           \
+  } while (0)
+
+// Shape of a tensor input -> dims; null when the optional input is absent.
+OrtStatus* input(OrtKernelContext* ctx, size_t i, const OrtValue** v, std::vector<int64_t>* dims) {
+  TRY(g_api->KernelContext_GetInput(ctx, i, v));
+  if (!*v) return nullptr;
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  TRY(g_api->GetTensorTypeAndShape(*v, &info));
+  size_t rank = 0;
+  OrtStatus* st = g_api->GetDimensionsCount(info, &rank);
+  if (!st) dims->resize(rank), st = g_api->GetDimensions(info, dims->data(), rank);
+  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  return st;
+}
+
+int64_t count(const std::vector<int64_t>& d) {
+  int64_t n = 1;
+  for (int64_t v : d) n *= v;
+  return n;
+}
+
+template <typename T>
+OrtStatus* data(const OrtValue* v, const T** out) {
+  void* p = nullptr;
+  TRY(g_api->GetTensorMutableData(const_cast<OrtValue*>(v), &p));
+  *out = static_cast<const T*>(p);
+  return nullptr;
+}
+
+OrtStatus* compute(const Kernel& k, OrtKernelContext* ctx) {
+  const OrtValue *x, *codes, *scale, *min = nullptr, *bias = nullptr;
+  std::vector<int64_t> dx, dc, ds, dm, db;
+  size_t n_in = 0;
+  TRY(g_api->KernelContext_GetInputCount(ctx, &n_in));
+  TRY(input(ctx, 0, &x, &dx));
+  TRY(input(ctx, 1, &codes, &dc));
+  TRY(input(ctx, 2, &scale, &ds));
+  if (n_in > 3) TRY(input(ctx, 3, &min, &dm));
+  if (n_in > 4) TRY(input(ctx, 4, &bias, &db));
+  const int64_t K = k.K, N = k.N, tiles = N / kTile, nb = K / kBlock;
+  if (dx.empty() || dx.back() != K) return fail("x's last dimension must be K = " + std::to_string(K));
+  if (count(dc) != tiles * nb * kTileBytes) return fail("codes must hold N/16 * K/32 * 256 bytes");
+  if (count(ds) != tiles * nb * kTile) return fail("scale must hold N/16 * K/32 * 16 values");
+  if (min && count(dm) != tiles * nb * kTile) return fail("min must hold N/16 * K/32 * 16 values");
+  if (bias && count(db) != N) return fail("bias must hold N values");
+  const int64_t M = count(dx) / K;
+  std::vector<int64_t> dy(dx);
+  dy.back() = N;
+  OrtValue* yv = nullptr;
+  TRY(g_api->KernelContext_GetOutput(ctx, 0, dy.data(), dy.size(), &yv));
+  float* y = nullptr;
+  TRY(g_api->GetTensorMutableData(yv, reinterpret_cast<void**>(&y)));
+  if (M == 0) return nullptr;
+
+  const float* xp;
+  Weights w{};
+  TRY(data(x, &xp));
+  TRY(data(codes, &w.codes));
+  TRY(data(scale, &w.scale));
+  if (min) TRY(data(min, &w.min));
+  if (bias) TRY(data(bias, &w.bias));
+  std::vector<int8_t> q(static_cast<size_t>(M * K));
+  std::vector<float> sa(static_cast<size_t>(M * nb)), qsa(sa.size());
+  (k.isa >= kVnni ? quantize_avx512 : quantize)(xp, M, K, q.data(), sa.data(), qsa.data());
+  const Activations a{q.data(), sa.data(), qsa.data()};
+  Job job{&a, &w, {M, K, N}, y, 8, k.isa};  // 8 tiles (128 columns) a chunk, an even count for tile pairs
+  return g_api->KernelContext_ParallelFor(ctx, run_chunk, static_cast<size_t>((tiles + 7) / 8), 0, &job);
+}
+
+OrtStatus* ORT_API_CALL create(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** out) {
+  int64_t K = 0, N = 0;
+  TRY(g_api->KernelInfoGetAttribute_int64(info, "K", &K));
+  TRY(g_api->KernelInfoGetAttribute_int64(info, "N", &N));
+  if (K <= 0 || N <= 0 || K % kBlock || N % kTile) return fail("K must be a multiple of 32 and N of 16");
+  *out = new Kernel{K, N, best_isa()};
+  return nullptr;
+}
+
+OrtStatus* ORT_API_CALL compute_v2(void* k, OrtKernelContext* ctx) { return compute(*static_cast<Kernel*>(k), ctx); }
+void ORT_API_CALL compute_v1(void* k, OrtKernelContext* ctx) {
+  if (OrtStatus* st = compute(*static_cast<Kernel*>(k), ctx)) g_api->ReleaseStatus(st);
+}
+void ORT_API_CALL destroy(void* k) { delete static_cast<Kernel*>(k); }
+const char* ORT_API_CALL name(const OrtCustomOp*) { return "QMatMul4"; }
+const char* ORT_API_CALL provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
+ONNXTensorElementDataType ORT_API_CALL in_type(const OrtCustomOp*, size_t i) {
+  return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+ONNXTensorElementDataType ORT_API_CALL out_type(const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+size_t ORT_API_CALL n_inputs(const OrtCustomOp*) { return 5; }
+size_t ORT_API_CALL n_outputs(const OrtCustomOp*) { return 1; }
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL in_kind(const OrtCustomOp*, size_t i) {
+  return i < 3 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+}
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL out_kind(const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; }
+OrtMemType ORT_API_CALL in_mem(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
+int ORT_API_CALL one(const OrtCustomOp*) { return 1; }
+int ORT_API_CALL start_version(const OrtCustomOp*) { return 1; }
+int ORT_API_CALL end_version(const OrtCustomOp*) { return 1 << 30; }
+
+OrtCustomOp make_op() {
+  OrtCustomOp op;
+  std::memset(&op, 0, sizeof op);  // callbacks left unset stay null
+  op.version = ORT_API_VERSION;
+  op.CreateKernelV2 = create;
+  op.KernelComputeV2 = compute_v2;
+  op.KernelCompute = compute_v1;
+  op.KernelDestroy = destroy;
+  op.GetName = name;
+  op.GetExecutionProviderType = provider;
+  op.GetInputType = in_type;
+  op.GetInputTypeCount = n_inputs;
+  op.GetOutputType = out_type;
+  op.GetOutputTypeCount = n_outputs;
+  op.GetInputCharacteristic = in_kind;
+  op.GetOutputCharacteristic = out_kind;
+  op.GetInputMemoryType = in_mem;
+  op.GetVariadicInputMinArity = one;
+  op.GetVariadicInputHomogeneity = one;
+  op.GetVariadicOutputMinArity = one;
+  op.GetVariadicOutputHomogeneity = one;
+  op.GetStartVersion = start_version;
+  op.GetEndVersion = end_version;
+  return op;
+}
+
+OrtCustomOp g_qmatmul4 = make_op();  // outlives every session
+OrtCustomOpDomain* g_domain = nullptr;
+
+}  // namespace
+
+SPECRT_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
+  const OrtApi* api = base->GetApi(ORT_API_VERSION);
+  if (!api) return nullptr;  // a runtime older than the headers: nothing registered, sessions fail on the op
+  g_api = api;
+  if (!g_domain) {
+    TRY(api->CreateCustomOpDomain("specrt", &g_domain));
+    TRY(api->CustomOpDomain_Add(g_domain, &g_qmatmul4));
+  }
+  return api->AddCustomOpDomain(options, g_domain);
+}
+
+// The instruction set QMatMul4 runs with here: "amx", "vnni" or "ref".
+SPECRT_EXPORT const char* specrt_kernels_isa() { return kIsaNames[best_isa()]; }

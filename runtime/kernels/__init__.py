@@ -1,0 +1,56 @@
+"""specrt's own onnxruntime operators (native/, built by `make kernels`; docs/design.md "Our own kernel").
+
+The library registers domain "specrt" with QMatMul4: a 4-bit block matmul whose activations are
+quantized per row and 32-block to int8, so a block's dot product is an exact integer and every
+output takes the same float steps whatever the call's rows, threads or instruction set (AMX,
+AVX-512 VNNI, or portable C++). `runtime/kernels/q4.py` packs weights into its layout.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import cache
+from pathlib import Path
+
+DOMAIN = "specrt"
+LIBRARY = Path(__file__).with_name("libspecrt_kernels.so")
+
+
+class KernelsMissing(RuntimeError):
+    """The kernel library was not built (or SPECRT_KERNELS names no file)."""
+
+
+def library_path() -> Path:
+    """The library to load: $SPECRT_KERNELS, else the one `make kernels` builds beside this file."""
+    path = Path(os.environ.get("SPECRT_KERNELS") or LIBRARY)
+    if not path.is_file():
+        raise KernelsMissing(f"specrt's kernel library is not at {path}: run `make kernels` "
+                             "(or set SPECRT_KERNELS to the built libspecrt_kernels.so)")
+    return path
+
+
+def available() -> bool:
+    try:
+        library_path()
+    except KernelsMissing:
+        return False
+    return True
+
+
+def register(options) -> None:
+    """Adds the library's operators to an onnxruntime.SessionOptions."""
+    options.register_custom_ops_library(str(library_path()))
+
+
+@cache
+def _lib(path: str) -> ctypes.CDLL:
+    lib = ctypes.CDLL(path)
+    lib.specrt_kernels_isa.restype = ctypes.c_char_p
+    return lib
+
+
+def isa() -> str:
+    """The instruction set QMatMul4 runs with on this CPU: "amx", "vnni" or "ref" (lowered by
+    SPECRT_KERNELS_ISA=ref|vnni, read when a session creates its kernels)."""
+    return _lib(str(library_path())).specrt_kernels_isa().decode()

@@ -1,0 +1,143 @@
+"""QMatMul4 (native/, runtime/kernels): its numbers, and a row's bits in any call.
+
+Real onnxruntime sessions over the built library. A row's output must be the same bits alone, in
+calls of 2..64 rows, with 1 or 2 threads, and in every instruction-set form this CPU has (AMX,
+AVX-512 VNNI, portable C++), since integer block dot products are exact and each output takes
+the same float steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from runtime import kernels
+from runtime.kernels import q4
+
+FORMS = {"amx": ("ref", "vnni", "amx"), "vnni": ("ref", "vnni"), "ref": ("ref",)}[kernels.isa()]
+
+
+def model(N, K, codes, scale, mins=None, bias=None, k_attr=None) -> bytes:
+    packed, sc, mn = q4.pack(codes, scale, mins)
+    inits = [numpy_helper.from_array(packed, "codes"), numpy_helper.from_array(sc, "scale")]
+    ins = ["x", "codes", "scale"]
+    if mins is not None or bias is not None:
+        ins.append("min" if mins is not None else "")
+        if mins is not None:
+            inits.append(numpy_helper.from_array(mn, "min"))
+    if bias is not None:
+        ins.append("bias")
+        inits.append(numpy_helper.from_array(bias.astype(np.float32), "bias"))
+    node = helper.make_node("QMatMul4", ins, ["y"], domain=kernels.DOMAIN, K=k_attr or K, N=N)
+    g = helper.make_graph([node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)])
+    m.ir_version = 10
+    return m.SerializeToString()
+
+
+def session(blob: bytes, form: str, monkeypatch, threads: int = 2) -> ort.InferenceSession:
+    monkeypatch.setenv("SPECRT_KERNELS_ISA", form)  # read when the session creates its kernel
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    kernels.register(so)
+    return ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])
+
+
+def weights(rng, N, K, with_min=True, with_bias=False):
+    codes = rng.integers(0, 16, (N, K), dtype=np.uint8)
+    scale = (rng.random((N, K // 32), dtype=np.float32) * 0.02).astype(np.float32)
+    mins = -(rng.random((N, K // 32), dtype=np.float32) * 0.1).astype(np.float32) if with_min else None
+    bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
+    return codes, scale, mins, bias
+
+
+def activations(rng, M, K):
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    x[:, 5] *= 40  # an outlier channel, as real hidden states have
+    if M > 2:
+        x[2, 32:64] = 0  # an all-zero block
+    return x
+
+
+@pytest.mark.parametrize("with_min,with_bias", [(True, False), (False, True), (True, True)])
+def test_matches_float64_over_the_same_quantized_activations(with_min, with_bias, monkeypatch):
+    rng = np.random.default_rng(1)
+    N, K = 64, 256
+    codes, scale, mins, bias = weights(rng, N, K, with_min, with_bias)
+    x = activations(rng, 9, K)
+    want = q4.reference(x, codes, scale, mins, bias)
+    for form in FORMS:
+        y = session(model(N, K, codes, scale, mins, bias), form, monkeypatch).run(None, {"x": x})[0]
+        np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * np.abs(want).max(), err_msg=form)
+    # and the float weights it stands for, within int8 activation error
+    w = np.repeat(scale, 32, 1) * codes + (np.repeat(mins, 32, 1) if with_min else 0)
+    exact = x.astype(np.float64) @ w.T + (bias if with_bias else 0)
+    assert np.abs(y - exact).max() < 0.02 * np.abs(exact).max()
+
+
+def test_a_row_is_the_same_bits_in_any_call(monkeypatch):
+    rng = np.random.default_rng(2)
+    N, K = 96, 320  # 6 tiles (an odd tile after the pairs in some chunks), 10 blocks
+    codes, scale, mins, bias = weights(rng, N, K, True, True)
+    blob = model(N, K, codes, scale, mins, bias)
+    x = activations(rng, 64, K)
+    outs = {}
+    for form in FORMS:
+        for threads in (1, 2):
+            s = session(blob, form, monkeypatch, threads)
+            alone = np.concatenate([s.run(None, {"x": x[i:i + 1]})[0] for i in range(len(x))])
+            for M in (2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33, 64):
+                for start in (0, 64 - M):
+                    y = s.run(None, {"x": x[start:start + M]})[0]
+                    assert np.array_equal(y, alone[start:start + M]), (form, threads, M, start)
+            outs[form, threads] = alone
+    first = next(iter(outs.values()))
+    for key, out in outs.items():
+        assert np.array_equal(out, first), key  # every form and thread count: the same bits
+
+
+def test_leading_dims_are_kept(monkeypatch):
+    rng = np.random.default_rng(3)
+    codes, scale, mins, _ = weights(rng, 32, 64)
+    s = session(model(32, 64, codes, scale, mins), FORMS[-1], monkeypatch)
+    x = activations(rng, 6, 64)
+    y = s.run(None, {"x": x.reshape(2, 3, 64)})[0]
+    assert y.shape == (2, 3, 32)
+    assert np.array_equal(y.reshape(6, 32), s.run(None, {"x": x})[0])
+    assert s.run(None, {"x": np.zeros((0, 64), np.float32)})[0].shape == (0, 32)
+
+
+def test_bad_shapes_are_clear_errors(monkeypatch):
+    rng = np.random.default_rng(4)
+    codes, scale, mins, _ = weights(rng, 32, 64)
+    s = session(model(32, 64, codes, scale, mins), FORMS[-1], monkeypatch)
+    with pytest.raises(Exception, match="x's last dimension must be K = 64"):
+        s.run(None, {"x": np.zeros((2, 32), np.float32)})
+    with pytest.raises(Exception, match="K must be a multiple of 32"):
+        session(model(32, 64, codes, scale, mins, k_attr=48), FORMS[-1], monkeypatch).run(
+            None, {"x": np.zeros((1, 48), np.float32)})
+    with pytest.raises(Exception, match="codes must hold"):
+        session(model(32, 64, codes, scale, mins, k_attr=96), FORMS[-1], monkeypatch).run(
+            None, {"x": np.zeros((1, 96), np.float32)})
+    with pytest.raises(ValueError, match="multiple of 16"):
+        q4.pack(codes[:20], scale[:20], mins[:20])
+
+
+def test_pack_places_each_code_where_the_kernel_reads_it():
+    rng = np.random.default_rng(5)
+    codes = rng.integers(0, 16, (48, 96), dtype=np.uint8)
+    packed, _, _ = q4.pack(codes, np.ones((48, 3), np.float32))
+    for t, b, j, c, i in [(0, 0, 0, 0, 0), (2, 1, 3, 5, 2), (1, 2, 1, 15, 3)]:
+        byte = packed[t, b, 64 * j + 4 * c + i]
+        assert byte & 15 == codes[16 * t + c, 32 * b + 4 * j + i]
+        assert byte >> 4 == codes[16 * t + c, 32 * b + 4 * (j + 4) + i]
+
+
+def test_missing_library_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECRT_KERNELS", str(tmp_path / "nope.so"))
+    assert not kernels.available()
+    with pytest.raises(kernels.KernelsMissing, match="make kernels"):
+        kernels.register(ort.SessionOptions())
