@@ -40,6 +40,8 @@ from onnx import TensorProto, helper
 
 from specrt.runtime.bundle.manifest import PackedIO, load_manifest
 
+from .kernel_graph import add_kernel_graphs
+
 GRAPH = "packed{lanes}.onnx"  # next to the target's model.onnx, sharing its external data file
 # one graph per lane count: every lane costs a call its attention nodes (~17 us per layer on the
 # default pair), so a load runs the fewest lanes that hold its slots (docs/benchmarks.md §19)
@@ -186,6 +188,8 @@ def pack_bundle(folder: str | Path, lanes=LANES) -> list[Path]:
             out.append(path)
         entry.packed.graph = str(graph.with_name(GRAPH).relative_to(folder))
         entry.packed.lanes = list(lanes)
+        if entry is man.target:  # the same graphs on specrt's own 4-bit operator, where they apply
+            out += add_kernel_graphs(folder, entry)
     man.save(folder)
     return out
 

@@ -156,6 +156,8 @@ class LoadOptions:
     #                                                  (runtime/drafters/model.py); None: all of them
     packed: bool = True  # the target's packed graph where the bundle has one: one call per step for
     #                     every row (runtime/backends/packed.py); False: the bundle's graph as before
+    kernels: bool = True  # those packed graphs on specrt's own operator where the bundle has them and
+    #                      the kernel library is built (`make kernels`; docs/design.md "Our own kernel")
 
     def __post_init__(self):
         if self.draft is not None and self.draft not in DRAFTS:

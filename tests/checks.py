@@ -115,16 +115,17 @@ def second_token_dist(pipe, prompt, cfg, prepack: bool = True):
     return total
 
 
-def packed_model(bundle, slots=8, lanes=8, max_seq_len=None):
+def packed_model(bundle, slots=8, lanes=8, max_seq_len=None, kernels=False):
     """-> (target entry, its KV pool of max_seq_len rows a slot (None: S_max), a PackedModel of
-    `lanes` lanes over it)."""
+    `lanes` lanes over it: the kernel form of the graph with `kernels`)."""
     from specrt.runtime.backends.kvpool import KVPool
     from specrt.runtime.backends.packed import PackedModel
     from specrt.runtime.bundle.manifest import load_manifest
 
     e = load_manifest(bundle).target
     pool = KVPool(e.kv, slots, "cpu", max_seq_len=min(e.kv.max_seq_len, max_seq_len or e.kv.max_seq_len))
-    return e, pool, PackedModel(bundle / e.packed.file(lanes), e, pool, lanes=lanes, threads=2)
+    graph = e.packed.kernel_file(lanes) if kernels else e.packed.file(lanes)
+    return e, pool, PackedModel(bundle / graph, e, pool, lanes=lanes, threads=2)
 
 
 def fill_slot(model, slot, tokens):
@@ -145,7 +146,7 @@ class Snapshot:
             h[...] = s
 
 
-def check_row_invariance(bundle, contexts, widths=(1, 2, 3, 5, 9, 17)) -> int:
+def check_row_invariance(bundle, contexts, widths=(1, 2, 3, 5, 9, 17), kernels=False) -> int:
     """A packed target's row alone against the same row beside 1, 3 and 7 others of other
     widths and lengths (slot s prefilled with contexts[s] tokens), logits and K/V bit for bit.
     The pool's slots end just past the longest context's widest call (a 32k bundle's 8 slots at
@@ -154,7 +155,7 @@ def check_row_invariance(bundle, contexts, widths=(1, 2, 3, 5, 9, 17)) -> int:
     from specrt.runtime.bundle.manifest import load_manifest
 
     rows = max(contexts) + max(min(T, load_manifest(bundle).target.max_tokens_per_call) for T in widths) + 2
-    e, pool, pm = packed_model(bundle, max_seq_len=rows + 22)
+    e, pool, pm = packed_model(bundle, max_seq_len=rows + 22, kernels=kernels)
     rng = np.random.default_rng(0)
     V = e.vocab_size
     seqs = [rng.integers(3, V - 1, c + 20) for c in contexts]

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from .. import kernels
 from ..bundle.hugepages import anonymous_pages, collapse
 from ..bundle.manifest import ModelEntry
 from .features import FeatureBuffers
@@ -94,6 +95,8 @@ def session_options(threads: int | None = None, spin: bool = True, global_pool: 
     if not prepack:  # a session that runs a few calls (export checks): packing would hold the raw
         # initializers beside their packed copy while it is built, twice the weights at its peak
         so.add_session_config_entry(DISABLE_PREPACKING, "1")
+    if kernels.available():  # graphs rewritten onto specrt's own operators (export/kernel_graph.py)
+        kernels.register(so)
     return so
 
 

@@ -52,6 +52,7 @@ class PackedModel:
             raise ValueError("packed calls run on the CPU execution provider only")
         so = session_options(threads, global_pool=global_pool, prepack=prepack or entry.precision in PACKED_PRECISIONS)
         self.session = ort.InferenceSession(str(graph), so, providers=providers)
+        self.graph = Path(graph)
         self.entry, self.pool, self.track = entry, pool, pool.track(track)
         self.name = track
         self.vocab = entry.vocab_size

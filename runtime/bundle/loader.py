@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import kernels as kernel_library
 from ..backends.kvpool import KVPool, kv_bytes_per_slot
 from ..backends.ort import OrtModel, pick_providers, prefill_width
 from ..backends.packed import PackedModel
@@ -78,7 +79,7 @@ def load_models(folder: str | Path, options: LoadOptions | None = None, **kw) ->
     before = anonymous_pages() if o.hugepages and dev == "cpu" else None
     pool = KVPool(man.target.kv, slots, dev, allocate=False, max_seq_len=seq)  # after the sessions: lower peak RSS
     packs = _packs(o.packed, dev, eagle)
-    target = _model(folder, man.target, pool, "target", threads, global_pool, packed=packs)
+    target = _model(folder, man.target, pool, "target", threads, global_pool, packed=packs, kernels=o.kernels)
     d = None
     shared = False
     if want_draft:
@@ -162,13 +163,16 @@ def size_load(folder: Path, man: Manifest, *, want_draft: bool, device: str, max
 
 
 def _model(folder: Path, entry: ModelEntry, pool: KVPool, track: str, threads, global_pool,
-           packed: bool = False, exact: bool = True) -> OrtModel | PackedModel:
+           packed: bool = False, exact: bool = True, kernels: bool = False) -> OrtModel | PackedModel:
     """The model over `pool`: the entry's packed graph when asked for and the bundle has one
-    (export/packed.py; `exact`: row-invariant calls, for a target), else its graph."""
+    (export/packed.py; `exact`: row-invariant calls, for a target), else its graph. `kernels`:
+    the packed graph on specrt's own operator where the bundle has it and the library is built."""
     try:
         if packed and entry.packed.graph:
             lanes = entry.packed.lanes_for(pool.slots)
-            return PackedModel(folder / entry.packed.file(lanes), entry, pool, lanes=lanes, track=track,
+            own = kernels and entry.packed.kernels and kernel_library.available()
+            graph = entry.packed.kernel_file(lanes) if own else entry.packed.file(lanes)
+            return PackedModel(folder / graph, entry, pool, lanes=lanes, track=track,
                                threads=threads, global_pool=global_pool, exact=exact)
         return OrtModel(folder / entry.graph, entry, pool, track=track, threads=threads, global_pool=global_pool)
     except (BundleError, ValueError):

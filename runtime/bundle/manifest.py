@@ -89,9 +89,15 @@ class PackedGraph:
     #                  ("" = none); every one shares the entry's `data`
     lanes: list[int] = field(default_factory=list)  # the lane counts written (sequences one call carries)
     io: PackedIO = field(default_factory=PackedIO)
+    kernels: str = ""  # the same graphs with their 4-bit projections on specrt's own operator
+    #                    (export/kernel_graph.py, runtime/kernels), "{lanes}" in the name ("" = none)
+    kernel_data: str = ""  # the weights file those graphs add (relative to the bundle)
 
     def file(self, lanes: int) -> str:
         return self.graph.format(lanes=lanes)
+
+    def kernel_file(self, lanes: int) -> str:
+        return self.kernels.format(lanes=lanes)
 
     def lanes_for(self, slots: int) -> int:
         """The fewest lanes that hold `slots` sequences (each lane costs every call a little),
@@ -250,6 +256,9 @@ def _check_files(folder: Path, man: Manifest) -> None:
              for rel in filter(None, [entry.graph, entry.data])]
     named += [(role, entry.packed.file(n)) for role, entry in (("target", man.target), ("draft", man.draft))
               if entry is not None and entry.packed.graph for n in entry.packed.lanes]
+    named += [(role, rel) for role, entry in (("target", man.target), ("draft", man.draft))
+              if entry is not None and entry.packed.kernels
+              for rel in [entry.packed.kernel_data] + [entry.packed.kernel_file(n) for n in entry.packed.lanes]]
     for role, rel in named + [("tokenizer", man.tokenizer.file)]:
         if not (folder / rel).is_file():
             what = rel if role == "tokenizer" else f"{role} file {rel}"

@@ -81,6 +81,9 @@ LOAD_FLAGS = {
                                                           "longer load (pays on long runs; docs/benchmarks.md §1)")),
     "packed": ("--packed/--no-packed", dict(help="run the target's packed graph: one call per step for every request "
                                                  "(docs/design.md \"Packed calls\"); --no-packed: the bundle graph")),
+    "kernels": ("--kernels/--no-kernels", dict(help="run the packed graph's 4-bit projections on specrt's own operator "
+                                                   "where the bundle has it and `make kernels` built it (docs/design.md "
+                                                   "\"Our own kernel\"); --no-kernels: onnxruntime's MatMulNBits")),
     "prefix_cache": ("--prefix-cache/--no-prefix-cache", dict(help="reuse the KV rows of prompt prefixes held by "
                                                                    "finished or running requests (chat turns, "
                                                                    "system prompts)")),

@@ -29,7 +29,7 @@ GENERATE_LOADING = LoadOptions(max_batch=1, adaptive=False, hugepages=False, glo
 @click.option("--stop", multiple=True, help="stop string (repeatable)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object {text, token_ids, stats}")
 @click.option("--stats", "show_stats", is_flag=True, help="print all statistics after the text")
-@load_flags(GENERATE_LOADING, "device", "threads", "hugepages", "max_seq_len", "draft_window", "packed")
+@load_flags(GENERATE_LOADING, "device", "threads", "hugepages", "max_seq_len", "draft_window", "packed", "kernels")
 def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, chat, stop, as_json, show_stats,
              **flags):
     """Generate from PROMPT (or '-' / nothing: read stdin) with speculative decoding."""

@@ -27,7 +27,7 @@ from .common import engines_default, engines_option, fail, load_flags, loading
 @click.option("--request-timeout", type=float, default=None, help="seconds; a request still running then ends")
 @click.option("--max-body-mb", type=float, default=1.0, show_default=True, help="larger request bodies get 413")
 @click.option("--grace", type=float, default=30.0, show_default=True, help="seconds in-flight requests get after SIGTERM")
-@load_flags(SERVE_LOADING, "threads", "hugepages", "prefix_cache", "draft_window", "packed")
+@load_flags(SERVE_LOADING, "threads", "hugepages", "prefix_cache", "draft_window", "packed", "kernels")
 @click.option("--fim-window", default="1536,512", show_default=True, callback=lambda c, p, v: _fim_window(v),
               help="fill-in-the-middle prompts keep at most PREFIX,SUFFIX tokens of the file around the cursor "
                    "('none': the whole file)")

@@ -1,0 +1,177 @@
+"""A packed graph's 4-bit projections on specrt's own kernel (runtime/kernels, docs/design.md
+"Our own kernel").
+
+Every MatMulNBits of 4 bits, blocks of 32 and accuracy level 4 (int8 activations; a GGUF's Q4_K,
+Q4_0, Q4_1 weights; export/nbits.py),
+with its per-block-min correction where it has one (Reshape -> ReduceSum -> MatMul(minsT) -> Add),
+becomes one QMatMul4 over the same codes, scales and mins (zero points folded into the mins:
+scale * (q - zp) + min). Other nodes and initializers stay as they are, external data
+references included; the new initializers go into one data file (`q4.onnx.data`) that every
+rewritten graph of the model shares. The graphs sit beside the packed ones (`packed{lanes}.q4.onnx`):
+a runtime without the kernel library runs those.
+
+    python -m specrt.export.kernel_graph BUNDLE     adds them to a bundle that has packed graphs
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from specrt.runtime.bundle.manifest import load_manifest
+from specrt.runtime.kernels import DOMAIN
+from specrt.runtime.kernels.q4 import BLOCK, TILE, pack
+
+DATA = "q4.onnx.data"
+
+
+def _attrs(n) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in n.attribute}
+
+
+def _nibbles(b: np.ndarray) -> np.ndarray:
+    """MatMulNBits bytes (element 2i in the low nibble, 2i + 1 in the high) -> one code per byte."""
+    return np.stack([b & 15, b >> 4], axis=-1).reshape(*b.shape[:-1], -1)
+
+
+def rewrite(model: onnx.ModelProto, base: Path, arrays: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """-> `model` with its 4-bit projections as QMatMul4. `base`: the folder its external data
+    is relative to. `arrays` collects the new initializers (name -> array), shared across calls
+    for graphs of the same weights: each weight is converted once."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    inits = {t.name: t for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    consumers: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+
+    def value(name):
+        return numpy_helper.to_array(inits[name], base_dir=str(base))
+
+    drop, replace = set(), {}
+    for n in g.node:
+        a = _attrs(n)
+        if n.op_type != "MatMulNBits" or a.get("bits") != 4 or a.get("block_size") != BLOCK:
+            continue
+        if a.get("accuracy_level") != 4:  # int8 activations already; level 0 computes in fp32
+            continue
+        K, N = a["K"], a["N"]
+        if K % BLOCK or N % TILE:
+            continue
+        add = consumers.get(n.output[0], [])
+        corr = add[0].input[1] if len(add) == 1 and add[0].op_type == "Add" and add[0].input[0] == n.output[0] else None
+        mm = producer.get(corr) if corr else None
+        if mm is not None and (mm.op_type != "MatMul" or mm.input[1] not in inits):
+            mm = None
+        key = n.input[1]
+        if key + "_qm4" not in arrays:
+            nb = K // BLOCK
+            codes = _nibbles(value(n.input[1]).reshape(N, nb, BLOCK // 2)).reshape(N, K)
+            scale = value(n.input[2]).reshape(N, nb).astype(np.float32)
+            if len(n.input) > 3 and n.input[3]:
+                zp = _nibbles(value(n.input[3]).reshape(N, -1))[:, :nb].astype(np.float32)
+            else:
+                zp = np.full((N, nb), 8, np.float32)  # MatMulNBits' default zero point for 4 bits
+            mins = np.ascontiguousarray(value(mm.input[1]).T).astype(np.float32) if mm is not None else 0
+            arrays[key + "_qm4"], arrays[key + "_qm4_scale"], arrays[key + "_qm4_min"] = pack(
+                codes, scale, (mins - scale * zp).astype(np.float32))
+        ins = [n.input[0], key + "_qm4", key + "_qm4_scale", key + "_qm4_min"]
+        if len(n.input) > 5 and n.input[5]:
+            ins.append(n.input[5])
+        out = add[0] if mm is not None else n
+        replace[id(out)] = helper.make_node("QMatMul4", ins, [out.output[0]], name=n.name + "_q4", domain=DOMAIN,
+                                            K=K, N=N)
+        if mm is not None:
+            drop.update({id(n), id(mm)})
+    nodes = [replace.get(id(n), n) for n in g.node if id(n) not in drop]
+    # the block sums only the corrections read
+    used = {i for n in nodes for i in n.input} | {o.name for o in g.output}
+    while True:
+        dead = [n for n in nodes if n.op_type in ("ReduceSum", "Reshape") and not any(o in used for o in n.output)]
+        if not dead:
+            break
+        nodes = [n for n in nodes if n not in dead]
+        used = {i for n in nodes for i in n.input} | {o.name for o in g.output}
+    del g.node[:]
+    g.node.extend(nodes)
+    kept = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    for name in sorted({i for n in nodes if n.op_type == "QMatMul4" for i in n.input[1:4]}):
+        t = TensorProto(name=name, data_type=TensorProto.UINT8 if arrays[name].dtype == np.uint8 else TensorProto.FLOAT,
+                        dims=arrays[name].shape)
+        g.initializer.append(t)  # data placed by `save`
+    if not any(o.domain == DOMAIN for o in m.opset_import):
+        m.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return m
+
+
+def write_data(folder: Path, arrays: dict[str, np.ndarray]) -> dict[str, tuple[int, int]]:
+    """The new initializers into `folder/DATA`, 64-byte aligned -> name: (offset, length)."""
+    where, off = {}, 0
+    with open(folder / DATA, "wb") as f:
+        for name, arr in arrays.items():
+            pad = -off % 64
+            f.write(b"\0" * pad)
+            off += pad
+            raw = np.ascontiguousarray(arr).tobytes()
+            f.write(raw)
+            where[name] = (off, len(raw))
+            off += len(raw)
+    return where
+
+
+def place(model: onnx.ModelProto, where: dict[str, tuple[int, int]]) -> None:
+    for t in model.graph.initializer:
+        if t.name in where and not t.HasField("raw_data") and not t.external_data:
+            off, n = where[t.name]
+            t.data_location = TensorProto.EXTERNAL
+            for k, v in (("location", DATA), ("offset", str(off)), ("length", str(n))):
+                t.external_data.add(key=k, value=v)
+
+
+GRAPH = "packed{lanes}.q4.onnx"
+
+
+def add_kernel_graphs(folder: Path, entry) -> list[Path]:
+    """Write the kernel form of `entry`'s packed graphs (export/packed.py) and record it in the
+    entry (`packed.kernels`, `packed.kernel_data`; the caller saves the manifest). Nothing is
+    written where no projection has the form (fp32 or RTN graphs at accuracy level 0).
+    -> the graphs' paths."""
+    if not entry.packed.graph:
+        return []
+    graph = folder / entry.packed.graph
+    base = graph.parent
+    arrays: dict[str, np.ndarray] = {}
+    models = {n: rewrite(onnx.load(str(folder / entry.packed.file(n)), load_external_data=False), base, arrays)
+              for n in entry.packed.lanes}
+    if not arrays:
+        return []
+    where = write_data(base, arrays)
+    out = []
+    for n, m in models.items():
+        place(m, where)
+        path = base / GRAPH.format(lanes=n)
+        tmp = path.with_suffix(".tmp")
+        onnx.save(m, str(tmp))
+        tmp.replace(path)
+        out.append(path)
+    entry.packed.kernels = str((base / GRAPH).relative_to(folder))
+    entry.packed.kernel_data = str((base / DATA).relative_to(folder))
+    return out
+
+
+if __name__ == "__main__":  # python -m specrt.export.kernel_graph BUNDLE
+    import sys
+
+    folder = Path(sys.argv[1])
+    man = load_manifest(folder)
+    for p in add_kernel_graphs(folder, man.target):
+        print(p)
+    man.save(folder)

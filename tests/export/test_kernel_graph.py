@@ -1,0 +1,121 @@
+"""The packed graphs on specrt's own 4-bit operator (export/kernel_graph.py, runtime/kernels):
+written where the form applies, a row's bits in any call, the model's numbers, and speculative =
+target-only through the engine, alone and under concurrency."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from tiny_gguf import write_tiny_gguf
+
+import specrt
+from checks import check_row_invariance, fill_slot, packed_model
+from specrt.export import export_bundle
+from specrt.runtime.bundle.manifest import BundleError, load_manifest
+
+KW = dict(draft="none", max_draft_tokens=16, echo=None)
+
+
+@pytest.fixture(scope="module")
+def bundles(tiny_dirs, tmp_path_factory):
+    base = tmp_path_factory.mktemp("kernels")
+    gguf = write_tiny_gguf(base / "tiny.gguf")
+    export_bundle(str(gguf), base / "gguf", precision="gguf", accuracy_level=4, max_seq_len=256, **KW)
+    export_bundle(str(gguf), base / "gguf-l0", precision="gguf", accuracy_level=0, max_seq_len=256, **KW)
+    export_bundle(str(tiny_dirs["target"]), base / "int4-l0", precision="int4", accuracy_level=0, max_seq_len=256, **KW)
+    return {"gguf": base / "gguf", "gguf-l0": base / "gguf-l0", "int4-l0": base / "int4-l0"}
+
+
+def _ops(path) -> Counter:
+    g = onnx.load(str(path), load_external_data=False).graph
+    four = sum(1 for n in g.node if n.op_type == "MatMulNBits"
+               and {a.name: a.i for a in n.attribute}.get("bits") == 4
+               and {a.name: a.i for a in n.attribute}.get("block_size") == 32)
+    return Counter({**Counter(n.op_type for n in g.node), "4-bit MatMulNBits": four})
+
+
+def test_written_where_the_form_applies(bundles):
+    man = load_manifest(bundles["gguf"])
+    assert man.target.packed.kernels == "target/packed{lanes}.q4.onnx"
+    assert (bundles["gguf"] / man.target.packed.kernel_data).is_file()
+    before = _ops(bundles["gguf"] / man.target.packed.file(4))
+    after = _ops(bundles["gguf"] / man.target.packed.kernel_file(4))
+    # the tiny GGUF's Q4_K x3, Q4_0 and Q4_1 projections (export/tiny_gguf.py)
+    assert before["4-bit MatMulNBits"] == 5 and after["QMatMul4"] == 5
+    assert after["4-bit MatMulNBits"] == 0
+    assert after["MatMul"] == before["MatMul"] - 4  # the mins' corrections (Q4_K x3, Q4_1) went into the op
+    assert not load_manifest(bundles["int4-l0"]).target.packed.kernels  # level 0: fp32 compute, left alone
+
+
+def test_a_rows_bits_do_not_depend_on_the_call(bundles):
+    assert check_row_invariance(bundles["gguf"], [100, 3, 230, 40, 17, 200, 64, 120], kernels=True) == 18
+
+
+def test_as_close_to_the_gguf_weights_as_matmulnbits(bundles):
+    """The level-0 export computes in fp32 over the GGUF's exact weights: the reference. Both
+    level-4 forms quantize activations to int8 per 32-block; onnxruntime's adds the mins' term
+    from the fp32 block sums, the operator from the quantized ones, the exact dot of the
+    dequantized weights with the quantized activations (as llama.cpp does)."""
+    toks = np.random.default_rng(3).integers(3, 120, 60)
+    out = {}
+    for name, kernels in (("gguf-l0", False), ("gguf", False), ("gguf", True)):
+        _, _, pm = packed_model(bundles[name], slots=1, lanes=1, kernels=kernels)
+        fill_slot(pm, 0, toks[:50])
+        out[name, kernels] = pm.run(0, toks[50:60], 50).copy()
+    ref = out["gguf-l0", False]
+    err = {k: np.abs(v - ref).mean() / np.abs(ref).mean() for k, v in out.items()}
+    print("mean |logit error| against fp32, relative:", err)
+    assert not np.array_equal(out["gguf", True], out["gguf", False])  # another kernel ran
+    assert err["gguf", True] <= 1.2 * err["gguf", False]
+    assert (out["gguf", True].argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+
+
+def _solo(pipe, prompt, n):
+    return [t for c in pipe.stream_ids(prompt, max_new_tokens=n, draft="none", k=0, ignore_eos=True) for t in c]
+
+
+def test_speculative_equals_target_only_alone_and_together(bundles):
+    prompts = [[1, 5, 9, 33, 7, 5, 9, 33, 7, 5, 9], [4, 8, 15, 16, 23, 42, 8, 15, 16], [3, 3, 7, 7, 3, 3, 7],
+               list(range(10, 70))]
+    with specrt.load(bundles["gguf"], max_batch=4) as pipe:
+        assert pipe.parts.target.graph.name == "packed4.q4.onnx"
+        want = [_solo(pipe, p, 30) for p in prompts]
+        got = [[t for c in pipe.stream_ids(p, max_new_tokens=30, draft="ngram", k=4, ignore_eos=True) for t in c]
+               for p in prompts]
+        assert got == want
+        together, errors = {}, []
+
+        def client(i):
+            try:
+                together[i] = [t for c in pipe.stream_ids(prompts[i], max_new_tokens=30, draft="ngram", k=3,
+                                                           ignore_eos=True) for t in c]
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors and [together[i] for i in range(len(prompts))] == want
+
+
+def test_no_kernels_and_no_library_run_the_matmulnbits_graph(bundles, monkeypatch):
+    with specrt.load(bundles["gguf"], max_batch=2, draft="none", kernels=False) as pipe:
+        assert pipe.parts.target.graph.name == "packed2.onnx"
+    monkeypatch.setenv("SPECRT_KERNELS", "/nonexistent/libspecrt_kernels.so")
+    with specrt.load(bundles["gguf"], max_batch=2, draft="none") as pipe:
+        assert pipe.parts.target.graph.name == "packed2.onnx"
+
+
+def test_a_missing_kernel_file_is_a_clear_bundle_error(bundles, tmp_path):
+    b = tmp_path / "b"
+    shutil.copytree(bundles["gguf"], b)
+    (b / "target" / "q4.onnx.data").unlink()
+    with pytest.raises(BundleError, match="q4.onnx.data is missing"):
+        load_manifest(b)
