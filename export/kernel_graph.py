@@ -1,13 +1,13 @@
-"""A packed graph's 4-bit projections on specrt's own kernel (runtime/kernels, docs/design.md
-"Our own kernel").
+"""A packed graph's block-quantized projections on specrt's own kernels (runtime/kernels,
+docs/design.md "Our own kernel").
 
-Every MatMulNBits of 4 bits, blocks of 32 and accuracy level 4 (int8 activations; a GGUF's Q4_K,
-Q4_0, Q4_1 weights; export/nbits.py),
-with its per-block-min correction where it has one (Reshape -> ReduceSum -> MatMul(minsT) -> Add),
-becomes one QMatMul4 over the same codes, scales and mins (zero points folded into the mins:
-scale * (q - zp) + min). Other nodes and initializers stay as they are, external data
-references included; the new initializers go into one data file (`q4.onnx.data`) that every
-rewritten graph of the model shares. The graphs sit beside the packed ones (`packed{lanes}.q4.onnx`):
+Every MatMulNBits at accuracy level 4 (int8 activations) of 4 bits in blocks of 32 (a GGUF's Q4_K,
+Q4_0, Q4_1) or 8 bits in blocks of 16 or 32 (Q6_K, Q5_K, Q8_0, ...; export/nbits.py), with its
+per-block-min correction where it has one (Reshape -> ReduceSum -> MatMul(minsT) -> Add),
+becomes one QMatMul4 / QMatMul8 over the same codes, scales and mins (zero points folded into
+the mins: scale * (q - zp) + min). Other nodes and initializers stay as they are, external data
+references included; the new initializers go into one data file (`kernels.onnx.data`) that every
+rewritten graph of the model shares. The graphs sit beside the packed ones (`packed{lanes}.kernels.onnx`):
 a runtime without the kernel library runs those.
 
     python -m specrt.export.kernel_graph BUNDLE     adds them to a bundle that has packed graphs
@@ -23,9 +23,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from specrt.runtime.bundle.manifest import load_manifest
 from specrt.runtime.kernels import DOMAIN
-from specrt.runtime.kernels.q4 import BLOCK, TILE, pack
+from specrt.runtime.kernels.layout import FORMS, QBLOCK, TILE, pack
 
-DATA = "q4.onnx.data"
+DATA = "kernels.onnx.data"
 
 
 def _attrs(n) -> dict:
@@ -57,12 +57,13 @@ def rewrite(model: onnx.ModelProto, base: Path, arrays: dict[str, np.ndarray]) -
     drop, replace = set(), {}
     for n in g.node:
         a = _attrs(n)
-        if n.op_type != "MatMulNBits" or a.get("bits") != 4 or a.get("block_size") != BLOCK:
+        bits, block = a.get("bits"), a.get("block_size")
+        if n.op_type != "MatMulNBits" or (bits, block) not in FORMS:
             continue
         if a.get("accuracy_level") != 4:  # int8 activations already; level 0 computes in fp32
             continue
         K, N = a["K"], a["N"]
-        if K % BLOCK or N % TILE:
+        if K % QBLOCK or N % TILE:
             continue
         add = consumers.get(n.output[0], [])
         corr = add[0].input[1] if len(add) == 1 and add[0].op_type == "Add" and add[0].input[0] == n.output[0] else None
@@ -70,23 +71,25 @@ def rewrite(model: onnx.ModelProto, base: Path, arrays: dict[str, np.ndarray]) -
         if mm is not None and (mm.op_type != "MatMul" or mm.input[1] not in inits):
             mm = None
         key = n.input[1]
-        if key + "_qm4" not in arrays:
-            nb = K // BLOCK
-            codes = _nibbles(value(n.input[1]).reshape(N, nb, BLOCK // 2)).reshape(N, K)
+        if key + "_qm" not in arrays:
+            nb = K // block
+            unpack = _nibbles if bits == 4 else (lambda b: b)
+            codes = unpack(value(n.input[1]).reshape(N, nb, block * bits // 8)).reshape(N, K)
             scale = value(n.input[2]).reshape(N, nb).astype(np.float32)
             if len(n.input) > 3 and n.input[3]:
-                zp = _nibbles(value(n.input[3]).reshape(N, -1))[:, :nb].astype(np.float32)
-            else:
-                zp = np.full((N, nb), 8, np.float32)  # MatMulNBits' default zero point for 4 bits
+                zp = unpack(value(n.input[3]).reshape(N, -1))[:, :nb].astype(np.float32)
+            else:  # MatMulNBits' default zero point: the middle of the codes
+                zp = np.full((N, nb), 1 << (bits - 1), np.float32)
             mins = np.ascontiguousarray(value(mm.input[1]).T).astype(np.float32) if mm is not None else 0
-            arrays[key + "_qm4"], arrays[key + "_qm4_scale"], arrays[key + "_qm4_min"] = pack(
-                codes, scale, (mins - scale * zp).astype(np.float32))
-        ins = [n.input[0], key + "_qm4", key + "_qm4_scale", key + "_qm4_min"]
+            arrays[key + "_qm"], arrays[key + "_qm_scale"], arrays[key + "_qm_min"] = pack(
+                codes, scale, (mins - scale * zp).astype(np.float32), bits, block)
+        ins = [n.input[0], key + "_qm", key + "_qm_scale", key + "_qm_min"]
         if len(n.input) > 5 and n.input[5]:
             ins.append(n.input[5])
         out = add[0] if mm is not None else n
-        replace[id(out)] = helper.make_node("QMatMul4", ins, [out.output[0]], name=n.name + "_q4", domain=DOMAIN,
-                                            K=K, N=N)
+        attrs = dict(block_size=block) if bits == 8 else {}
+        replace[id(out)] = helper.make_node(FORMS[bits, block], ins, [out.output[0]], name=n.name + "_q", domain=DOMAIN,
+                                            K=K, N=N, **attrs)
         if mm is not None:
             drop.update({id(n), id(mm)})
     nodes = [replace.get(id(n), n) for n in g.node if id(n) not in drop]
@@ -103,7 +106,7 @@ def rewrite(model: onnx.ModelProto, base: Path, arrays: dict[str, np.ndarray]) -
     kept = [t for t in g.initializer if t.name in used]
     del g.initializer[:]
     g.initializer.extend(kept)
-    for name in sorted({i for n in nodes if n.op_type == "QMatMul4" for i in n.input[1:4]}):
+    for name in sorted({i for n in nodes if n.domain == DOMAIN for i in n.input[1:4]}):
         t = TensorProto(name=name, data_type=TensorProto.UINT8 if arrays[name].dtype == np.uint8 else TensorProto.FLOAT,
                         dims=arrays[name].shape)
         g.initializer.append(t)  # data placed by `save`
@@ -136,7 +139,7 @@ def place(model: onnx.ModelProto, where: dict[str, tuple[int, int]]) -> None:
                 t.external_data.add(key=k, value=v)
 
 
-GRAPH = "packed{lanes}.q4.onnx"
+GRAPH = "packed{lanes}.kernels.onnx"
 
 
 def add_kernel_graphs(folder: Path, entry) -> list[Path]:

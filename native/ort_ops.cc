@@ -1,8 +1,10 @@
-// onnxruntime custom-op library: domain "specrt", op QMatMul4 (qmatmul.h), against onnxruntime's
-// C API version 21 (headers from Debian's libonnxruntime-dev 1.21; newer runtimes accept it).
-//   inputs:  x float [..., K], codes uint8 [N/16, K/32, 256], scale float [N/16, K/32, 16],
-//            min float [N/16, K/32, 16] (optional), bias float [N] (optional)
-//   attrs:   K, N;  output: y float [..., N]
+// onnxruntime custom-op library: domain "specrt", ops QMatMul4 and QMatMul8 (qmatmul.h), against
+// onnxruntime's C API version 21 (headers from Debian's libonnxruntime-dev 1.21; newer runtimes
+// accept it).
+//   inputs:  x float [..., K], codes uint8 [N/16, K/block, 16 * block * bits / 8],
+//            scale float [N/16, K/block, 16], min float [N/16, K/block, 16] (optional),
+//            bias float [N] (optional)
+//   attrs:   K, N; QMatMul8: block_size (16 or 32; QMatMul4's is 32);  output: y float [..., N]
 // Work is split over column tiles with onnxruntime's intra-op pool (KernelContext_ParallelFor).
 #include <cpuid.h>
 #include <onnxruntime_c_api.h>
@@ -56,7 +58,7 @@ int best_isa() {
 
 struct Kernel {
   int64_t K, N;
-  int isa;
+  int bits, block, isa;
 };
 
 struct Job {
@@ -82,7 +84,7 @@ void run_chunk(void* p, size_t i) {
     matmul_ref(*j.a, *j.w, j.s, j.y, t0, t1);
 }
 
-OrtStatus* fail(const std::string& msg) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, ("QMatMul4: " + msg).c_str()); }
+OrtStatus* fail(const std::string& msg) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, ("specrt QMatMul: " + msg).c_str()); }
 
 #define TRY(expr)                  \
   do {                             \
@@ -127,11 +129,12 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* ctx) {
   TRY(input(ctx, 2, &scale, &ds));
   if (n_in > 3) TRY(input(ctx, 3, &min, &dm));
   if (n_in > 4) TRY(input(ctx, 4, &bias, &db));
-  const int64_t K = k.K, N = k.N, tiles = N / kTile, nb = K / kBlock;
+  const Shape shape{0, k.K, k.N, k.bits, k.block};
+  const int64_t K = k.K, N = k.N, tiles = N / kTile, nb = K / k.block;
   if (dx.empty() || dx.back() != K) return fail("x's last dimension must be K = " + std::to_string(K));
-  if (count(dc) != tiles * nb * kTileBytes) return fail("codes must hold N/16 * K/32 * 256 bytes");
-  if (count(ds) != tiles * nb * kTile) return fail("scale must hold N/16 * K/32 * 16 values");
-  if (min && count(dm) != tiles * nb * kTile) return fail("min must hold N/16 * K/32 * 16 values");
+  if (count(dc) != tiles * nb * tile_bytes(shape)) return fail("codes must hold N/16 * K/block * 16 * block * bits/8 bytes");
+  if (count(ds) != tiles * nb * kTile) return fail("scale must hold N/16 * K/block * 16 values");
+  if (min && count(dm) != tiles * nb * kTile) return fail("min must hold N/16 * K/block * 16 values");
   if (bias && count(db) != N) return fail("bias must hold N values");
   const int64_t M = count(dx) / K;
   std::vector<int64_t> dy(dx);
@@ -150,19 +153,26 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* ctx) {
   if (min) TRY(data(min, &w.min));
   if (bias) TRY(data(bias, &w.bias));
   std::vector<int8_t> q(static_cast<size_t>(M * K));
-  std::vector<float> sa(static_cast<size_t>(M * nb)), qsa(sa.size());
-  (k.isa >= kVnni ? quantize_avx512 : quantize)(xp, M, K, q.data(), sa.data(), qsa.data());
+  std::vector<float> sa(static_cast<size_t>(M * (K / kQBlock))), qsa(static_cast<size_t>(M * nb));
+  (k.isa >= kVnni ? quantize_avx512 : quantize)(xp, M, K, q.data(), sa.data());
+  if (min) block_sums(q.data(), sa.data(), M, K, k.block, qsa.data());
   const Activations a{q.data(), sa.data(), qsa.data()};
-  Job job{&a, &w, {M, K, N}, y, 8, k.isa};  // 8 tiles (128 columns) a chunk, an even count for tile pairs
+  Job job{&a, &w, {M, K, N, k.bits, k.block}, y, 8, k.isa};  // 8 tiles (128 columns) a chunk: tile pairs
   return g_api->KernelContext_ParallelFor(ctx, run_chunk, static_cast<size_t>((tiles + 7) / 8), 0, &job);
 }
 
-OrtStatus* ORT_API_CALL create(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** out) {
-  int64_t K = 0, N = 0;
+const char* ORT_API_CALL name4(const OrtCustomOp*) { return "QMatMul4"; }
+const char* ORT_API_CALL name8(const OrtCustomOp*) { return "QMatMul8"; }
+
+OrtStatus* ORT_API_CALL create(const OrtCustomOp* op, const OrtApi*, const OrtKernelInfo* info, void** out) {
+  int64_t K = 0, N = 0, block = 32;
+  const int bits = op->GetName == name4 ? 4 : 8;
   TRY(g_api->KernelInfoGetAttribute_int64(info, "K", &K));
   TRY(g_api->KernelInfoGetAttribute_int64(info, "N", &N));
-  if (K <= 0 || N <= 0 || K % kBlock || N % kTile) return fail("K must be a multiple of 32 and N of 16");
-  *out = new Kernel{K, N, best_isa()};
+  if (bits == 8) TRY(g_api->KernelInfoGetAttribute_int64(info, "block_size", &block));
+  if (block != 32 && block != 16) return fail("block_size must be 16 or 32");
+  if (K <= 0 || N <= 0 || K % kQBlock || N % kTile) return fail("K must be a multiple of 32 and N of 16");
+  *out = new Kernel{K, N, bits, static_cast<int>(block), best_isa()};
   return nullptr;
 }
 
@@ -171,7 +181,6 @@ void ORT_API_CALL compute_v1(void* k, OrtKernelContext* ctx) {
   if (OrtStatus* st = compute(*static_cast<Kernel*>(k), ctx)) g_api->ReleaseStatus(st);
 }
 void ORT_API_CALL destroy(void* k) { delete static_cast<Kernel*>(k); }
-const char* ORT_API_CALL name(const OrtCustomOp*) { return "QMatMul4"; }
 const char* ORT_API_CALL provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
 ONNXTensorElementDataType ORT_API_CALL in_type(const OrtCustomOp*, size_t i) {
   return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
@@ -188,7 +197,7 @@ int ORT_API_CALL one(const OrtCustomOp*) { return 1; }
 int ORT_API_CALL start_version(const OrtCustomOp*) { return 1; }
 int ORT_API_CALL end_version(const OrtCustomOp*) { return 1 << 30; }
 
-OrtCustomOp make_op() {
+OrtCustomOp make_op(const char* (ORT_API_CALL *name)(const OrtCustomOp*)) {
   OrtCustomOp op;
   std::memset(&op, 0, sizeof op);  // callbacks left unset stay null
   op.version = ORT_API_VERSION;
@@ -214,7 +223,8 @@ OrtCustomOp make_op() {
   return op;
 }
 
-OrtCustomOp g_qmatmul4 = make_op();  // outlives every session
+OrtCustomOp g_qmatmul4 = make_op(name4);  // outlive every session
+OrtCustomOp g_qmatmul8 = make_op(name8);
 OrtCustomOpDomain* g_domain = nullptr;
 
 }  // namespace
@@ -226,9 +236,10 @@ SPECRT_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* optio
   if (!g_domain) {
     TRY(api->CreateCustomOpDomain("specrt", &g_domain));
     TRY(api->CustomOpDomain_Add(g_domain, &g_qmatmul4));
+    TRY(api->CustomOpDomain_Add(g_domain, &g_qmatmul8));
   }
   return api->AddCustomOpDomain(options, g_domain);
 }
 
-// The instruction set QMatMul4 runs with here: "amx", "vnni" or "ref".
+// The instruction set the operators run with here: "amx", "vnni" or "ref".
 SPECRT_EXPORT const char* specrt_kernels_isa() { return kIsaNames[best_isa()]; }

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from runtime import kernels  # noqa: E402
-from runtime.kernels import q4  # noqa: E402
+from runtime.kernels import layout  # noqa: E402
 
 # Qwen2.5-Coder-1.5B: q, k, v, o, gate, up, down (K, N)
 CODER = "1536:1536,1536:256,1536:256,1536:1536,1536:8960,1536:8960,8960:1536"
@@ -50,7 +50,7 @@ def graphs(K: int, N: int, rng) -> tuple[bytes, bytes]:
              numpy_helper.from_array(np.array([-1], np.int64), "axis"),
              numpy_helper.from_array(np.ascontiguousarray(mins.T), "minsT")]
     old = helper.make_model(helper.make_graph(nodes, "nbits", [x], [y], inits), opset_imports=opsets)
-    packed, sc, mn = q4.pack(codes, scale, mins)
+    packed, sc, mn = layout.pack(codes, scale, mins)
     node = helper.make_node("QMatMul4", ["x", "codes", "scale", "min"], ["y"], domain=kernels.DOMAIN, K=K, N=N)
     inits = [numpy_helper.from_array(packed, "codes"), numpy_helper.from_array(sc, "scale"),
              numpy_helper.from_array(mn, "min")]

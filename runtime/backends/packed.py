@@ -40,10 +40,12 @@ class PackedModel:
 
     def __init__(self, graph: str | Path, entry: ModelEntry, pool: KVPool, *, lanes: int, track: str = "model",
                  threads: int | None = None, global_pool: bool = False, prefill_tokens: int = PREFILL_TOKENS,
-                 prepack: bool = True, exact: bool = True):
+                 prepack: bool = True, exact: bool = True, kernels: bool = False):
         """graph: the entry's packed graph of `lanes` lanes (`entry.packed.file(lanes)`).
         exact=False (a draft model, whose numbers only decide how much is accepted): no filler
-        tokens, so a lone token is a one-token lane and a call of one token is one token."""
+        tokens, so a lone token is a one-token lane and a call of one token is one token.
+        kernels: the graph is the entry's kernel form (export/kernel_graph.py), on specrt's own
+        operator."""
         self.exact = exact
         if pool.layout != entry.kv:
             raise ValueError(f"{graph}: KV layout {entry.kv} does not match the pool's {pool.layout}")
@@ -52,7 +54,7 @@ class PackedModel:
             raise ValueError("packed calls run on the CPU execution provider only")
         so = session_options(threads, global_pool=global_pool, prepack=prepack or entry.precision in PACKED_PRECISIONS)
         self.session = ort.InferenceSession(str(graph), so, providers=providers)
-        self.graph = Path(graph)
+        self.graph, self.kernels = Path(graph), kernels
         self.entry, self.pool, self.track = entry, pool, pool.track(track)
         self.name = track
         self.vocab = entry.vocab_size

@@ -172,8 +172,8 @@ def _model(folder: Path, entry: ModelEntry, pool: KVPool, track: str, threads, g
             lanes = entry.packed.lanes_for(pool.slots)
             own = kernels and entry.packed.kernels and kernel_library.available()
             graph = entry.packed.kernel_file(lanes) if own else entry.packed.file(lanes)
-            return PackedModel(folder / graph, entry, pool, lanes=lanes, track=track,
-                               threads=threads, global_pool=global_pool, exact=exact)
+            return PackedModel(folder / graph, entry, pool, lanes=lanes, track=track, threads=threads,
+                               global_pool=global_pool, exact=exact, kernels=bool(own))
         return OrtModel(folder / entry.graph, entry, pool, track=track, threads=threads, global_pool=global_pool)
     except (BundleError, ValueError):
         raise

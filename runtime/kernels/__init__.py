@@ -1,9 +1,9 @@
 """specrt's own onnxruntime operators (native/, built by `make kernels`; docs/design.md "Our own kernel").
 
-The library registers domain "specrt" with QMatMul4: a 4-bit block matmul whose activations are
+The library registers domain "specrt" with QMatMul4 and QMatMul8: 4-bit and 8-bit block matmuls whose activations are
 quantized per row and 32-block to int8, so a block's dot product is an exact integer and every
 output takes the same float steps whatever the call's rows, threads or instruction set (AMX,
-AVX-512 VNNI, or portable C++). `runtime/kernels/q4.py` packs weights into its layout.
+AVX-512 VNNI, or portable C++). `runtime/kernels/layout.py` packs weights into its layout.
 """
 
 from __future__ import annotations

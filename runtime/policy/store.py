@@ -12,6 +12,20 @@ from .adaptive import AcceptanceModel, AdaptivePolicy, Calibration, Costs, measu
 PRIOR_RANGE = (0.05, 0.95)  # a measured agreement is a few dozen tokens of one prompt: never certain
 
 
+def _graph_stamp(model) -> str:
+    """The graph file a packed model runs (its kernel form or not) as it is on disk, and the
+    kernel library's, which set its costs as much as the bundle does."""
+    graph = getattr(model, "graph", None)
+    if graph is None:
+        return ""
+    stamp = f"{graph.name}:{graph.stat().st_mtime_ns}"
+    if getattr(model, "kernels", False):
+        from ..kernels import library_path
+
+        stamp += f":{library_path().stat().st_mtime_ns}"
+    return stamp
+
+
 class PolicyStore:
     def __init__(self, parts, max_k: int, *, threads, device, global_pool, hugepages, cost_cache: bool = True,
                  draft_window: int | None = None):
@@ -20,7 +34,8 @@ class PolicyStore:
         self.parts, self.max_k = parts, max_k
         self.draft_window = draft_window
         self._key_extra = (f"draft={parts.draft is not None} pool={global_pool} hugepages={hugepages} "
-                           f"slots={parts.target.pool.slots} packed={getattr(parts.target, 'packs', False)}")
+                           f"slots={parts.target.pool.slots} packed={getattr(parts.target, 'packs', False)} "
+                           f"graph={_graph_stamp(parts.target)}")
         self.threads, self.device, self.cost_cache = threads, device, cost_cache
         self._costs: Costs | None = None
         self._learned: dict[tuple[str, bool], tuple[AcceptanceModel, Calibration]] = {}

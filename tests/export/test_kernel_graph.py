@@ -33,22 +33,25 @@ def bundles(tiny_dirs, tmp_path_factory):
 
 def _ops(path) -> Counter:
     g = onnx.load(str(path), load_external_data=False).graph
-    four = sum(1 for n in g.node if n.op_type == "MatMulNBits"
-               and {a.name: a.i for a in n.attribute}.get("bits") == 4
-               and {a.name: a.i for a in n.attribute}.get("block_size") == 32)
-    return Counter({**Counter(n.op_type for n in g.node), "4-bit MatMulNBits": four})
+    bits = Counter(f"{a['bits']}-bit/{a['block_size']} MatMulNBits" for n in g.node if n.op_type == "MatMulNBits"
+                   for a in [{a.name: a.i for a in n.attribute}])
+    return Counter(n.op_type for n in g.node) + bits
 
 
 def test_written_where_the_form_applies(bundles):
     man = load_manifest(bundles["gguf"])
-    assert man.target.packed.kernels == "target/packed{lanes}.q4.onnx"
+    assert man.target.packed.kernels == "target/packed{lanes}.kernels.onnx"
     assert (bundles["gguf"] / man.target.packed.kernel_data).is_file()
     before = _ops(bundles["gguf"] / man.target.packed.file(4))
     after = _ops(bundles["gguf"] / man.target.packed.kernel_file(4))
-    # the tiny GGUF's Q4_K x3, Q4_0 and Q4_1 projections (export/tiny_gguf.py)
-    assert before["4-bit MatMulNBits"] == 5 and after["QMatMul4"] == 5
-    assert after["4-bit MatMulNBits"] == 0
-    assert after["MatMul"] == before["MatMul"] - 4  # the mins' corrections (Q4_K x3, Q4_1) went into the op
+    # the tiny GGUF's 4-bit Q4_K x3, Q4_0 and Q4_1; its 8-bit Q5_0, Q5_1, Q5_K, Q6_K x2, Q8_0
+    # and Q6_K LM head (export/tiny_gguf.py; export/gguf_blocks.py FORMS); Q2_K and Q3_K (4 bits
+    # in blocks of 16) stay MatMulNBits
+    assert before["4-bit/32 MatMulNBits"] == after["QMatMul4"] == 5
+    assert before["8-bit/16 MatMulNBits"] + before["8-bit/32 MatMulNBits"] == after["QMatMul8"] == 7
+    assert after["MatMulNBits"] == after["4-bit/16 MatMulNBits"] == 2
+    # the mins' corrections (Q4_K x3, Q4_1, Q5_1, Q5_K) went into the operators
+    assert after["MatMul"] == before["MatMul"] - 6
     assert not load_manifest(bundles["int4-l0"]).target.packed.kernels  # level 0: fp32 compute, left alone
 
 
@@ -83,7 +86,7 @@ def test_speculative_equals_target_only_alone_and_together(bundles):
     prompts = [[1, 5, 9, 33, 7, 5, 9, 33, 7, 5, 9], [4, 8, 15, 16, 23, 42, 8, 15, 16], [3, 3, 7, 7, 3, 3, 7],
                list(range(10, 70))]
     with specrt.load(bundles["gguf"], max_batch=4) as pipe:
-        assert pipe.parts.target.graph.name == "packed4.q4.onnx"
+        assert pipe.parts.target.graph.name == "packed4.kernels.onnx"
         want = [_solo(pipe, p, 30) for p in prompts]
         got = [[t for c in pipe.stream_ids(p, max_new_tokens=30, draft="ngram", k=4, ignore_eos=True) for t in c]
                for p in prompts]
@@ -116,6 +119,6 @@ def test_no_kernels_and_no_library_run_the_matmulnbits_graph(bundles, monkeypatc
 def test_a_missing_kernel_file_is_a_clear_bundle_error(bundles, tmp_path):
     b = tmp_path / "b"
     shutil.copytree(bundles["gguf"], b)
-    (b / "target" / "q4.onnx.data").unlink()
-    with pytest.raises(BundleError, match="q4.onnx.data is missing"):
+    (b / "target" / "kernels.onnx.data").unlink()
+    with pytest.raises(BundleError, match="kernels.onnx.data is missing"):
         load_manifest(b)

@@ -1,4 +1,4 @@
-"""QMatMul4 (native/, runtime/kernels): its numbers, and a row's bits in any call.
+"""QMatMul4 / QMatMul8 (native/, runtime/kernels): their numbers, and a row's bits in any call.
 
 Real onnxruntime sessions over the built library. A row's output must be the same bits alone, in
 calls of 2..64 rows, with 1 or 2 threads, and in every instruction-set form this CPU has (AMX,
@@ -9,18 +9,23 @@ the same float steps.
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from runtime import kernels
-from runtime.kernels import q4
+from runtime.kernels import layout
 
 FORMS = {"amx": ("ref", "vnni", "amx"), "vnni": ("ref", "vnni"), "ref": ("ref",)}[kernels.isa()]
 
 
-def model(N, K, codes, scale, mins=None, bias=None, k_attr=None) -> bytes:
-    packed, sc, mn = q4.pack(codes, scale, mins)
+FMTS = [(4, 32), (8, 16), (8, 32)]  # (bits, block)
+
+
+def model(N, K, codes, scale, mins=None, bias=None, k_attr=None, fmt=(4, 32)) -> bytes:
+    bits, block = fmt
+    packed, sc, mn = layout.pack(codes, scale, mins, bits, block)
     inits = [numpy_helper.from_array(packed, "codes"), numpy_helper.from_array(sc, "scale")]
     ins = ["x", "codes", "scale"]
     if mins is not None or bias is not None:
@@ -30,7 +35,8 @@ def model(N, K, codes, scale, mins=None, bias=None, k_attr=None) -> bytes:
     if bias is not None:
         ins.append("bias")
         inits.append(numpy_helper.from_array(bias.astype(np.float32), "bias"))
-    node = helper.make_node("QMatMul4", ins, ["y"], domain=kernels.DOMAIN, K=k_attr or K, N=N)
+    attrs = dict(block_size=block) if bits == 8 else {}
+    node = helper.make_node(layout.FORMS[fmt], ins, ["y"], domain=kernels.DOMAIN, K=k_attr or K, N=N, **attrs)
     g = helper.make_graph([node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)])
@@ -46,10 +52,11 @@ def session(blob: bytes, form: str, monkeypatch, threads: int = 2) -> ort.Infere
     return ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])
 
 
-def weights(rng, N, K, with_min=True, with_bias=False):
-    codes = rng.integers(0, 16, (N, K), dtype=np.uint8)
-    scale = (rng.random((N, K // 32), dtype=np.float32) * 0.02).astype(np.float32)
-    mins = -(rng.random((N, K // 32), dtype=np.float32) * 0.1).astype(np.float32) if with_min else None
+def weights(rng, N, K, with_min=True, with_bias=False, fmt=(4, 32)):
+    bits, block = fmt
+    codes = rng.integers(0, 1 << bits, (N, K), dtype=np.uint8)
+    scale = (rng.random((N, K // block), dtype=np.float32) * 0.02).astype(np.float32)
+    mins = -(rng.random((N, K // block), dtype=np.float32) * 0.1).astype(np.float32) if with_min else None
     bias = rng.standard_normal(N).astype(np.float32) if with_bias else None
     return codes, scale, mins, bias
 
@@ -62,27 +69,29 @@ def activations(rng, M, K):
     return x
 
 
+@pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("with_min,with_bias", [(True, False), (False, True), (True, True)])
-def test_matches_float64_over_the_same_quantized_activations(with_min, with_bias, monkeypatch):
+def test_matches_float64_over_the_same_quantized_activations(fmt, with_min, with_bias, monkeypatch):
     rng = np.random.default_rng(1)
     N, K = 64, 256
-    codes, scale, mins, bias = weights(rng, N, K, with_min, with_bias)
+    codes, scale, mins, bias = weights(rng, N, K, with_min, with_bias, fmt)
     x = activations(rng, 9, K)
-    want = q4.reference(x, codes, scale, mins, bias)
+    want = layout.reference(x, codes, scale, mins, bias, fmt[1])
     for form in FORMS:
-        y = session(model(N, K, codes, scale, mins, bias), form, monkeypatch).run(None, {"x": x})[0]
+        y = session(model(N, K, codes, scale, mins, bias, fmt=fmt), form, monkeypatch).run(None, {"x": x})[0]
         np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * np.abs(want).max(), err_msg=form)
     # and the float weights it stands for, within int8 activation error
-    w = np.repeat(scale, 32, 1) * codes + (np.repeat(mins, 32, 1) if with_min else 0)
+    w = np.repeat(scale, fmt[1], 1) * codes + (np.repeat(mins, fmt[1], 1) if with_min else 0)
     exact = x.astype(np.float64) @ w.T + (bias if with_bias else 0)
     assert np.abs(y - exact).max() < 0.02 * np.abs(exact).max()
 
 
-def test_a_row_is_the_same_bits_in_any_call(monkeypatch):
+@pytest.mark.parametrize("fmt", FMTS)
+def test_a_row_is_the_same_bits_in_any_call(fmt, monkeypatch):
     rng = np.random.default_rng(2)
-    N, K = 96, 320  # 6 tiles (an odd tile after the pairs in some chunks), 10 blocks
-    codes, scale, mins, bias = weights(rng, N, K, True, True)
-    blob = model(N, K, codes, scale, mins, bias)
+    N, K = 96, 320  # 6 tiles (an odd tile after the pairs in some chunks), 10 blocks of 32
+    codes, scale, mins, bias = weights(rng, N, K, True, True, fmt)
+    blob = model(N, K, codes, scale, mins, bias, fmt=fmt)
     x = activations(rng, 64, K)
     outs = {}
     for form in FORMS:
@@ -123,17 +132,27 @@ def test_bad_shapes_are_clear_errors(monkeypatch):
         session(model(32, 64, codes, scale, mins, k_attr=96), FORMS[-1], monkeypatch).run(
             None, {"x": np.zeros((1, 96), np.float32)})
     with pytest.raises(ValueError, match="multiple of 16"):
-        q4.pack(codes[:20], scale[:20], mins[:20])
+        layout.pack(codes[:20], scale[:20], mins[:20])
+    with pytest.raises(ValueError, match="not 4-bit in blocks of 16"):
+        layout.pack(codes, np.ones((32, 4), np.float32), None, 4, 16)
+    m = onnx.load_from_string(model(32, 64, codes, np.ones((32, 4), np.float32), fmt=(8, 16)))
+    next(a for a in m.graph.node[0].attribute if a.name == "block_size").i = 64
+    with pytest.raises(Exception, match="block_size must be 16 or 32"):
+        session(m.SerializeToString(), FORMS[-1], monkeypatch)
 
 
 def test_pack_places_each_code_where_the_kernel_reads_it():
     rng = np.random.default_rng(5)
     codes = rng.integers(0, 16, (48, 96), dtype=np.uint8)
-    packed, _, _ = q4.pack(codes, np.ones((48, 3), np.float32))
+    packed, _, _ = layout.pack(codes, np.ones((48, 3), np.float32))
     for t, b, j, c, i in [(0, 0, 0, 0, 0), (2, 1, 3, 5, 2), (1, 2, 1, 15, 3)]:
         byte = packed[t, b, 64 * j + 4 * c + i]
         assert byte & 15 == codes[16 * t + c, 32 * b + 4 * j + i]
         assert byte >> 4 == codes[16 * t + c, 32 * b + 4 * (j + 4) + i]
+    codes = rng.integers(0, 256, (48, 96), dtype=np.uint8)
+    packed, _, _ = layout.pack(codes, np.ones((48, 6), np.float32), None, 8, 16)
+    for t, b, j, c, i in [(0, 0, 0, 0, 0), (2, 5, 3, 5, 2), (1, 2, 1, 15, 3)]:
+        assert packed[t, b, 64 * j + 4 * c + i] == codes[16 * t + c, 16 * b + 4 * j + i]
 
 
 def test_missing_library_is_a_clear_error(monkeypatch, tmp_path):
