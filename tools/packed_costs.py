@@ -4,6 +4,10 @@ same work (one call per drafting row; rows of one token batched), and what a row
 adds at longer contexts. Median of --reps calls, interleaved round-robin; prints markdown.
 
     python tools/packed_costs.py engines/coder [--lanes 8] [--reps 7] [--max-seq-len 4608]
+
+Where the bundle has the packed graphs on specrt's own kernels (export/kernel_graph.py) and the
+library is built, their calls are timed too (the "kernels" column, and the attention rows run on
+them).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from call_times import interleaved_medians
 
+from specrt.runtime import kernels
 from specrt.runtime.backends.kvpool import KVPool
 from specrt.runtime.backends.ort import OrtModel
 from specrt.runtime.backends.packed import PackedModel
@@ -34,6 +39,10 @@ def main() -> None:
     pool = KVPool(e.kv, a.lanes, "cpu", max_seq_len=a.max_seq_len)
     pm = PackedModel(a.bundle / e.packed.file(a.lanes), e, pool, lanes=a.lanes, track="p", threads=a.threads)
     om = OrtModel(a.bundle / e.graph, e, pool, track="o", threads=a.threads)
+    km = None
+    if e.packed.kernels and kernels.available():
+        km = PackedModel(a.bundle / e.packed.kernel_file(a.lanes), e, pool, lanes=a.lanes, track="k",
+                         threads=a.threads, kernels=True)
     ids = np.arange(5, 5 + 256, dtype=np.int64)
     ctx = a.context
     shapes = {}
@@ -44,6 +53,8 @@ def main() -> None:
             per = [n // rows + (i < n % rows) for i in range(rows)]
             seqs = [(s, ids[:t], ctx, None) for s, t in enumerate(per)]
             shapes[("packed", rows, n)] = lambda seqs=seqs: pm.run_packed(seqs)
+            if km is not None:
+                shapes[("kernels", rows, n)] = lambda seqs=seqs: km.run_packed(seqs)
             if rows == 1:  # what the engine runs: a min_t = 2 target widens a lone token
                 shapes[("bundle", 1, n)] = lambda n=max(n, om.min_t): om.run(0, ids[:n], ctx)
             elif n == rows and om.min_t == 1:  # one-token rows batch in one call
@@ -53,16 +64,20 @@ def main() -> None:
                 shapes[("bundle", rows, n)] = lambda per=per: [om.run(s, ids[:t], ctx) for s, t in enumerate(per)]
     far = [c for c in (128, 512, 2048, 4096) if c + 4 <= pool.capacity]
     for c in far:
-        shapes[("attention", 1, c)] = lambda c=c: pm.run_packed([(0, ids[:2], c, None)])
+        shapes[("attention", 1, c)] = lambda c=c: (km or pm).run_packed([(0, ids[:2], c, None)])
     med = interleaved_medians(shapes, a.reps)
     print(f"{a.bundle} ({e.precision}), {a.lanes} lanes, context {ctx}, median of {a.reps} (ms)\n")
-    print("| rows | tokens | packed call | bundle graph | bundle / packed |")
-    print("| --- | --- | --- | --- | --- |")
+    own = " kernels |" if km else ""
+    print(f"| rows | tokens |{own} packed call | bundle graph | bundle / packed |" + (" packed / kernels |" if km else ""))
+    print("| --- | --- |" + " --- |" * (5 if km else 3))
     for (kind, rows, n), v in med.items():
         if kind == "packed":
             b = med.get(("bundle", rows, n))
-            print(f"| {rows} | {n} | {v:.1f} | {b:.1f} | {b / v:.2f}x |" if b else f"| {rows} | {n} | {v:.1f} | | |")
-    print("\n| context | one row, 2 tokens (packed) | per 1,000 positions |")
+            k = med.get(("kernels", rows, n))
+            cells = ([f"{k:.1f}"] if km else []) + [f"{v:.1f}", f"{b:.1f}" if b else "", f"{b / v:.2f}x" if b else ""]
+            cells += [f"{v / k:.2f}x"] if km else []
+            print(f"| {rows} | {n} | " + " | ".join(cells) + " |")
+    print(f"\n| context | one row, 2 tokens ({'kernels' if km else 'packed'}) | per 1,000 positions |")
     print("| --- | --- | --- |")
     base = med[("attention", 1, far[0])]
     for c in far:
