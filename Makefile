@@ -66,7 +66,12 @@ CODER := engines/coder
 $(CODER)/specrt.json: $(VENV)/.stamp configs/coder.toml
 	$(SPECRT) export --config configs/coder.toml --out $(CODER)
 
-export-coder: $(CODER)/specrt.json
+# its packed graphs on specrt's own kernels (docs/design.md "Our own kernel"), for a coder bundle
+# exported before the export wrote them
+$(CODER)/target/kernels.onnx.data: | $(CODER)/specrt.json
+	$(PY) -m specrt.export.kernel_graph $(CODER)
+
+export-coder: $(CODER)/target/kernels.onnx.data kernels
 
 # The real pair end to end (outside CI: it needs the coder bundle): greedy speculative equals
 # target-only on the code workload token for token, sampling by the statistical test, the server

@@ -37,79 +37,102 @@ def _nibbles(b: np.ndarray) -> np.ndarray:
     return np.stack([b & 15, b >> 4], axis=-1).reshape(*b.shape[:-1], -1)
 
 
+class _Graph:
+    """A graph's nodes indexed for the rewrite, its initializers' values read on demand."""
+
+    def __init__(self, g: onnx.GraphProto, base: Path):
+        self.g, self.base = g, base
+        self.inits = {t.name: t for t in g.initializer}
+        self.producer = {o: n for n in g.node for o in n.output}
+        self.consumers: dict[str, list] = {}
+        for n in g.node:
+            for i in n.input:
+                self.consumers.setdefault(i, []).append(n)
+
+    def value(self, name: str) -> np.ndarray:
+        return numpy_helper.to_array(self.inits[name], base_dir=str(self.base))
+
+    def mins_correction(self, n):
+        """-> (Add, MatMul) of the per-block mins' correction that follows MatMulNBits `n`, or None."""
+        add = self.consumers.get(n.output[0], [])
+        if len(add) != 1 or add[0].op_type != "Add" or add[0].input[0] != n.output[0]:
+            return None
+        mm = self.producer.get(add[0].input[1])
+        return (add[0], mm) if mm is not None and mm.op_type == "MatMul" and mm.input[1] in self.inits else None
+
+
+def _form(n) -> tuple[int, int] | None:
+    """(bits, block) where `n` is a MatMulNBits the operators take, else None."""
+    a = _attrs(n)
+    if n.op_type != "MatMulNBits" or (a.get("bits"), a.get("block_size")) not in FORMS:
+        return None
+    if a.get("accuracy_level") != 4 or a["K"] % QBLOCK or a["N"] % TILE:  # level 0 computes in fp32
+        return None
+    return a["bits"], a["block_size"]
+
+
+def _convert(gr: _Graph, n, bits: int, block: int, mm) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """MatMulNBits `n`'s weights (and its correction MatMul `mm`'s mins) -> the operator's."""
+    a = _attrs(n)
+    K, N = a["K"], a["N"]
+    nb = K // block
+    unpack = _nibbles if bits == 4 else (lambda b: b)
+    codes = unpack(gr.value(n.input[1]).reshape(N, nb, block * bits // 8)).reshape(N, K)
+    scale = gr.value(n.input[2]).reshape(N, nb).astype(np.float32)
+    if len(n.input) > 3 and n.input[3]:
+        zp = unpack(gr.value(n.input[3]).reshape(N, -1))[:, :nb].astype(np.float32)
+    else:  # MatMulNBits' default zero point: the middle of the codes
+        zp = np.full((N, nb), 1 << (bits - 1), np.float32)
+    mins = np.ascontiguousarray(gr.value(mm.input[1]).T).astype(np.float32) if mm is not None else 0
+    return pack(codes, scale, (mins - scale * zp).astype(np.float32), bits, block)
+
+
+def _prune(nodes: list, outputs: set[str]) -> list:
+    """Drop the block sums (Reshape -> ReduceSum) that only the removed corrections read."""
+    while True:
+        used = {i for n in nodes for i in n.input} | outputs
+        dead = [n for n in nodes if n.op_type in ("ReduceSum", "Reshape") and not any(o in used for o in n.output)]
+        if not dead:
+            return nodes
+        nodes = [n for n in nodes if n not in dead]
+
+
 def rewrite(model: onnx.ModelProto, base: Path, arrays: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """-> `model` with its 4-bit projections as QMatMul4. `base`: the folder its external data
-    is relative to. `arrays` collects the new initializers (name -> array), shared across calls
-    for graphs of the same weights: each weight is converted once."""
+    """-> `model` with its block-quantized projections on specrt's operators. `base`: the folder
+    its external data is relative to. `arrays` collects the new initializers (name -> array),
+    shared across calls for graphs of the same weights: each weight is converted once."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
-    inits = {t.name: t for t in g.initializer}
-    producer = {o: n for n in g.node for o in n.output}
-    consumers: dict[str, list] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-
-    def value(name):
-        return numpy_helper.to_array(inits[name], base_dir=str(base))
-
+    gr = _Graph(g, base)
     drop, replace = set(), {}
     for n in g.node:
-        a = _attrs(n)
-        bits, block = a.get("bits"), a.get("block_size")
-        if n.op_type != "MatMulNBits" or (bits, block) not in FORMS:
+        form = _form(n)
+        if form is None:
             continue
-        if a.get("accuracy_level") != 4:  # int8 activations already; level 0 computes in fp32
-            continue
-        K, N = a["K"], a["N"]
-        if K % QBLOCK or N % TILE:
-            continue
-        add = consumers.get(n.output[0], [])
-        corr = add[0].input[1] if len(add) == 1 and add[0].op_type == "Add" and add[0].input[0] == n.output[0] else None
-        mm = producer.get(corr) if corr else None
-        if mm is not None and (mm.op_type != "MatMul" or mm.input[1] not in inits):
-            mm = None
+        corr = gr.mins_correction(n)
         key = n.input[1]
         if key + "_qm" not in arrays:
-            nb = K // block
-            unpack = _nibbles if bits == 4 else (lambda b: b)
-            codes = unpack(value(n.input[1]).reshape(N, nb, block * bits // 8)).reshape(N, K)
-            scale = value(n.input[2]).reshape(N, nb).astype(np.float32)
-            if len(n.input) > 3 and n.input[3]:
-                zp = unpack(value(n.input[3]).reshape(N, -1))[:, :nb].astype(np.float32)
-            else:  # MatMulNBits' default zero point: the middle of the codes
-                zp = np.full((N, nb), 1 << (bits - 1), np.float32)
-            mins = np.ascontiguousarray(value(mm.input[1]).T).astype(np.float32) if mm is not None else 0
-            arrays[key + "_qm"], arrays[key + "_qm_scale"], arrays[key + "_qm_min"] = pack(
-                codes, scale, (mins - scale * zp).astype(np.float32), bits, block)
-        ins = [n.input[0], key + "_qm", key + "_qm_scale", key + "_qm_min"]
-        if len(n.input) > 5 and n.input[5]:
-            ins.append(n.input[5])
-        out = add[0] if mm is not None else n
-        attrs = dict(block_size=block) if bits == 8 else {}
-        replace[id(out)] = helper.make_node(FORMS[bits, block], ins, [out.output[0]], name=n.name + "_q", domain=DOMAIN,
-                                            K=K, N=N, **attrs)
-        if mm is not None:
-            drop.update({id(n), id(mm)})
-    nodes = [replace.get(id(n), n) for n in g.node if id(n) not in drop]
-    # the block sums only the corrections read
+            arrays[key + "_qm"], arrays[key + "_qm_scale"], arrays[key + "_qm_min"] = _convert(
+                gr, n, *form, corr[1] if corr else None)
+        ins = [n.input[0], key + "_qm", key + "_qm_scale", key + "_qm_min"] + ([n.input[5]] if len(n.input) > 5 else [])
+        out = corr[0] if corr else n
+        a = _attrs(n)
+        attrs = dict(block_size=form[1]) if form[0] == 8 else {}
+        replace[id(out)] = helper.make_node(FORMS[form], [i for i in ins if i], [out.output[0]], name=n.name + "_q",
+                                            domain=DOMAIN, K=a["K"], N=a["N"], **attrs)
+        if corr:
+            drop.update({id(n), id(corr[1])})
+    nodes = _prune([replace.get(id(n), n) for n in g.node if id(n) not in drop], {o.name for o in g.output})
     used = {i for n in nodes for i in n.input} | {o.name for o in g.output}
-    while True:
-        dead = [n for n in nodes if n.op_type in ("ReduceSum", "Reshape") and not any(o in used for o in n.output)]
-        if not dead:
-            break
-        nodes = [n for n in nodes if n not in dead]
-        used = {i for n in nodes for i in n.input} | {o.name for o in g.output}
     del g.node[:]
     g.node.extend(nodes)
     kept = [t for t in g.initializer if t.name in used]
     del g.initializer[:]
     g.initializer.extend(kept)
     for name in sorted({i for n in nodes if n.domain == DOMAIN for i in n.input[1:4]}):
-        t = TensorProto(name=name, data_type=TensorProto.UINT8 if arrays[name].dtype == np.uint8 else TensorProto.FLOAT,
-                        dims=arrays[name].shape)
-        g.initializer.append(t)  # data placed by `save`
+        g.initializer.append(TensorProto(name=name, dims=arrays[name].shape, data_type=(
+            TensorProto.UINT8 if arrays[name].dtype == np.uint8 else TensorProto.FLOAT)))  # data placed by `place`
     if not any(o.domain == DOMAIN for o in m.opset_import):
         m.opset_import.append(helper.make_opsetid(DOMAIN, 1))
     return m

@@ -5,6 +5,8 @@
   specrt-policy   adaptive k under the batch plan (the server's default)
   specrt-nocache  specrt-policy without prefix reuse
   specrt-unpacked specrt-policy on the bundle graph (`--no-packed`: a call per drafting row)
+  specrt-nokernels specrt-policy on onnxruntime's MatMulNBits (`--no-kernels`: not specrt's own kernels)
+  specrt-off-nokernels specrt-off the same way
   rayN            specrt-policy on N Ray Serve replicas (1 CPU each), prefix affinity
   rayN-pow2       the same behind Ray's default power-of-two router
   llama           llama-server on a GGUF of the same weights
@@ -71,7 +73,8 @@ def _arm(name: str, s: Servers) -> Arm:
     model = s.bundle.resolve().name
     specrt = {"specrt-off": ["--draft", "none"], "specrt-fixed": ["--fixed-k"] + (["--k", str(s.k)] if s.k else []),
               "specrt-policy": ["--adaptive"], "specrt-nocache": ["--adaptive", "--no-prefix-cache"],
-              "specrt-unpacked": ["--adaptive", "--no-packed"]}
+              "specrt-unpacked": ["--adaptive", "--no-packed"], "specrt-nokernels": ["--adaptive", "--no-kernels"],
+              "specrt-off-nokernels": ["--draft", "none", "--no-kernels"]}
     if name in specrt:
         return Arm(name, base + specrt[name], model)
     if m := re.fullmatch(r"ray(\d+)(-pow2)?", name):  # ray2: 2 Ray replicas

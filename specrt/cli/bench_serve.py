@@ -22,6 +22,7 @@ from .common import engines_default, engines_option, fail, load_flags, progress
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="output tokens per request (EOS ignored)")
 @click.option("--arms", default="specrt-off,specrt-fixed,specrt-policy", show_default=True,
               help="comma-separated: specrt-off, specrt-fixed, specrt-policy, specrt-nocache, specrt-unpacked, "
+                   "specrt-nokernels, specrt-off-nokernels, "
                    "rayN (specrt-policy on N Ray Serve replicas, prefix affinity), rayN-pow2 (Ray's default router), "
                    "llama, llama-draft")
 @click.option("--k", "k", type=int, default=None, help="specrt-fixed's k (default: the bundle's)")

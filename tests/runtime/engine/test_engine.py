@@ -310,6 +310,48 @@ def test_batched_sampling_follows_the_target_distribution(tiny_bundles):
         pipe.close()
 
 
+def test_healed_sampling_follows_the_target_distribution_under_the_constraint(tiny_bundles):
+    """Token healing (RequestOptions.text_prefix) masks target and draft rows alike, so a
+    seeded, speculative request's first token follows the target's distribution restricted to
+    the tokens that keep the text on course, by chi-square (k = 1..3, 4 requests at a time)."""
+    from scipy.stats import chisquare
+
+    from specrt.runtime.backends.harness import SequenceHarness
+    from specrt.runtime.backends.ort import OrtBackend
+    from specrt.runtime.sampling.draws import SamplingConfig, probs
+    from specrt.runtime.sampling.text_prefix import TextPrefix, prefix_index
+
+    pipe = specrt.load(tiny_bundles["bad"], max_batch=4, max_queue=2000, adaptive=False)
+    try:
+        prompt, n = [5, 9, 17], 1200
+        man = pipe.manifest
+        dec = SequenceHarness(OrtBackend(pipe.folder / man.target.graph, man.target))
+        allowed = TextPrefix(prefix_index(pipe.tokenizer, man.target.vocab_size), "w1").masks()[0]
+        assert 10 < allowed.sum() < 100  # w10..w19, w100..w127 of the word-level tiny vocabulary
+        p = probs(dec.prefill(prompt), SamplingConfig(1.0, 0, 1.0)) * allowed
+        p /= p.sum()
+
+        async def one(seed):
+            return [t for c in [c async for c in pipe.astream_ids(prompt, max_new_tokens=2, temperature=1.0, seed=seed,
+                                                                   k=1 + seed % 3, text_prefix="w1", ignore_eos=True)]
+                    for t in c]
+
+        async def main():
+            return await asyncio.gather(*(one(s) for s in range(n)))
+
+        firsts = [toks[0] for toks in asyncio.run(main())]
+        assert all(allowed[t] for t in firsts)
+        counts = np.bincount(firsts, minlength=len(p))
+        keep = p * n >= 5
+        exp = np.append(p[keep] * n, p[~keep].sum() * n)
+        obs = np.append(counts[keep], counts[~keep].sum())
+        assert keep.sum() >= 5 and chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3
+        c = pipe.counters()
+        assert c["rows"] > c["steps"]  # rows were batched
+    finally:
+        pipe.close()
+
+
 def test_batched_rows_equal_single_calls(tiny_bundles):
     """One call of b rows x 1 token over ragged pasts gives each row the logits of its own
     single-sequence call; slots in the range that are not served are untouched below their
