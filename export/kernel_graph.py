@@ -11,6 +11,7 @@ rewritten graph of the model shares. The graphs sit beside the packed ones (`pac
 a runtime without the kernel library runs those.
 
     python -m specrt.export.kernel_graph BUNDLE     adds them to a bundle that has packed graphs
+                                                    (its target's and its draft model's)
 """
 
 from __future__ import annotations
@@ -198,6 +199,7 @@ if __name__ == "__main__":  # python -m specrt.export.kernel_graph BUNDLE
 
     folder = Path(sys.argv[1])
     man = load_manifest(folder)
-    for p in add_kernel_graphs(folder, man.target):
-        print(p)
+    for entry in (man.target, man.draft):
+        for p in add_kernel_graphs(folder, entry) if entry is not None else []:
+            print(p)
     man.save(folder)

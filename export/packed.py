@@ -188,8 +188,7 @@ def pack_bundle(folder: str | Path, lanes=LANES) -> list[Path]:
             out.append(path)
         entry.packed.graph = str(graph.with_name(GRAPH).relative_to(folder))
         entry.packed.lanes = list(lanes)
-        if entry is man.target:  # the same graphs on specrt's own 4-bit operator, where they apply
-            out += add_kernel_graphs(folder, entry)
+        out += add_kernel_graphs(folder, entry)  # the same graphs on specrt's own kernels, where they apply
     man.save(folder)
     return out
 

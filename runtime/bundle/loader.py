@@ -86,7 +86,8 @@ def load_models(folder: str | Path, options: LoadOptions | None = None, **kw) ->
         shared = _shares_kv(man, eagle)
         dpool = pool if shared else KVPool(man.draft.kv, slots, dev, allocate=False,
                                            max_seq_len=draft_rows(man, seq, eagle, o.draft_window))
-        d = _model(folder, man.draft, dpool, "draft", threads, global_pool, packed=packs, exact=False)
+        d = _model(folder, man.draft, dpool, "draft", threads, global_pool, packed=packs, exact=False,
+                   kernels=o.kernels)
         dpool.allocate()
     pool.allocate()
     features = None
