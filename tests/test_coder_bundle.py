@@ -264,13 +264,16 @@ def test_fim_stops_at_the_next_files_file_sep(pipe, url):
     assert free["content"] and free["tokens_predicted"] > 0
 
 
-def test_a_packed_rows_bits_do_not_depend_on_the_call():
-    """The coder target's packed graph (Q4_K_M blocks, int8 activations at accuracy level 4): a
-    row alone against the same row beside 1, 3 and 7 others, contexts below and across the
-    attention's KV block and near the end of the buffer, logits and K/V bit for bit."""
+@pytest.mark.parametrize("kernels", [False, True])
+def test_a_packed_rows_bits_do_not_depend_on_the_call(kernels):
+    """The coder target's packed graph (Q4_K_M blocks, int8 activations at accuracy level 4), on
+    onnxruntime's MatMulNBits and on specrt's own kernels: a row alone against the same row
+    beside 1, 3 and 7 others, contexts below and across the attention's KV block and near the
+    end of the buffer, logits and K/V bit for bit."""
     from checks import check_row_invariance
 
-    assert check_row_invariance(BUNDLE, [505, 40, 3000, 5, 700, 4070, 90, 1200], widths=(1, 2, 6)) == 9
+    assert check_row_invariance(BUNDLE, [505, 40, 3000, 5, 700, 4070, 90, 1200], widths=(1, 2, 6),
+                                kernels=kernels) == 9
 
 
 def test_long_prompts_and_eight_requests_are_the_targets_own_with_their_logprobs():
@@ -286,6 +289,7 @@ def test_long_prompts_and_eight_requests_are_the_targets_own_with_their_logprobs
     p = specrt.load(BUNDLE, max_batch=8, max_seq_len=8192)
     try:
         assert type(p.parts.target).__name__ == "PackedModel" and p.parts.target.lanes == 8
+        assert p.parts.target.kernels and p.parts.draft.kernels  # specrt's own kernels (make test-coder builds them)
         prompts = [p.tokenizer.encode(t) for t in items]
         assert max(len(x) for x in prompts) > 2048
 
