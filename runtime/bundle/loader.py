@@ -167,11 +167,12 @@ def _model(folder: Path, entry: ModelEntry, pool: KVPool, track: str, threads, g
            packed: bool = False, exact: bool = True, kernels: bool = False) -> OrtModel | PackedModel:
     """The model over `pool`: the entry's packed graph when asked for and the bundle has one
     (export/packed.py; `exact`: row-invariant calls, for a target), else its graph. `kernels`:
-    the packed graph on specrt's own operator where the bundle has it and the library is built."""
+    the packed graph on specrt's own operators where the bundle has it, the library is built and
+    the CPU has AVX-512 VNNI or AMX."""
     try:
         if packed and entry.packed.graph:
             lanes = entry.packed.lanes_for(pool.slots)
-            own = kernels and entry.packed.kernels and kernel_library.available()
+            own = kernels and entry.packed.kernels and kernel_library.fast()
             graph = entry.packed.kernel_file(lanes) if own else entry.packed.file(lanes)
             return PackedModel(folder / graph, entry, pool, lanes=lanes, track=track, threads=threads,
                                global_pool=global_pool, exact=exact, kernels=bool(own))

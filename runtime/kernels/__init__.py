@@ -38,6 +38,13 @@ def available() -> bool:
     return True
 
 
+def fast() -> bool:
+    """Whether the library is built and this CPU runs it in an AVX-512 form (AMX or VNNI): the
+    portable C++ form is the kernels' definition, far slower than onnxruntime's MatMulNBits,
+    so a load does not choose it."""
+    return available() and isa() != "ref"
+
+
 def register(options) -> None:
     """Adds the library's operators to an onnxruntime.SessionOptions."""
     options.register_custom_ops_library(str(library_path()))

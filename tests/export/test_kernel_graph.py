@@ -108,9 +108,13 @@ def test_speculative_equals_target_only_alone_and_together(bundles):
         assert not errors and [together[i] for i in range(len(prompts))] == want
 
 
-def test_no_kernels_and_no_library_run_the_matmulnbits_graph(bundles, monkeypatch):
+def test_no_kernels_no_avx512_and_no_library_run_the_matmulnbits_graph(bundles, monkeypatch):
     with specrt.load(bundles["gguf"], max_batch=2, draft="none", kernels=False) as pipe:
         assert pipe.parts.target.graph.name == "packed2.onnx"
+    monkeypatch.setenv("SPECRT_KERNELS_ISA", "ref")  # a CPU without AVX-512: only the slow C++ form
+    with specrt.load(bundles["gguf"], max_batch=2, draft="none") as pipe:
+        assert pipe.parts.target.graph.name == "packed2.onnx"
+    monkeypatch.delenv("SPECRT_KERNELS_ISA")
     monkeypatch.setenv("SPECRT_KERNELS", "/nonexistent/libspecrt_kernels.so")
     with specrt.load(bundles["gguf"], max_batch=2, draft="none") as pipe:
         assert pipe.parts.target.graph.name == "packed2.onnx"
