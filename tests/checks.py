@@ -125,7 +125,7 @@ def packed_model(bundle, slots=8, lanes=8, max_seq_len=None, kernels=False):
     e = load_manifest(bundle).target
     pool = KVPool(e.kv, slots, "cpu", max_seq_len=min(e.kv.max_seq_len, max_seq_len or e.kv.max_seq_len))
     graph = e.packed.kernel_file(lanes) if kernels else e.packed.file(lanes)
-    return e, pool, PackedModel(bundle / graph, e, pool, lanes=lanes, threads=2)
+    return e, pool, PackedModel(bundle / graph, e, pool, lanes=lanes, threads=2, kernels=kernels)
 
 
 def fill_slot(model, slot, tokens):
@@ -179,3 +179,20 @@ def check_row_invariance(bundle, contexts, widths=(1, 2, 3, 5, 9, 17), kernels=F
             assert all(np.array_equal(h[0], k) for h, k in zip(pool.host, kv_alone, strict=True))
             checked += 1
     return checked
+
+
+def assert_missing_file_is_a_bundle_error(bundle, rel: str, tmp_path) -> None:
+    """A copy of `bundle` without its file `rel` is refused when its manifest is read, with an
+    error naming the file (an interrupted copy is not a bundle)."""
+    import re
+    import shutil
+
+    import pytest
+
+    from specrt.runtime.bundle.manifest import BundleError, load_manifest
+
+    b = tmp_path / "b"
+    shutil.copytree(bundle, b)
+    (b / rel).unlink()
+    with pytest.raises(BundleError, match=re.escape(rel.rsplit("/", 1)[-1]) + " is missing"):
+        load_manifest(b)

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from .. import kernels
+from .. import kernels as kernel_library
 from ..bundle.hugepages import anonymous_pages, collapse
 from ..bundle.manifest import ModelEntry
 from .features import FeatureBuffers
@@ -69,7 +69,7 @@ PACKED_PRECISIONS = ("int8", "int4", "gguf")
 
 
 def session_options(threads: int | None = None, spin: bool = True, global_pool: bool = False,
-                    prepack: bool = True) -> ort.SessionOptions:
+                    prepack: bool = True, kernels: bool = False) -> ort.SessionOptions:
     """Draft and target sessions alternate on the same cores. Spinning workers pick up the next
     kernel without a futex wake-up (about twice as fast a target step here), but a pool that
     keeps spinning after its run steals the cores from the other session's run, so each run ends
@@ -95,8 +95,8 @@ def session_options(threads: int | None = None, spin: bool = True, global_pool: 
     if not prepack:  # a session that runs a few calls (export checks): packing would hold the raw
         # initializers beside their packed copy while it is built, twice the weights at its peak
         so.add_session_config_entry(DISABLE_PREPACKING, "1")
-    if kernels.available():  # graphs rewritten onto specrt's own operators (export/kernel_graph.py)
-        kernels.register(so)
+    if kernels:  # a graph rewritten onto specrt's own operators (export/kernel_graph.py)
+        kernel_library.register(so)
     return so
 
 

@@ -45,14 +45,15 @@ class PackedModel:
         exact=False (a draft model, whose numbers only decide how much is accepted): no filler
         tokens, so a lone token is a one-token lane and a call of one token is one token.
         kernels: the graph is the entry's kernel form (export/kernel_graph.py), on specrt's own
-        operator."""
+        operators: its session registers their library."""
         self.exact = exact
         if pool.layout != entry.kv:
             raise ValueError(f"{graph}: KV layout {entry.kv} does not match the pool's {pool.layout}")
         providers, self.device_type = pick_providers(pool.device)
         if self.device_type != "cpu":
             raise ValueError("packed calls run on the CPU execution provider only")
-        so = session_options(threads, global_pool=global_pool, prepack=prepack or entry.precision in PACKED_PRECISIONS)
+        so = session_options(threads, global_pool=global_pool, prepack=prepack or entry.precision in PACKED_PRECISIONS,
+                             kernels=kernels)
         self.session = ort.InferenceSession(str(graph), so, providers=providers)
         self.graph, self.kernels = Path(graph), kernels
         self.entry, self.pool, self.track = entry, pool, pool.track(track)

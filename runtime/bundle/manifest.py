@@ -89,8 +89,8 @@ class PackedGraph:
     #                  ("" = none); every one shares the entry's `data`
     lanes: list[int] = field(default_factory=list)  # the lane counts written (sequences one call carries)
     io: PackedIO = field(default_factory=PackedIO)
-    kernels: str = ""  # the same graphs with their 4-bit projections on specrt's own operator
-    #                    (export/kernel_graph.py, runtime/kernels), "{lanes}" in the name ("" = none)
+    kernels: str = ""  # the same graphs with their block-quantized projections on specrt's own
+    #                    operators (export/kernel_graph.py, runtime/kernels), "{lanes}" in the name ("" = none)
     kernel_data: str = ""  # the weights file those graphs add (relative to the bundle)
 
     def file(self, lanes: int) -> str:

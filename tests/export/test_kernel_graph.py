@@ -4,7 +4,6 @@ target-only through the engine, alone and under concurrency."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 from collections import Counter
 
@@ -14,9 +13,14 @@ import pytest
 from tiny_gguf import write_tiny_gguf
 
 import specrt
-from checks import check_row_invariance, fill_slot, packed_model
+from checks import (
+    assert_missing_file_is_a_bundle_error,
+    check_row_invariance,
+    fill_slot,
+    packed_model,
+)
 from specrt.export import export_bundle
-from specrt.runtime.bundle.manifest import BundleError, load_manifest
+from specrt.runtime.bundle.manifest import load_manifest
 
 KW = dict(draft="none", max_draft_tokens=16, echo=None)
 
@@ -121,8 +125,4 @@ def test_no_kernels_no_avx512_and_no_library_run_the_matmulnbits_graph(bundles, 
 
 
 def test_a_missing_kernel_file_is_a_clear_bundle_error(bundles, tmp_path):
-    b = tmp_path / "b"
-    shutil.copytree(bundles["gguf"], b)
-    (b / "target" / "kernels.onnx.data").unlink()
-    with pytest.raises(BundleError, match="kernels.onnx.data is missing"):
-        load_manifest(b)
+    assert_missing_file_is_a_bundle_error(bundles["gguf"], "target/kernels.onnx.data", tmp_path)

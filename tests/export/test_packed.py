@@ -12,7 +12,7 @@ import onnx
 import pytest
 from tiny_gguf import write_tiny_gguf
 
-from checks import Snapshot
+from checks import Snapshot, assert_missing_file_is_a_bundle_error
 from checks import check_row_invariance as _check_invariance
 from checks import fill_slot as _fill
 from checks import packed_model as _models
@@ -21,7 +21,7 @@ from specrt.export.packed import LANES, pack_bundle, pack_graph
 from specrt.runtime.backends.kvpool import KVPool
 from specrt.runtime.backends.ort import OrtModel
 from specrt.runtime.backends.packed import PackedModel
-from specrt.runtime.bundle.manifest import BundleError, load_manifest
+from specrt.runtime.bundle.manifest import load_manifest
 
 KW = dict(draft="none", max_draft_tokens=16, echo=None)
 
@@ -126,13 +126,7 @@ def test_lanes_follow_the_load(bundles, tiny_bundles):
 
 
 def test_a_missing_packed_graph_is_a_clear_bundle_error(bundles, tmp_path):
-    import shutil
-
-    b = tmp_path / "b"
-    shutil.copytree(bundles["int4-l0"], b)
-    (b / "target" / "packed4.onnx").unlink()
-    with pytest.raises(BundleError, match="packed4.onnx is missing"):
-        load_manifest(b)
+    assert_missing_file_is_a_bundle_error(bundles["int4-l0"], "target/packed4.onnx", tmp_path)
 
 
 def test_pack_graph_refuses_what_it_cannot_pack(tiny_bundles):
