@@ -104,12 +104,16 @@ $(ORT_HEADERS)/onnxruntime_c_api.h:
 	echo "$(ORT_DEB_SHA256)  .cache/$(ORT_DEB)" | sha256sum -c --quiet
 	dpkg-deb -x .cache/$(ORT_DEB) .cache/onnxruntime-1.21
 
-$(KERNELS): native/ort_ops.cc native/qmatmul_ref.cc native/qmatmul_x86.cc native/qmatmul.h $(ORT_HEADERS)/onnxruntime_c_api.h
+KERNEL_SOURCES := $(wildcard native/*.cc native/*.h)
+PORTABLE := ort_ops attention_op qmatmul_ref attention_ref
+X86 := qmatmul_x86 attention_x86
+
+$(KERNELS): $(KERNEL_SOURCES) $(ORT_HEADERS)/onnxruntime_c_api.h
 	mkdir -p .cache/kernels
-	g++ $(KERNEL_FLAGS) -c native/ort_ops.cc -o .cache/kernels/ort_ops.o
-	g++ $(KERNEL_FLAGS) -c native/qmatmul_ref.cc -o .cache/kernels/qmatmul_ref.o
-	g++ $(KERNEL_FLAGS) -mavx512f -mavx512bw -mavx512vnni -mamx-tile -mamx-int8 -Wno-maybe-uninitialized -c native/qmatmul_x86.cc -o .cache/kernels/qmatmul_x86.o
-	g++ -shared -o $@ .cache/kernels/ort_ops.o .cache/kernels/qmatmul_ref.o .cache/kernels/qmatmul_x86.o
+	for f in $(PORTABLE); do g++ $(KERNEL_FLAGS) -c native/$$f.cc -o .cache/kernels/$$f.o || exit 1; done
+	for f in $(X86); do g++ $(KERNEL_FLAGS) -mavx512f -mavx512bw -mavx512vnni -mamx-tile -mamx-int8 \
+	  -Wno-maybe-uninitialized -Wno-uninitialized -c native/$$f.cc -o .cache/kernels/$$f.o || exit 1; done
+	g++ -shared -o $@ $(patsubst %,.cache/kernels/%.o,$(PORTABLE) $(X86))
 
 kernels: $(KERNELS)
 

@@ -1,5 +1,5 @@
-"""A packed graph's block-quantized projections on specrt's own kernels (runtime/kernels,
-docs/design.md "Our own kernel").
+"""A packed graph on specrt's own kernels (runtime/kernels, docs/design.md "Our own kernel"):
+its block-quantized projections here, its attention in export/kernel_attention.py.
 
 Every MatMulNBits at accuracy level 4 (int8 activations) of 4 bits in blocks of 32 (a GGUF's Q4_K,
 Q4_0, Q4_1) or 8 bits in blocks of 16 or 32 (Q6_K, Q5_K, Q8_0, ...; export/nbits.py), with its
@@ -25,6 +25,8 @@ from onnx import TensorProto, helper, numpy_helper
 from specrt.runtime.bundle.manifest import load_manifest
 from specrt.runtime.kernels import DOMAIN
 from specrt.runtime.kernels.layout import FORMS, QBLOCK, TILE, pack
+
+from .kernel_attention import fuse_attention
 
 DATA = "kernels.onnx.data"
 
@@ -89,19 +91,21 @@ def _convert(gr: _Graph, n, bits: int, block: int, mm) -> tuple[np.ndarray, np.n
 
 
 def _prune(nodes: list, outputs: set[str]) -> list:
-    """Drop the block sums (Reshape -> ReduceSum) that only the removed corrections read."""
+    """Drop what only removed nodes read: the block sums (Reshape -> ReduceSum) of the mins'
+    corrections, the lanes' GQA scalars (Slice -> Add -> Squeeze of lane_seqlens)."""
     while True:
         used = {i for n in nodes for i in n.input} | outputs
-        dead = [n for n in nodes if n.op_type in ("ReduceSum", "Reshape") and not any(o in used for o in n.output)]
+        dead = {id(n) for n in nodes if not any(o in used for o in n.output)}
         if not dead:
             return nodes
-        nodes = [n for n in nodes if n not in dead]
+        nodes = [n for n in nodes if id(n) not in dead]
 
 
-def rewrite(model: onnx.ModelProto, base: Path, arrays: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """-> `model` with its block-quantized projections on specrt's operators. `base`: the folder
+def rewrite(model: onnx.ModelProto, base: Path, arrays: dict[str, np.ndarray], head_dim: int = 0) -> onnx.ModelProto:
+    """-> `model` with its block-quantized projections and attention on specrt's operators. `base`: the folder
     its external data is relative to. `arrays` collects the new initializers (name -> array),
-    shared across calls for graphs of the same weights: each weight is converted once."""
+    shared across calls for graphs of the same weights: each weight is converted once.
+    head_dim: the model's, for the attention (0: the attention is left as it is)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
@@ -124,14 +128,17 @@ def rewrite(model: onnx.ModelProto, base: Path, arrays: dict[str, np.ndarray]) -
                                             domain=DOMAIN, K=a["K"], N=a["N"], **attrs)
         if corr:
             drop.update({id(n), id(corr[1])})
-    nodes = _prune([replace.get(id(n), n) for n in g.node if id(n) not in drop], {o.name for o in g.output})
+    nodes = [replace.get(id(n), n) for n in g.node if id(n) not in drop]
+    if head_dim:
+        nodes, _ = fuse_attention(nodes, g, gr, head_dim)
+    nodes = _prune(nodes, {o.name for o in g.output})
     used = {i for n in nodes for i in n.input} | {o.name for o in g.output}
     del g.node[:]
     g.node.extend(nodes)
     kept = [t for t in g.initializer if t.name in used]
     del g.initializer[:]
     g.initializer.extend(kept)
-    for name in sorted({i for n in nodes if n.domain == DOMAIN for i in n.input[1:4]}):
+    for name in sorted({i for n in nodes if n.op_type in FORMS.values() for i in n.input[1:4]}):
         g.initializer.append(TensorProto(name=name, dims=arrays[name].shape, data_type=(
             TensorProto.UINT8 if arrays[name].dtype == np.uint8 else TensorProto.FLOAT)))  # data placed by `place`
     if not any(o.domain == DOMAIN for o in m.opset_import):
@@ -169,16 +176,16 @@ GRAPH = "packed{lanes}.kernels.onnx"
 def add_kernel_graphs(folder: Path, entry) -> list[Path]:
     """Write the kernel form of `entry`'s packed graphs (export/packed.py) and record it in the
     entry (`packed.kernels`, `packed.kernel_data`; the caller saves the manifest). Nothing is
-    written where no projection has the form (fp32 or RTN graphs at accuracy level 0).
-    -> the graphs' paths."""
+    written where neither a projection nor the attention has the form (an fp16 KV cache at
+    accuracy level 0). -> the graphs' paths."""
     if not entry.packed.graph:
         return []
     graph = folder / entry.packed.graph
     base = graph.parent
     arrays: dict[str, np.ndarray] = {}
-    models = {n: rewrite(onnx.load(str(folder / entry.packed.file(n)), load_external_data=False), base, arrays)
-              for n in entry.packed.lanes}
-    if not arrays:
+    models = {n: rewrite(onnx.load(str(folder / entry.packed.file(n)), load_external_data=False), base, arrays,
+                         entry.kv.head_dim) for n in entry.packed.lanes}
+    if not any(n.domain == DOMAIN for m in models.values() for n in m.graph.node):
         return []
     where = write_data(base, arrays)
     out = []

@@ -7,7 +7,6 @@
 //   attrs:   K, N; QMatMul8: block_size (16 or 32; QMatMul4's is 32);  output: y float [..., N]
 // Work is split over column tiles with onnxruntime's intra-op pool (KernelContext_ParallelFor).
 #include <cpuid.h>
-#include <onnxruntime_c_api.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -17,17 +16,17 @@
 #include <string>
 #include <vector>
 
+#include "ort_glue.h"
 #include "qmatmul.h"
 
 #define SPECRT_EXPORT extern "C" __attribute__((visibility("default")))
 
-namespace {
-
-using namespace specrt;
+namespace specrt {
 
 const OrtApi* g_api = nullptr;
 
-enum Isa { kRef = 0, kVnni = 1, kAmx = 2 };
+namespace {
+
 const char* const kIsaNames[] = {"ref", "vnni", "amx"};
 
 bool os_saves(uint64_t mask) {
@@ -47,7 +46,8 @@ int detect() {
   return amx ? kAmx : kVnni;
 }
 
-// The best the CPU has, lowered by SPECRT_KERNELS_ISA=ref|vnni (tests compare the forms).
+}  // namespace
+
 int best_isa() {
   static const int found = detect();
   const char* want = std::getenv("SPECRT_KERNELS_ISA");
@@ -55,6 +55,8 @@ int best_isa() {
     if (std::strcmp(want, kIsaNames[i]) == 0) return i;
   return found;
 }
+
+namespace {
 
 struct Kernel {
   int64_t K, N;
@@ -84,40 +86,9 @@ void run_chunk(void* p, size_t i) {
     matmul_ref(*j.a, *j.w, j.s, j.y, t0, t1);
 }
 
-OrtStatus* fail(const std::string& msg) { return g_api->CreateStatus(ORT_INVALID_ARGUMENT, ("specrt QMatMul: " + msg).c_str()); }
+OrtStatus* fail(const std::string& msg) { return specrt::fail("QMatMul", msg); }
 
-#define TRY(expr)                  \
-  do {                             \
-    OrtStatus* _st = (expr);       \
-    if (_st) return _st;           \
-  } while (0)
-
-// Shape of a tensor input -> dims; null when the optional input is absent.
-OrtStatus* input(OrtKernelContext* ctx, size_t i, const OrtValue** v, std::vector<int64_t>* dims) {
-  TRY(g_api->KernelContext_GetInput(ctx, i, v));
-  if (!*v) return nullptr;
-  OrtTensorTypeAndShapeInfo* info = nullptr;
-  TRY(g_api->GetTensorTypeAndShape(*v, &info));
-  size_t rank = 0;
-  OrtStatus* st = g_api->GetDimensionsCount(info, &rank);
-  if (!st) dims->resize(rank), st = g_api->GetDimensions(info, dims->data(), rank);
-  g_api->ReleaseTensorTypeAndShapeInfo(info);
-  return st;
-}
-
-int64_t count(const std::vector<int64_t>& d) {
-  int64_t n = 1;
-  for (int64_t v : d) n *= v;
-  return n;
-}
-
-template <typename T>
-OrtStatus* data(const OrtValue* v, const T** out) {
-  void* p = nullptr;
-  TRY(g_api->GetTensorMutableData(const_cast<OrtValue*>(v), &p));
-  *out = static_cast<const T*>(p);
-  return nullptr;
-}
+#define TRY SPECRT_TRY
 
 OrtStatus* compute(const Kernel& k, OrtKernelContext* ctx) {
   const OrtValue *x, *codes, *scale, *min = nullptr, *bias = nullptr;
@@ -197,22 +168,13 @@ int ORT_API_CALL one(const OrtCustomOp*) { return 1; }
 int ORT_API_CALL start_version(const OrtCustomOp*) { return 1; }
 int ORT_API_CALL end_version(const OrtCustomOp*) { return 1 << 30; }
 
-OrtCustomOp make_op(const char* (ORT_API_CALL *name)(const OrtCustomOp*)) {
+}  // namespace
+
+OrtCustomOp base_op() {
   OrtCustomOp op;
   std::memset(&op, 0, sizeof op);  // callbacks left unset stay null
   op.version = ORT_API_VERSION;
-  op.CreateKernelV2 = create;
-  op.KernelComputeV2 = compute_v2;
-  op.KernelCompute = compute_v1;
-  op.KernelDestroy = destroy;
-  op.GetName = name;
   op.GetExecutionProviderType = provider;
-  op.GetInputType = in_type;
-  op.GetInputTypeCount = n_inputs;
-  op.GetOutputType = out_type;
-  op.GetOutputTypeCount = n_outputs;
-  op.GetInputCharacteristic = in_kind;
-  op.GetOutputCharacteristic = out_kind;
   op.GetInputMemoryType = in_mem;
   op.GetVariadicInputMinArity = one;
   op.GetVariadicInputHomogeneity = one;
@@ -223,11 +185,32 @@ OrtCustomOp make_op(const char* (ORT_API_CALL *name)(const OrtCustomOp*)) {
   return op;
 }
 
+namespace {
+
+OrtCustomOp make_op(const char* (ORT_API_CALL *name)(const OrtCustomOp*)) {
+  OrtCustomOp op = base_op();
+  op.CreateKernelV2 = create;
+  op.KernelComputeV2 = compute_v2;
+  op.KernelCompute = compute_v1;
+  op.KernelDestroy = destroy;
+  op.GetName = name;
+  op.GetInputType = in_type;
+  op.GetInputTypeCount = n_inputs;
+  op.GetOutputType = out_type;
+  op.GetOutputTypeCount = n_outputs;
+  op.GetInputCharacteristic = in_kind;
+  op.GetOutputCharacteristic = out_kind;
+  return op;
+}
+
 OrtCustomOp g_qmatmul4 = make_op(name4);  // outlive every session
 OrtCustomOp g_qmatmul8 = make_op(name8);
 OrtCustomOpDomain* g_domain = nullptr;
 
 }  // namespace
+}  // namespace specrt
+
+using namespace specrt;
 
 SPECRT_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
   const OrtApi* api = base->GetApi(ORT_API_VERSION);
@@ -237,6 +220,7 @@ SPECRT_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* optio
     TRY(api->CreateCustomOpDomain("specrt", &g_domain));
     TRY(api->CustomOpDomain_Add(g_domain, &g_qmatmul4));
     TRY(api->CustomOpDomain_Add(g_domain, &g_qmatmul8));
+    TRY(api->CustomOpDomain_Add(g_domain, packed_attention_op()));
   }
   return api->AddCustomOpDomain(options, g_domain);
 }

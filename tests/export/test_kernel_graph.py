@@ -56,11 +56,37 @@ def test_written_where_the_form_applies(bundles):
     assert after["MatMulNBits"] == after["4-bit/16 MatMulNBits"] == 2
     # the mins' corrections (Q4_K x3, Q4_1, Q5_1, Q5_K) went into the operators
     assert after["MatMul"] == before["MatMul"] - 6
-    assert not load_manifest(bundles["int4-l0"]).target.packed.kernels  # level 0: fp32 compute, left alone
+    # each layer's per-lane attention (a Gather and a GQA per lane, a Concat, the unpack Gather)
+    # is one PackedAttention over every lane
+    layers = man.target.kv.layers
+    assert before["GroupQueryAttention"] == 4 * layers and after["GroupQueryAttention"] == 0
+    assert after["PackedAttention"] == layers
+    # level 0 computes its projections in fp32, left alone; its attention runs on the operator
+    l0 = load_manifest(bundles["int4-l0"]).target
+    ops = _ops(bundles["int4-l0"] / l0.packed.kernel_file(2))
+    assert ops["PackedAttention"] == l0.kv.layers and not ops["QMatMul4"] + ops["QMatMul8"] + ops["GroupQueryAttention"]
 
 
 def test_a_rows_bits_do_not_depend_on_the_call(bundles):
     assert check_row_invariance(bundles["gguf"], [100, 3, 230, 40, 17, 200, 64, 120], kernels=True) == 18
+    # fp32 projections (MLAS SGEMM, which the fillers keep off M = 1) with the attention operator
+    assert check_row_invariance(bundles["int4-l0"], [70, 130, 5, 64, 63, 200, 1, 33], kernels=True) == 18
+
+
+def test_the_attention_operator_computes_what_gqa_does(bundles):
+    """Level 0 graphs differ only in their attention: the operator's logits match GQA's to float
+    rounding, at short and longer contexts and across the softmax's 64-position chunks."""
+    rng = np.random.default_rng(5)
+    for ctx, T in ((0, 7), (63, 3), (150, 17)):
+        toks = rng.integers(3, 120, ctx + T)
+        out = {}
+        for kernels in (False, True):
+            _, _, pm = packed_model(bundles["int4-l0"], slots=1, lanes=1, kernels=kernels)
+            assert pm.graph.name == ("packed1.kernels.onnx" if kernels else "packed1.onnx")
+            fill_slot(pm, 0, toks[:ctx])
+            out[kernels] = pm.run(0, toks[ctx:], ctx).copy()
+        assert not np.array_equal(out[True], out[False])  # another kernel ran
+        np.testing.assert_allclose(out[True], out[False], rtol=0, atol=2e-4 * np.abs(out[False]).max())
 
 
 def test_as_close_to_the_gguf_weights_as_matmulnbits(bundles):

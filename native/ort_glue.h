@@ -1,0 +1,61 @@
+// What the library's operators share: the onnxruntime API (set when the library registers),
+// status helpers, tensor access and the instruction set chosen for this CPU.
+#pragma once
+#include <onnxruntime_c_api.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace specrt {
+
+extern const OrtApi* g_api;
+
+enum Isa { kRef = 0, kVnni = 1, kAmx = 2 };
+// The best the CPU has, lowered by SPECRT_KERNELS_ISA=ref|vnni (tests compare the forms).
+int best_isa();
+
+#define SPECRT_TRY(expr)     \
+  do {                       \
+    OrtStatus* _st = (expr); \
+    if (_st) return _st;     \
+  } while (0)
+
+inline OrtStatus* fail(const char* op, const std::string& msg) {
+  return g_api->CreateStatus(ORT_INVALID_ARGUMENT, ("specrt " + std::string(op) + ": " + msg).c_str());
+}
+
+// Input i -> its value and dims; a null value when the optional input is absent.
+inline OrtStatus* input(OrtKernelContext* ctx, size_t i, const OrtValue** v, std::vector<int64_t>* dims) {
+  SPECRT_TRY(g_api->KernelContext_GetInput(ctx, i, v));
+  if (!*v) return nullptr;
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  SPECRT_TRY(g_api->GetTensorTypeAndShape(*v, &info));
+  size_t rank = 0;
+  OrtStatus* st = g_api->GetDimensionsCount(info, &rank);
+  if (!st) dims->resize(rank), st = g_api->GetDimensions(info, dims->data(), rank);
+  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  return st;
+}
+
+inline int64_t count(const std::vector<int64_t>& d) {
+  int64_t n = 1;
+  for (int64_t v : d) n *= v;
+  return n;
+}
+
+template <typename T>
+OrtStatus* data(const OrtValue* v, T** out) {
+  void* p = nullptr;
+  SPECRT_TRY(g_api->GetTensorMutableData(const_cast<OrtValue*>(v), &p));
+  *out = static_cast<T*>(p);
+  return nullptr;
+}
+
+// An operator with the callbacks every op of the library shares (CPU, any opset version,
+// variadic groups homogeneous and at least one long); the rest is the op's own.
+OrtCustomOp base_op();
+
+OrtCustomOp* packed_attention_op();  // attention_op.cc
+
+}  // namespace specrt
