@@ -9,7 +9,6 @@ chunk boundaries, and in the portable and AVX-512 forms.
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
