@@ -150,8 +150,10 @@ def test_pack_bundle_adds_the_graphs_to_an_older_bundle(bundles, tmp_path):
         f.unlink()
     assert not load_manifest(b).target.packed.graph
     paths = pack_bundle(b, lanes=(1, 4))
-    assert [p.name for p in paths] == ["packed1.onnx", "packed4.onnx"]
+    # and their attention on specrt's operator (export/kernel_attention.py)
+    assert [p.name for p in paths] == ["packed1.onnx", "packed4.onnx", "packed1.kernels.onnx", "packed4.kernels.onnx"]
     assert load_manifest(b).target.packed.lanes == [1, 4]
+    assert load_manifest(b).target.packed.kernels == "target/packed{lanes}.kernels.onnx"
 
 
 @pytest.mark.slow
