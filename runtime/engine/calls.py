@@ -108,20 +108,23 @@ class ModelCalls:
         self._count(model)
         return out
 
-    def packed(self, model, entries: list[tuple[Request, np.ndarray]], keep: int | None = None) -> list[np.ndarray]:
+    def packed(self, model, entries: list[tuple], keep: int | None = None) -> list[np.ndarray]:
         """One packed call (runtime/backends/packed.py) holding every entry's tokens at its
-        track's length in its slot: at most `model.lanes` entries. -> per entry logits [T, V],
-        views of the model's output buffer (valid until the next call on `model`)."""
+        track's length in its slot: at most `model.lanes` entries, each (request, tokens) or
+        (request, tokens, keep) (its last `keep` rows of logits; default `keep`, None: all).
+        -> per entry logits [T or keep, V], views of the model's output buffer (valid until the
+        next call on `model`)."""
         pool = model.pool
         seqs = []
-        for r, tokens in entries:
+        for r, tokens, *own in entries:
             tokens = np.asarray(tokens, dtype=np.int64)
+            k = own[0] if own else keep
             pos, ids = pool.reserve(model.track, r.slot, len(tokens)), tokens
             if self._last_row(model, len(tokens), pos):  # the token before goes first: its row is not kept
                 pos, ids, _ = self._widen(model, r, tokens, pos, 2)
-            seqs.append((r.slot, ids, pos, len(tokens) if keep is None else min(keep, len(tokens))))
+            seqs.append((r.slot, ids, pos, len(tokens) if k is None else min(k, len(tokens))))
         out = model.run_packed(seqs)
-        for r, tokens in entries:
+        for r, tokens, *_ in entries:
             pool.advance(model.track, r.slot, len(tokens))
         self._count(model)
         return out

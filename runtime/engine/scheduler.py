@@ -6,7 +6,9 @@ A step:
      of its prompt is already computed (runtime/engine/prefix.py: idle slots keep what finished
      requests held; running ones share their committed rows);
   3. prefill: the rest of each prompt, in chunks, oldest request first, up to one widest call's
-     worth of tokens per step: a long prompt holds the others up by at most one chunk;
+     worth of tokens per step: a long prompt holds the others up by at most one chunk. On a
+     packed target the chunks ride in the round's target call (one call per step for every
+     request, as llama.cpp's server batches them), or share one call when nothing decodes;
   4. decode: one speculation round over the decoding rows (runtime/engine/speculate.py:
      choose k, propose, verify, commit), whose calls go through runtime/engine/calls.py;
   5. emit: committed tokens to each request's client, up to EOS, its length or its grammar's
@@ -234,26 +236,50 @@ class Scheduler:
             self.counters.prefix_cache_hits += r.prefilled
 
     # --- 3: prefill --------------------------------------------------------------------------
-    def _prefill(self) -> None:
-        """Prompt chunks, oldest request first, up to one widest call's worth of tokens per step
-        (several short prompts may share the budget; each is its own call)."""
-        budget = self.target.max_prefill_t
-        for r in [r for r in self.running if r.state == PREFILL]:
-            if budget <= 0:
-                return
-            budget -= self._prefill_chunk(r, budget)
+    def _chunks(self, lanes: int, tokens: int) -> list[tuple[Request, list[int]]]:
+        """This step's prompt chunks: oldest request first, at most `lanes` of them and one
+        widest call's worth of tokens (and at most `tokens`): a long prompt holds the others up
+        by at most one chunk a step."""
+        budget, out = min(self.target.max_prefill_t, tokens), []
+        for r in self.running:
+            if budget <= 0 or len(out) == lanes:
+                break
+            if r.state == PREFILL:
+                out.append((r, r.prompt[r.prefilled : r.prefilled + budget]))
+                budget -= len(out[-1][1])
+        return out
 
-    def _prefill_chunk(self, r: Request, budget: int) -> int:
-        chunk = r.prompt[r.prefilled : r.prefilled + budget]
+    def _prefill(self) -> None:
+        """A step without decoding rows (or on a target that does not pack): its prompt chunks
+        in one packed call where the target packs, else a call each."""
+        packs = getattr(self.target, "packs", False)
+        chunks = self._chunks(self.target.lanes if packs else len(self.running), self.target.max_prefill_t)
+        if packs and len(chunks) > 1:
+            try:
+                raws = self.calls.packed(self.target, [(r, c, 1) for r, c in chunks])
+            except Exception:  # noqa: BLE001 - whose chunk was it? each alone below
+                pass
+            else:
+                for (r, c), raw in zip(chunks, raws, strict=True):
+                    self._read(r, len(c), raw[-1])
+                return
+        for r, c in chunks:
+            with alone(self._fail, r):
+                row = self.calls.one(self.target, r, c, keep=1)[-1]
+            if r.state != DONE:
+                self._read(r, len(c), row)
+
+    def _read(self, r: Request, n: int, row: np.ndarray) -> None:
+        """`r` read n more prompt tokens; row: the logits of the last. After the prompt's last
+        chunk the request picks its first token (sent) and decodes from the next step."""
         first = None
         with alone(self._fail, r):
-            row = self.calls.one(self.target, r, chunk, keep=1)[-1]
-            r.prefilled += len(chunk)
+            r.prefilled += n
             if r.prefilled == len(r.prompt):
                 check_finite(row)
                 first = pick(r, process(r, row[None])[0])
         if first is None:  # more chunks to come, or the request failed
-            return len(chunk)
+            return
         now = time.perf_counter()
         r.t_first = now
         r.stats.ttft_ms = 1000 * (now - r.t_submit)
@@ -261,7 +287,6 @@ class Scheduler:
         r.state = DECODE
         self.counters.prefill_tokens += len(r.prompt) - r.stats.cached_tokens
         self._emit(r, [first], row[None])
-        return len(chunk)
 
     def _emit(self, r: Request, new: list[int], raw: np.ndarray) -> int:
         """Send committed tokens up to EOS / max_new_tokens (with their logprobs, from the raw
@@ -307,11 +332,23 @@ class Scheduler:
     # --- the step ----------------------------------------------------------------------------
     def step(self, take_waiting=lambda: None) -> None:
         self.admit(take_waiting)
-        self._prefill()
-        rows = [r for r in self.running if r.state == DECODE and not r.cancelled]
-        if rows:
-            for o in self.round.run(rows, self.costs, len(self.running)):
-                if o.error is not None:
-                    self._fail(o.r, o.error)
-                else:
-                    self.counters.tokens += self._emit(o.r, o.tokens, o.raw)
+        rows = self._decoding()
+        packs = getattr(self.target, "packs", False)
+        if not (rows and packs):  # prompt chunks in calls of their own, before the round
+            self._prefill()
+            rows = self._decoding()
+        if not rows:
+            return
+        outcomes = self.round.run(rows, self.costs, len(self.running), self._chunks if packs else None)
+        for r, n, row in self.round.read:  # chunks that rode in the round's call
+            self._read(r, n, row)
+        if packs and not self.round.read:  # its calls were full (more rows than lanes)
+            self._prefill()
+        for o in outcomes:
+            if o.error is not None:
+                self._fail(o.r, o.error)
+            else:
+                self.counters.tokens += self._emit(o.r, o.tokens, o.raw)
+
+    def _decoding(self) -> list[Request]:
+        return [r for r in self.running if r.state == DECODE and not r.cancelled]

@@ -93,16 +93,21 @@ class Round:
         self.planner = Planner(plan_batches)
         self.outcomes: list[Outcome] = []  # this round's, in the order they happened
         self.failed: set[int] = set()  # ids of this round's requests that failed
+        self.read: list[tuple[Request, int, np.ndarray]] = []  # prompt chunks that rode in its call
 
     def fail(self, r: Request, e: Exception) -> None:
         self.outcomes.append(Outcome(r, [], error=e))
         self.failed.add(r.id)
 
-    def run(self, rows: list[Request], costs, running: int) -> list[Outcome]:
+    def run(self, rows: list[Request], costs, running: int, ride=None) -> list[Outcome]:
         """One round for every decoding row -> one Outcome per row, in order of events.
         costs: adaptive.Costs (None: no batch plan); running: requests in the engine (costs are
-        learned only from a request running alone: batched times are the plan's)."""
-        self.outcomes, self.failed = [], set()
+        learned only from a request running alone: batched times are the plan's).
+        ride(free lanes, free tokens) -> [(request, prompt chunk)]: on a packed target, chunks
+        of prompts being read that go into the round's last call, as llama.cpp's server puts
+        them into its one batch; each read chunk lands in `self.read` as (request, tokens,
+        its last logits row), a failed one as its request's Outcome."""
+        self.outcomes, self.failed, self.read = [], set(), []
         ks = self.planner.choose_ks(rows, costs, running)
         t0 = time.perf_counter()
         proposals = self.propose([r for r, k in zip(rows, ks, strict=True) if k > 0],
@@ -116,7 +121,7 @@ class Round:
         c.rows += len(rows)
         c.drafting_steps += bool(drafting)
         if getattr(self.target, "packs", False):
-            self.packed(rows, proposals, draft_ms if drafting else 0.0, running == 1)
+            self.packed(rows, proposals, draft_ms if drafting else 0.0, running == 1, ride)
             return self.outcomes
         if plain:
             self.decode_plain(plain, draft_ms if drafting else 0.0, running == 1)
@@ -181,34 +186,49 @@ class Round:
             pol.costs.observe(0, 0.0, verify_ms, context=len(r.seq))
         self.commit(r, NO_DRAFT, 0, nxt, draft_ms, verify_ms, raw)
 
-    def packed(self, rows: list[Request], proposals: dict[int, Proposal], draft_ms: float, learn: bool) -> None:
+    def packed(self, rows: list[Request], proposals: dict[int, Proposal], draft_ms: float, learn: bool,
+               ride=None) -> None:
         """Every row's tokens in one packed target call (runtime/backends/packed.py; calls of
         `lanes` rows at most): [last] for a plain row, [last, d0 .. dk-1] for a drafting one;
-        each row then verifies and commits from its own rows of the call."""
+        each row then verifies and commits from its own rows of the call. The last call also
+        carries the prompt chunks `ride` hands it (`run`)."""
         lanes = self.target.lanes
         for a in range(0, len(rows), lanes):
             group = rows[a : a + lanes]
             props = [proposals.get(r.id, NO_DRAFT) for r in group]
+            entries = [(r, np.concatenate(([r.seq[-1]], p.tokens))) for r, p in zip(group, props, strict=True)]
+            last = a + lanes >= len(rows)  # the call with free lanes, if any
+            extra = ride(lanes - len(group), self.target.max_tokens - sum(len(t) for _, t in entries)) \
+                if last and ride is not None else []
             t0 = time.perf_counter()
             try:
-                raws = self.calls.packed(self.target, [(r, np.concatenate(([r.seq[-1]], p.tokens)))
-                                                       for r, p in zip(group, props, strict=True)])
+                raws = self.calls.packed(self.target, entries + [(r, c, 1) for r, c in extra])
             except Exception as e:  # noqa: BLE001 - the call failed: whose row was it?
-                if len(group) == 1:
-                    self.fail(group[0], e)
-                    continue
-                # each row again in a call of its own (the same bits: rows do not depend on the
-                # call), so a failure ends only the request whose call fails alone
-                for r, p in zip(group, props, strict=True):
-                    t0 = time.perf_counter()
-                    with alone(self.fail, r):
-                        raw = self.calls.packed(self.target, [(r, np.concatenate(([r.seq[-1]], p.tokens)))])[0]
-                    if r.id not in self.failed:
-                        self._finish(r, p, raw, draft_ms, 1000 * (time.perf_counter() - t0), len(rows) == 1, learn)
+                self._each_alone(group, props, extra, e, draft_ms, len(rows) == 1, learn)
                 continue
             verify_ms = 1000 * (time.perf_counter() - t0)
-            for r, p, raw in zip(group, props, raws, strict=True):
+            for (r, c), raw in zip(extra, raws[len(group) :], strict=True):
+                self.read.append((r, len(c), raw[-1].copy()))  # the buffer is the next call's
+            for r, p, raw in zip(group, props, raws, strict=False):
                 self._finish(r, p, raw, draft_ms, verify_ms, len(rows) == 1, learn)
+
+    def _each_alone(self, group: list[Request], props: list[Proposal], extra: list, error: Exception,
+                    draft_ms: float, alone_in_step: bool, learn: bool) -> None:
+        """After a failed packed call: each row and chunk again in a call of its own (the same
+        bits: rows do not depend on the call), so a failure ends only the request whose call
+        fails alone."""
+        if len(group) + len(extra) == 1:
+            self.fail((group or [x[0] for x in extra])[0], error)
+            return
+        for r, p in zip(group, props, strict=True):
+            t0 = time.perf_counter()
+            with alone(self.fail, r):
+                raw = self.calls.packed(self.target, [(r, np.concatenate(([r.seq[-1]], p.tokens)))])[0]
+            if r.id not in self.failed:
+                self._finish(r, p, raw, draft_ms, 1000 * (time.perf_counter() - t0), alone_in_step, learn)
+        for r, c in extra:
+            with alone(self.fail, r):
+                self.read.append((r, len(c), self.calls.packed(self.target, [(r, c, 1)])[0][-1].copy()))
 
     def _finish(self, r: Request, p: Proposal, raw: np.ndarray, draft_ms: float, verify_ms: float,
                 alone_in_step: bool, learn: bool) -> None:

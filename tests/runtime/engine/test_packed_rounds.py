@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 import specrt
+from checks import submitted
+from specrt.runtime.engine.request import DECODE
 
 LENS = [24, 40, 17, 33, 28, 12, 36, 20]
 
@@ -84,7 +86,8 @@ def test_drafting_rows_share_the_steps_call(tiny_bundles):
             pipe.close()
     (packed_calls, packed_steps), (plain_calls, _) = calls[True], calls[False]
     assert packed_calls < plain_calls
-    assert packed_calls <= packed_steps + 4  # one per step, plus each prompt's one prefill chunk
+    # one per step: prompt chunks ride in the step's call, or share one when nothing decodes
+    assert packed_calls <= packed_steps + 4
 
 
 def test_a_failing_draft_call_ends_only_its_request(tiny_bundles, monkeypatch):
@@ -123,5 +126,53 @@ def test_a_failing_draft_call_ends_only_its_request(tiny_bundles, monkeypatch):
             t.join(120)
         assert errs == ["draft boom"] and bad.stats.stop_reason == "error"
         assert got[1] == want[1] and got[2] == want[2]
+    finally:
+        pipe.close()
+
+
+@pytest.mark.parametrize("draft", ["none", "model"])
+def test_a_prompt_being_read_rides_in_the_steps_call(tiny_bundles, draft):
+    """B's prompt (several chunks) arrives while A decodes: every step while B reads is one
+    target call holding A's row and B's chunk, and both answers (tokens and logprobs) are their
+    solo ones. Prompt chunks of requests that arrive together share one call."""
+    pipe = specrt.load(tiny_bundles["good"], max_batch=4)
+    try:
+        sched = pipe.scheduler
+        chunk = pipe.parts.target.max_prefill_t
+        g = np.random.default_rng(3)
+        V = pipe.manifest.target.vocab_size
+        pa, pb = [list(map(int, g.integers(3, V - 1, n))) for n in (9, 3 * chunk + 5)]
+        want = {n: _run(pipe, p, 24, draft="none") for n, p in (("a", pa), ("b", pb))}
+        sched.forget_prefixes()  # B reads its whole prompt
+        a = pipe.request(pa, max_new_tokens=24, logprobs=2, draft=draft, adaptive=False, k=3)
+        b = pipe.request(pb, max_new_tokens=24, logprobs=2, draft=draft, adaptive=False, k=3)
+        out = {(r.id, kind): [] for r in (a, b) for kind in ("tokens", "logprobs")}
+        for r in (a, b):
+            r.sink = lambda kind, v, r=r: out[r.id, kind].extend(v) if (r.id, kind) in out else None
+        queue = submitted(a)
+        sched.step(lambda: queue.pop() if queue else None)
+        assert a.state == DECODE
+        queue = submitted(b)
+        calls = []
+        while b.state != DECODE:
+            before = sched.counters.target_calls
+            sched.step(lambda: queue.pop() if queue else None)
+            calls.append(sched.counters.target_calls - before)
+        assert calls == [1, 1, 1, 1] and a.state == DECODE  # 4 chunks, each beside A's row
+        while sched.running:
+            sched.step()
+        for r, name in ((a, "a"), (b, "b")):
+            got = (out[r.id, "tokens"], [(e.token, e.logprob, tuple(e.top)) for e in out[r.id, "logprobs"]])
+            assert got == want[name], name
+        # arriving together: their first chunks share one call
+        sched.forget_prefixes()
+        c, d = (pipe.request(p, max_new_tokens=4, draft="none") for p in (pa, pa[::-1]))
+        queue = submitted(c, d)
+        before = sched.counters.target_calls
+        sched.step(lambda: queue.pop(0) if queue else None)
+        # one call for both prompts, then the round (one call): each has its first two tokens
+        assert sched.counters.target_calls - before == 2 and c.produced == d.produced == 2
+        while sched.running:
+            sched.step()
     finally:
         pipe.close()
