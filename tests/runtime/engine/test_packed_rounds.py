@@ -176,3 +176,38 @@ def test_a_prompt_being_read_rides_in_the_steps_call(tiny_bundles, draft):
             sched.step()
     finally:
         pipe.close()
+
+
+def test_a_chunk_that_fails_in_the_steps_call_ends_only_its_request(tiny_bundles, monkeypatch):
+    """The target call carrying A's row and B's prompt chunk fails where B's chunk is: each is
+    tried alone, B ends with its error, A goes on to its solo answer."""
+    pipe = specrt.load(tiny_bundles["good"], max_batch=4)
+    try:
+        sched, target = pipe.scheduler, pipe.parts.target
+        g = np.random.default_rng(4)
+        V = pipe.manifest.target.vocab_size
+        pa, pb = [list(map(int, g.integers(3, V - 1, n))) for n in (9, 2 * target.max_prefill_t)]
+        want = _run(pipe, pa, 20, draft="none")[0]
+        sched.forget_prefixes()
+        a = pipe.request(pa, max_new_tokens=20, draft="none")
+        b = pipe.request(pb, max_new_tokens=20, draft="none")
+        out, ends = [], {}
+        a.sink = lambda kind, v: out.extend(v) if kind == "tokens" else None
+        b.sink = lambda kind, v: ends.setdefault(kind, v)
+        real = target.run_packed
+
+        def failing(seqs):
+            if any(s == b.slot and len(t) > 1 for s, t, _, _ in seqs):
+                raise RuntimeError("chunk boom")
+            return real(seqs)
+
+        queue = submitted(a)
+        sched.step(lambda: queue.pop() if queue else None)
+        monkeypatch.setattr(target, "run_packed", failing)
+        queue = submitted(b)
+        while sched.running:
+            sched.step(lambda: queue.pop() if queue else None)
+        assert str(ends.get("error")) == "chunk boom" and b.stats.stop_reason == "error"
+        assert out == want
+    finally:
+        pipe.close()
