@@ -1,0 +1,76 @@
+"""PackedAttention against per-lane GroupQueryAttention, per call (docs/benchmarks.md §27):
+the bundle's 8-lane kernel graph against the same graph without the attention fusion (written
+beside it for the run, then removed), so only the attention differs. Median of --reps calls,
+interleaved; prints markdown.
+
+    python tools/attention_costs.py engines/coder [--max-seq-len 4608] [--reps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import onnx
+from call_times import interleaved_medians
+
+import specrt.export.kernel_graph as kg
+from specrt.runtime.backends.kvpool import KVPool
+from specrt.runtime.backends.packed import PackedModel
+from specrt.runtime.bundle.manifest import load_manifest
+
+LANES = 8
+
+
+def without_fusion(folder: Path, entry) -> Path:
+    """The entry's kernel graph as session 18 wrote it (per-lane GQA), beside the real one."""
+    base = (folder / entry.packed.graph).parent
+    arrays: dict = {}
+    m = kg.rewrite(onnx.load(str(folder / entry.packed.file(LANES)), load_external_data=False), base, arrays)
+    where, off = {}, 0
+    for name, arr in arrays.items():  # the layout write_data gave kernels.onnx.data
+        off += -off % 64
+        where[name] = (off, np.ascontiguousarray(arr).nbytes)
+        off += where[name][1]
+    kg.place(m, where)
+    path = base / f"packed{LANES}.gqa-tmp.onnx"
+    onnx.save(m, str(path))
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("bundle", type=Path)
+    ap.add_argument("--max-seq-len", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    e = load_manifest(a.bundle).target
+    pool = KVPool(e.kv, LANES, "cpu", max_seq_len=a.max_seq_len)
+    old_path = without_fusion(a.bundle, e)
+    try:
+        new = PackedModel(a.bundle / e.packed.kernel_file(LANES), e, pool, lanes=LANES, track="n", kernels=True)
+        old = PackedModel(old_path, e, pool, lanes=LANES, track="o", kernels=True)
+        ids = np.arange(5, 5 + 600, dtype=np.int64)
+        pt = new.max_prefill_t
+        cases = [(1, 1, 512), (8, 1, 512), (8, 4, 512), (1, 1, 2000), (8, 1, 2000), (8, 4, 2000),
+                 (1, pt, 0), (1, pt, 512), (1, pt, 1536)]
+        if a.max_seq_len >= 4200:
+            cases += [(1, pt, 3584), (8, 1, 4000)]
+        shapes = {}
+        for rows, T, ctx in cases:
+            seqs = [(s, ids[:T], ctx, 1 if T > 16 else None) for s in range(rows)]
+            for name, m in (("gqa", old), ("op", new)):
+                shapes[(name, rows, T, ctx)] = lambda m=m, seqs=seqs: m.run_packed(seqs)
+        med = interleaved_medians(shapes, a.reps)
+    finally:
+        old_path.unlink()
+    print(f"{a.bundle}: ms per call, median of {a.reps}\n")
+    print("| rows x tokens | context | per-lane GQA | PackedAttention | ratio |\n| --- | --- | --- | --- | --- |")
+    for rows, T, ctx in cases:
+        g, p = med[("gqa", rows, T, ctx)], med[("op", rows, T, ctx)]
+        print(f"| {rows} x {T} | {ctx} | {g:.1f} | {p:.1f} | {g / p:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
