@@ -18,6 +18,7 @@ from checks import fill_slot as _fill
 from checks import packed_model as _models
 from specrt.export import export_bundle
 from specrt.export.packed import LANES, pack_bundle, pack_graph
+from specrt.runtime import kernels
 from specrt.runtime.backends.kvpool import KVPool
 from specrt.runtime.backends.ort import OrtModel
 from specrt.runtime.backends.packed import PackedModel
@@ -161,3 +162,6 @@ def test_a_rows_bits_do_not_depend_on_the_call_default_bundle(default_bundle):
     """The real default target (fp32, S_max 2048): contexts below and above the KV block and at
     the end of the buffer."""
     assert _check_invariance(default_bundle, [505, 40, 1500, 5, 700, 2000, 90, 300], widths=(1, 2, 6, 17)) == 12
+    if kernels.fast():  # its kernel graph: the attention on specrt's operator (export/kernel_attention.py)
+        assert _check_invariance(default_bundle, [505, 40, 1500, 5, 700, 2000, 90, 300], widths=(1, 2, 6, 17),
+                                 kernels=True) == 12
