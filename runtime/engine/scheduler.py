@@ -249,6 +249,11 @@ class Scheduler:
                 budget -= len(out[-1][1])
         return out
 
+    def _to_read(self) -> int:
+        """Prompt tokens this step reads: one widest call's worth at most."""
+        left = sum(len(r.prompt) - r.prefilled for r in self.running if r.state == PREFILL)
+        return min(left, self.target.max_prefill_t)
+
     def _prefill(self) -> None:
         """A step without decoding rows (or on a target that does not pack): its prompt chunks
         in one packed call where the target packs, else a call each."""
@@ -339,7 +344,8 @@ class Scheduler:
             rows = self._decoding()
         if not rows:
             return
-        outcomes = self.round.run(rows, self.costs, len(self.running), self._chunks if packs else None)
+        outcomes = self.round.run(rows, self.costs, len(self.running), self._chunks if packs else None,
+                                  self._to_read())
         for r, n, row in self.round.read:  # chunks that rode in the round's call
             self._read(r, n, row)
         if packs and not self.round.read:  # its calls were full (more rows than lanes)

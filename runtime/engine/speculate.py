@@ -99,16 +99,17 @@ class Round:
         self.outcomes.append(Outcome(r, [], error=e))
         self.failed.add(r.id)
 
-    def run(self, rows: list[Request], costs, running: int, ride=None) -> list[Outcome]:
+    def run(self, rows: list[Request], costs, running: int, ride=None, reading: int = 0) -> list[Outcome]:
         """One round for every decoding row -> one Outcome per row, in order of events.
         costs: adaptive.Costs (None: no batch plan); running: requests in the engine (costs are
         learned only from a request running alone: batched times are the plan's).
         ride(free lanes, free tokens) -> [(request, prompt chunk)]: on a packed target, chunks
         of prompts being read that go into the round's last call, as llama.cpp's server puts
         them into its one batch; each read chunk lands in `self.read` as (request, tokens,
-        its last logits row), a failed one as its request's Outcome."""
+        its last logits row), a failed one as its request's Outcome. reading: how many prompt
+        tokens will ride (the batch plan prices the call with them)."""
         self.outcomes, self.failed, self.read = [], set(), []
-        ks = self.planner.choose_ks(rows, costs, running)
+        ks = self.planner.choose_ks(rows, costs, running, reading if ride is not None else 0)
         t0 = time.perf_counter()
         proposals = self.propose([r for r, k in zip(rows, ks, strict=True) if k > 0],
                                  {r.id: k for r, k in zip(rows, ks, strict=True)})

@@ -43,10 +43,11 @@ class Row:
     read_per_token: float = 0.0  # a separate draft's catching up (ms) over the tokens the row has left
 
 
-def step_ms(rows: list[Row], ks: list[int], costs: Costs) -> float:
-    """The time model of one step (the docstring's formula), for one choice of k per row."""
+def step_ms(rows: list[Row], ks: list[int], costs: Costs, reading: int = 0) -> float:
+    """The time model of one step (the docstring's formula), for one choice of k per row.
+    reading: prompt tokens that ride in a packed step's call."""
     if costs.packed:
-        ms = float(costs.call_ms(sum(k + 1 for k in ks)))
+        ms = float(costs.call_ms(reading + sum(k + 1 for k in ks)))
         ms += sum(costs.scale * costs.extra_ms(k + 1, r.context) for r, k in zip(rows, ks, strict=True))
     else:
         plain = [r.context for r, k in zip(rows, ks, strict=True) if k == 0]
@@ -59,10 +60,13 @@ def step_ms(rows: list[Row], ks: list[int], costs: Costs) -> float:
     return ms
 
 
-def plan(rows: list[Row], costs: Costs) -> list[int]:
+def plan(rows: list[Row], costs: Costs, reading: int = 0) -> list[int]:
     """k per row (0 = a plain row of the batched call) maximizing tokens per ms. Every (ceiling
     c, drafting rows m) pair at once, in arrays of [c, m, j] (<= 16^3 for 16 rows): a step's plan
-    costs tens of microseconds, not a Python search that grew with rows^2 * k^2."""
+    costs tens of microseconds, not a Python search that grew with rows^2 * k^2. reading: prompt
+    tokens that ride in a packed step's call (runtime/engine/scheduler.py): the call is wider
+    whatever the rows do, so a choice is worth its tokens less the time it takes at the rate a
+    step without the chunk reaches (draft tokens priced where the wider call's cost curve is)."""
     n = len(rows)
     K = max((r.k for r in rows), default=0)
     if n == 0 or K == 0:
@@ -93,20 +97,31 @@ def plan(rows: list[Row], costs: Costs) -> list[int]:
     depth = np.cumsum((ks_s[:, :, None] >= js) & model[:, :, None], axis=1)  # [C, m, j] rows drafting step j
     verify = np.take_along_axis(v, ks_s[:, :, None], 2)[:, :, 0]  # [C, m]
     attention = plain_extra.sum() - np.cumsum(plain_extra[order], axis=1) + np.cumsum(ks_s * draft_extra[order], axis=1)
+    read = np.cumsum(exp_s * np.array([r.read_per_token for r in rows])[order], axis=1)
+    tokens = (n - m)[None, :] + np.cumsum(exp_s, axis=1)
     if costs.packed:  # one call of n + sum(k) tokens; a drafting row's own attention share on top
-        base = costs.verify_curve(K + 1)
-        v_extra = verify - base[ks_s]
-        plain_all = n / (float(costs.call_ms(n)) + plain_extra.sum())
-        t = costs.call_ms(n + np.cumsum(ks_s, axis=1)) + np.cumsum(v_extra, axis=1) + d_ms[depth].sum(axis=2) + attention
+        v_extra = np.cumsum(verify - costs.verify_curve(K + 1)[ks_s], axis=1)
+        drafts = d_ms[depth].sum(axis=2) + attention + v_extra + read
+
+        def times(chunk: int):  # (every row plain, each choice) with `chunk` prompt tokens riding
+            return (float(costs.call_ms(n + chunk)) + plain_extra.sum(),
+                    costs.call_ms(n + chunk + np.cumsum(ks_s, axis=1)) + drafts)
+
+        plain_t, t = times(0)
     else:
         r_ms = np.array([0.0] + [costs.target_rows_ms(b) for b in range(1, n + 1)])
-        plain_all = n / (r_ms[n] + plain_extra.sum())  # every row plain: target_rows_ms(n, contexts)
-        t = r_ms[n - m][None, :] + np.cumsum(verify, axis=1) + d_ms[depth].sum(axis=2) + attention
-    # a drafting row's catching up, paid once and amortized over the tokens it serves: what this
-    # step commits of them (docstring, "Catching up")
-    t = t + np.cumsum(exp_s * np.array([r.read_per_token for r in rows])[order], axis=1)
-    tokens = (n - m)[None, :] + np.cumsum(exp_s, axis=1)
+        plain_t = r_ms[n] + plain_extra.sum()  # every row plain: target_rows_ms(n, contexts)
+        t = r_ms[n - m][None, :] + np.cumsum(verify, axis=1) + d_ms[depth].sum(axis=2) + attention + read
     rate = np.where(valid, tokens / t, -np.inf)
+    if costs.packed and reading:
+        # a prompt chunk rides in the call: what each choice adds to the step must earn what a
+        # step without it earns at its best (the chunk's cost is the same for every choice)
+        best = max(n / plain_t, float(rate.max()))
+        plain_t, t = times(reading)
+        rate = np.where(valid, tokens - best * t, -np.inf)
+        plain_all = n - best * plain_t
+    else:
+        plain_all = n / plain_t
     c, mm = np.unravel_index(int(np.argmax(rate)), rate.shape)
     if rate[c, mm] <= plain_all:
         return [0] * n
@@ -138,11 +153,12 @@ class Planner:
         """Drop the remembered "no drafting" plan (the next step plans afresh)."""
         self.idle = IdlePlan()
 
-    def choose_ks(self, rows: list[Request], costs, running: int | None = None) -> list[int]:
+    def choose_ks(self, rows: list[Request], costs, running: int | None = None, reading: int = 0) -> list[int]:
         """running: requests in the engine, those still reading their prompts included (None:
         only these rows). A row that would start catching up drafts only if drafting still pays
         once those requests decode beside it: its reading serves its remaining tokens, which it
-        will mostly spend in the fuller batch."""
+        will mostly spend in the fuller batch. reading: prompt tokens that ride in this step's
+        packed call (`plan`)."""
         n = len(rows)
         joining = max(0, (running or n) - n)
         if self.idle.rows == n and self.idle.steps_left > 0 and all(r.policies for r in rows):
@@ -161,7 +177,7 @@ class Planner:
             ks.append(k)
         if self.plan_batches and planned and costs is not None and n > 1:
             # rows with a fixed k keep it; adaptive rows share the step's cost model
-            capped = plan([row for _, row in planned], costs)
+            capped = plan([row for _, row in planned], costs, reading)
             for (i, _), k in zip(planned, capped, strict=True):
                 ks[i] = min(ks[i], k)
         if self.plan_batches and planned and costs is not None and joining and any(r.read_per_token for _, r in planned):

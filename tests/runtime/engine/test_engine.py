@@ -398,26 +398,33 @@ def test_plan_drafts_alone_and_stops_under_load():
     assert sum(plan([Row(5, good[:6], lookup=True) for _ in range(3)], costs)) > 0
 
 
-def test_plan_equals_a_brute_force_search():
+@pytest.mark.parametrize("packed,reading", [(False, 0), (True, 0), (True, 40)])
+def test_plan_equals_a_brute_force_search(packed, reading):
     """The vectorized plan finds the best (ceiling, drafting rows) of the search it replaces, on
-    random rows: mixed k, acceptance, n-gram and model routes."""
+    random rows: mixed k, acceptance, n-gram and model routes. With a prompt chunk riding in a
+    packed step's call, the best is the most tokens less the step's time at the best rate a step
+    without the chunk reaches."""
     from specrt.runtime.policy.plan import step_ms
 
-    costs = Costs({1: 19.3, 2: 19.6, 3: 20.5, 5: 21.8, 9: 25.2, 17: 32.8}, draft_ms=7.2,
+    costs = Costs({1: 19.3, 2: 19.6, 3: 20.5, 5: 21.8, 9: 25.2, 17: 32.8, 64: 90.0}, draft_ms=7.2,
                   rows_ms={1: 19.3, 2: 20.2, 4: 21.2, 8: 28.5}, draft_rows_ms={1: 7.2, 2: 8.1, 4: 10.8, 8: 18.3})
+    costs.packed = packed
 
-    def rate(rows, ks):
-        return sum(r.expected[k] if k else 1.0 for r, k in zip(rows, ks, strict=True)) / step_ms(rows, ks, costs)
+    def value(rows, ks, best=None):
+        tokens = sum(r.expected[k] if k else 1.0 for r, k in zip(rows, ks, strict=True))
+        if best is None:
+            return tokens / step_ms(rows, ks, costs)
+        return tokens - best * step_ms(rows, ks, costs, reading)
 
-    def brute(rows):
-        n, best = len(rows), rate(rows, [0] * len(rows))
+    def brute(rows, best=None):
+        n, top = len(rows), value(rows, [0] * len(rows), best)
         for cap in range(1, max(r.k for r in rows) + 1):
             ks = [min(r.k, cap) for r in rows]
             order = sorted((i for i in range(n) if ks[i] > 0), key=lambda i: -rows[i].expected[ks[i]])
             for m in range(1, len(order) + 1):
                 trial = [ks[i] if i in order[:m] else 0 for i in range(n)]
-                best = max(best, rate(rows, trial))
-        return best
+                top = max(top, value(rows, trial, best))
+        return top
 
     g = np.random.default_rng(0)
     for _ in range(150):
@@ -425,7 +432,26 @@ def test_plan_equals_a_brute_force_search():
         for _ in range(int(g.integers(1, 9))):
             k, a = int(g.integers(0, 9)), g.uniform(0.3, 0.98)
             rows.append(Row(k, np.concatenate(([1.0], 1 + np.cumsum(np.cumprod(np.full(k, a))))), bool(g.random() < 0.3)))
-        assert rate(rows, plan(rows, costs)) == pytest.approx(brute(rows), rel=1e-12)
+        best = brute(rows)
+        if reading:
+            assert value(rows, plan(rows, costs, reading), best) == pytest.approx(brute(rows, best), rel=1e-9, abs=1e-9)
+        else:
+            assert value(rows, plan(rows, costs)) == pytest.approx(best, rel=1e-12)
+
+
+def test_a_riding_prompt_chunk_prices_draft_tokens_at_the_calls_width():
+    """A packed call's cost is flat while the weights stream (up to ~9 tokens here), then grows
+    with every token. Four rows draft when the step is theirs; with a 64-token prompt chunk in the
+    call each draft token costs its share of the compute, and the plan drafts less (not more, as
+    it would if the chunk's time counted as the rows' own)."""
+    costs = Costs({1: 20.0, 2: 20.2, 4: 20.6, 9: 21.5, 17: 30.0, 64: 80.0, 128: 150.0}, draft_ms=4.0,
+                  draft_rows_ms={1: 4.0, 2: 4.4, 4: 5.0})
+    costs.packed = True
+    def rows(a):
+        return [Row(4, np.concatenate(([1.0], 1 + np.cumsum(np.cumprod(np.full(4, a)))))) for _ in range(4)]
+
+    assert plan(rows(0.9), costs) == [3] * 4 and plan(rows(0.9), costs, 64) == [2] * 4
+    assert plan(rows(0.5), costs) == [1] * 4 and plan(rows(0.5), costs, 64) == [0] * 4
 
 
 @pytest.mark.parametrize("plan_batches,packed", [(True, False), (False, False), (True, True)])
@@ -451,7 +477,7 @@ def test_policy_mode_drafts_nothing_under_load(tiny_bundles, plan_batches, packe
         seen = []
         planner = pipe.scheduler.round.planner
         real = planner.choose_ks
-        planner.choose_ks = lambda rows, costs, running=None: seen.append((len(rows), real(rows, costs, running))) or seen[-1][1]
+        planner.choose_ks = lambda rows, costs, running=None, reading=0: seen.append((len(rows), real(rows, costs, running, reading))) or seen[-1][1]
         gens = [pipe.stream_ids(p, max_new_tokens=20) for p in prompts]
         got = [[t for c in g for t in c] for g in gens]
         assert got == want
