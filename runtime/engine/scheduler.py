@@ -348,13 +348,13 @@ class Scheduler:
                                   self._to_read())
         for r, n, row in self.round.read:  # chunks that rode in the round's call
             self._read(r, n, row)
-        if packs and not self.round.read:  # its calls were full (more rows than lanes)
-            self._prefill()
         for o in outcomes:
             if o.error is not None:
                 self._fail(o.r, o.error)
             else:
                 self.counters.tokens += self._emit(o.r, o.tokens, o.raw)
+        if packs and not self.round.read:  # nothing rode: its calls were full (more rows than
+            self._prefill()  # lanes), or a chunk failed (its request is retired by now)
 
     def _decoding(self) -> list[Request]:
         return [r for r in self.running if r.state == DECODE and not r.cancelled]
