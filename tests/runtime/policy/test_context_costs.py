@@ -117,24 +117,44 @@ def test_a_row_starts_catching_up_only_if_drafting_pays_beside_the_requests_stil
     assert Planner().choose_ks([_Row(costs, lag=0)], costs, running=8)[0] > 0
 
 
+class Clock:
+    """Virtual time for the probe (`perf_counter` is all it reads): a fake model's call advances
+    it by exactly its cost, so the measured costs do not depend on how busy the host is."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def perf_counter(self) -> float:
+        return self.t
+
+
 class Slow:
     """A fake model whose calls take longer the more context they attend to (and a verification
-    call more than a plain step), as attention does: 1 ms + 0.02 ms per position per token past 1."""
+    call more than a plain step), as attention does: 1 ms + 0.02 ms per position per token past 1
+    (on `clock` when given, else slept)."""
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, clock: Clock | None = None):
+        self.model, self.clock = model, clock
 
     def __getattr__(self, name):
         return getattr(self.model, name)
 
     def run(self, slot, tokens, past_len, hidden=None, keep=None):
-        time.sleep((1.0 + 0.02 * past_len * (len(tokens) - 1)) / 1000)
+        ms = 1.0 + 0.02 * past_len * (len(tokens) - 1)
+        if self.clock is not None:
+            self.clock.t += ms / 1000
+        else:
+            time.sleep(ms / 1000)
         return self.model.run(slot, tokens, past_len, hidden, keep)
 
 
-def test_the_probe_measures_the_growth_and_the_policy_follows_it(tmp_path):
+def test_the_probe_measures_the_growth_and_the_policy_follows_it(tmp_path, monkeypatch):
+    from specrt.runtime.policy import adaptive
+
     parts = fake_parts(tmp_path, draft="separate", slots=2)
-    costs = measure_costs(Slow(parts.target), parts.draft, 0, 9, reps=3, context=16, far=240)
+    clock = Clock()
+    monkeypatch.setattr(adaptive, "time", clock)
+    costs = measure_costs(Slow(parts.target, clock), parts.draft, 0, 9, reps=3, context=16, far=240)
     assert costs.context == 16
     assert costs.slope[9] > costs.slope[1] >= 0  # measured, not told
     p = _learned(costs)
