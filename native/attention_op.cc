@@ -186,11 +186,6 @@ OrtStatus* ORT_API_CALL create(const OrtCustomOp*, const OrtApi*, const OrtKerne
   return nullptr;
 }
 
-OrtStatus* ORT_API_CALL compute_v2(void* k, OrtKernelContext* ctx) { return compute(*static_cast<Kernel*>(k), ctx); }
-void ORT_API_CALL compute_v1(void* k, OrtKernelContext* ctx) {
-  if (OrtStatus* st = compute(*static_cast<Kernel*>(k), ctx)) g_api->ReleaseStatus(st);
-}
-void ORT_API_CALL destroy(void* k) { delete static_cast<Kernel*>(k); }
 ONNXTensorElementDataType ORT_API_CALL in_type(const OrtCustomOp*, size_t i) {
   return i == 3 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32
                 : (i >= 4 && i <= 6 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
@@ -207,11 +202,8 @@ OrtCustomOpInputOutputCharacteristic ORT_API_CALL out_kind(const OrtCustomOp*, s
 int ORT_API_CALL two(const OrtCustomOp*) { return 2; }
 
 OrtCustomOp make() {
-  OrtCustomOp op = base_op();
+  OrtCustomOp op = kernel_op<Kernel, compute>();
   op.CreateKernelV2 = create;
-  op.KernelComputeV2 = compute_v2;
-  op.KernelCompute = compute_v1;
-  op.KernelDestroy = destroy;
   op.GetName = name;
   op.GetInputType = in_type;
   op.GetInputTypeCount = n_inputs;

@@ -56,6 +56,24 @@ OrtStatus* data(const OrtValue* v, T** out) {
 // variadic groups homogeneous and at least one long); the rest is the op's own.
 OrtCustomOp base_op();
 
+// base_op() running kernels of type K (made by the op's CreateKernelV2) with compute(K, ctx):
+// both compute entry points (the older one drops a failure's status) and the kernel's deletion.
+template <typename K, OrtStatus* (*Compute)(const K&, OrtKernelContext*)>
+OrtCustomOp kernel_op() {
+  struct Calls {
+    static OrtStatus* ORT_API_CALL v2(void* k, OrtKernelContext* ctx) { return Compute(*static_cast<K*>(k), ctx); }
+    static void ORT_API_CALL v1(void* k, OrtKernelContext* ctx) {
+      if (OrtStatus* st = Compute(*static_cast<K*>(k), ctx)) g_api->ReleaseStatus(st);
+    }
+    static void ORT_API_CALL destroy(void* k) { delete static_cast<K*>(k); }
+  };
+  OrtCustomOp op = base_op();
+  op.KernelComputeV2 = Calls::v2;
+  op.KernelCompute = Calls::v1;
+  op.KernelDestroy = Calls::destroy;
+  return op;
+}
+
 OrtCustomOp* packed_attention_op();  // attention_op.cc
 
 }  // namespace specrt

@@ -147,11 +147,6 @@ OrtStatus* ORT_API_CALL create(const OrtCustomOp* op, const OrtApi*, const OrtKe
   return nullptr;
 }
 
-OrtStatus* ORT_API_CALL compute_v2(void* k, OrtKernelContext* ctx) { return compute(*static_cast<Kernel*>(k), ctx); }
-void ORT_API_CALL compute_v1(void* k, OrtKernelContext* ctx) {
-  if (OrtStatus* st = compute(*static_cast<Kernel*>(k), ctx)) g_api->ReleaseStatus(st);
-}
-void ORT_API_CALL destroy(void* k) { delete static_cast<Kernel*>(k); }
 const char* ORT_API_CALL provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
 ONNXTensorElementDataType ORT_API_CALL in_type(const OrtCustomOp*, size_t i) {
   return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
@@ -188,11 +183,8 @@ OrtCustomOp base_op() {
 namespace {
 
 OrtCustomOp make_op(const char* (ORT_API_CALL *name)(const OrtCustomOp*)) {
-  OrtCustomOp op = base_op();
+  OrtCustomOp op = kernel_op<Kernel, compute>();
   op.CreateKernelV2 = create;
-  op.KernelComputeV2 = compute_v2;
-  op.KernelCompute = compute_v1;
-  op.KernelDestroy = destroy;
   op.GetName = name;
   op.GetInputType = in_type;
   op.GetInputTypeCount = n_inputs;
