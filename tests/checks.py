@@ -196,3 +196,28 @@ def assert_missing_file_is_a_bundle_error(bundle, rel: str, tmp_path) -> None:
     (b / rel).unlink()
     with pytest.raises(BundleError, match=re.escape(rel.rsplit("/", 1)[-1]) + " is missing"):
         load_manifest(b)
+
+
+def kernel_model(graph) -> bytes:
+    """An onnx.GraphProto of specrt's operators (native/) as a serialized model."""
+    from onnx import helper
+
+    from specrt.runtime import kernels
+
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)])
+    m.ir_version = 10
+    return m.SerializeToString()
+
+
+def kernel_session(blob: bytes, form: str, monkeypatch, threads: int = 2):
+    """An onnxruntime session over `blob` with specrt's operators in instruction-set form `form`
+    (ref | vnni | amx; SPECRT_KERNELS_ISA is read when the session creates its kernels)."""
+    import onnxruntime as ort
+
+    from specrt.runtime import kernels
+
+    monkeypatch.setenv("SPECRT_KERNELS_ISA", form)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    kernels.register(so)
+    return ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])

@@ -9,10 +9,11 @@ chunk boundaries, and in the portable and AVX-512 forms.
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from checks import kernel_model
+from checks import kernel_session as session
 from runtime import kernels
 
 FORMS = ("ref",) if kernels.isa() == "ref" else ("ref", "vnni")
@@ -31,18 +32,7 @@ def graph(lanes: int, heads=H, kv_heads=G, scale=0.0) -> bytes:
     ins += [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in ("tokens", "widths", "unpack")]
     ins += [helper.make_tensor_value_info(p, f, None) for p in past]
     outs = [helper.make_tensor_value_info(o, f, None) for o in node.output]
-    m = helper.make_model(helper.make_graph([node], "a", ins, outs),
-                          opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)])
-    m.ir_version = 10
-    return m.SerializeToString()
-
-
-def session(blob: bytes, form: str, monkeypatch, threads: int = 2) -> ort.InferenceSession:
-    monkeypatch.setenv("SPECRT_KERNELS_ISA", form)  # read when the session creates its kernel
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    kernels.register(so)
-    return ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])
+    return kernel_model(helper.make_graph([node], "a", ins, outs))
 
 
 def tables():

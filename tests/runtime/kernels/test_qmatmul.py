@@ -14,6 +14,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from checks import kernel_model
+from checks import kernel_session as session
 from runtime import kernels
 from runtime.kernels import layout
 
@@ -39,17 +41,7 @@ def model(N, K, codes, scale, mins=None, bias=None, k_attr=None, fmt=(4, 32)) ->
     node = helper.make_node(layout.FORMS[fmt], ins, ["y"], domain=kernels.DOMAIN, K=k_attr or K, N=N, **attrs)
     g = helper.make_graph([node], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(kernels.DOMAIN, 1)])
-    m.ir_version = 10
-    return m.SerializeToString()
-
-
-def session(blob: bytes, form: str, monkeypatch, threads: int = 2) -> ort.InferenceSession:
-    monkeypatch.setenv("SPECRT_KERNELS_ISA", form)  # read when the session creates its kernel
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    kernels.register(so)
-    return ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])
+    return kernel_model(g)
 
 
 def weights(rng, N, K, with_min=True, with_bias=False, fmt=(4, 32)):
