@@ -205,7 +205,7 @@ class Round:
             try:
                 raws = self.calls.packed(self.target, entries + [(r, c, 1) for r, c in extra])
             except Exception as e:  # noqa: BLE001 - the call failed: whose row was it?
-                self._each_alone(group, props, extra, e, draft_ms, len(rows) == 1, learn)
+                self._each_alone(entries, props, extra, e, draft_ms, len(rows) == 1, learn)
                 continue
             verify_ms = 1000 * (time.perf_counter() - t0)
             for (r, c), raw in zip(extra, raws[len(group) :], strict=True):
@@ -213,18 +213,18 @@ class Round:
             for r, p, raw in zip(group, props, raws, strict=False):
                 self._finish(r, p, raw, draft_ms, verify_ms, len(rows) == 1, learn)
 
-    def _each_alone(self, group: list[Request], props: list[Proposal], extra: list, error: Exception,
-                    draft_ms: float, alone_in_step: bool, learn: bool) -> None:
-        """After a failed packed call: each row and chunk again in a call of its own (the same
-        bits: rows do not depend on the call), so a failure ends only the request whose call
-        fails alone."""
-        if len(group) + len(extra) == 1:
-            self.fail((group or [x[0] for x in extra])[0], error)
+    def _each_alone(self, entries: list[tuple[Request, np.ndarray]], props: list[Proposal], extra: list,
+                    error: Exception, draft_ms: float, alone_in_step: bool, learn: bool) -> None:
+        """After a failed packed call of rows `entries` (request, tokens) and prompt chunks `extra`:
+        each again in a call of its own (the same bits: rows do not depend on the call), so a
+        failure ends only the request whose call fails alone."""
+        if len(entries) + len(extra) == 1:
+            self.fail((entries or extra)[0][0], error)
             return
-        for r, p in zip(group, props, strict=True):
+        for (r, tokens), p in zip(entries, props, strict=True):
             t0 = time.perf_counter()
             with alone(self.fail, r):
-                raw = self.calls.packed(self.target, [(r, np.concatenate(([r.seq[-1]], p.tokens)))])[0]
+                raw = self.calls.packed(self.target, [(r, tokens)])[0]
             if r.id not in self.failed:
                 self._finish(r, p, raw, draft_ms, 1000 * (time.perf_counter() - t0), alone_in_step, learn)
         for r, c in extra:
