@@ -146,18 +146,23 @@ def rewrite(model: onnx.ModelProto, base: Path, arrays: dict[str, np.ndarray], h
     return m
 
 
-def write_data(folder: Path, arrays: dict[str, np.ndarray]) -> dict[str, tuple[int, int]]:
-    """The new initializers into `folder/DATA`, 64-byte aligned -> name: (offset, length)."""
+def data_layout(arrays: dict[str, np.ndarray]) -> dict[str, tuple[int, int]]:
+    """Where `write_data` puts each new initializer: name -> (offset, length), 64-byte aligned."""
     where, off = {}, 0
+    for name, arr in arrays.items():
+        off += -off % 64
+        where[name] = (off, arr.nbytes)
+        off += arr.nbytes
+    return where
+
+
+def write_data(folder: Path, arrays: dict[str, np.ndarray]) -> dict[str, tuple[int, int]]:
+    """The new initializers into `folder/DATA` (`data_layout`) -> name: (offset, length)."""
+    where = data_layout(arrays)
     with open(folder / DATA, "wb") as f:
         for name, arr in arrays.items():
-            pad = -off % 64
-            f.write(b"\0" * pad)
-            off += pad
-            raw = np.ascontiguousarray(arr).tobytes()
-            f.write(raw)
-            where[name] = (off, len(raw))
-            off += len(raw)
+            f.write(b"\0" * (where[name][0] - f.tell()))
+            f.write(np.ascontiguousarray(arr).tobytes())
     return where
 
 

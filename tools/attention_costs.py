@@ -28,12 +28,7 @@ def without_fusion(folder: Path, entry) -> Path:
     base = (folder / entry.packed.graph).parent
     arrays: dict = {}
     m = kg.rewrite(onnx.load(str(folder / entry.packed.file(LANES)), load_external_data=False), base, arrays)
-    where, off = {}, 0
-    for name, arr in arrays.items():  # the layout write_data gave kernels.onnx.data
-        off += -off % 64
-        where[name] = (off, np.ascontiguousarray(arr).nbytes)
-        off += where[name][1]
-    kg.place(m, where)
+    kg.place(m, kg.data_layout(arrays))  # the offsets of kernels.onnx.data
     path = base / f"packed{LANES}.gqa-tmp.onnx"
     onnx.save(m, str(path))
     return path
