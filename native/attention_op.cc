@@ -51,9 +51,10 @@ void run_unit(void* p, size_t i) {
   (j.isa >= kVnni ? attend_avx512 : attend_ref)(*j.c, u.lane, u.g, u.e0, u.e1);
 }
 
-// The index inputs, checked: per lane its first position and first entry; per entry the token
-// whose output it is (or -1).
+// The index inputs, checked: per lane its first position and first entry; per entry the packed
+// token it holds (lane_tokens) and the token whose output it is (or -1).
 struct Lanes {
+  const int64_t* token = nullptr;
   std::vector<int64_t> rows, first, offset, width, target;
   std::vector<std::pair<int64_t, int64_t>> copies;  // (token, token computed): entries named twice
   std::vector<float*> k, v;
@@ -98,6 +99,7 @@ OrtStatus* check_lanes(OrtKernelContext* ctx, int64_t N, int64_t G, int64_t D, i
   if (off != W) return fail("lane_widths must add up to lane_tokens' length");
   for (int64_t e = 0; e < W; ++e)
     if (tok[e] < 0 || tok[e] >= N) return fail("lane_tokens must index the packed tokens");
+  L->token = tok;
   L->target.assign(static_cast<size_t>(W), -1);
   for (int64_t i = 0; i < N; ++i) {
     if (unp[i] < 0 || unp[i] >= W) return fail("unpack_index must name a lane entry for every token");
@@ -150,14 +152,9 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* ctx) {
   SPECRT_TRY(data(cos_v, &cosp));
   SPECRT_TRY(data(sin_v, &sinp));
   SPECRT_TRY(data(out_v, &out));
-  int64_t* tok;
-  const OrtValue* tok_v;
-  std::vector<int64_t> dt;
-  SPECRT_TRY(input(ctx, 4, &tok_v, &dt));
-  SPECRT_TRY(data(tok_v, &tok));
   const AttnCall c{H, G, D, D / 2, k.scale > 0 ? k.scale : 1.f / std::sqrt(static_cast<float>(D)),
                    qkv, cosp, sinp, dc[0], out, R, L.k.data(), L.v.data(), L.rows.data(), L.first.data(),
-                   L.offset.data(), L.width.data(), tok, L.target.data()};
+                   L.offset.data(), L.width.data(), L.token, L.target.data()};
   for (int64_t r = 0; r < R; ++r) write_kv(c, r);
   std::vector<Unit> units;
   for (int64_t r = 0; r < R; ++r)
