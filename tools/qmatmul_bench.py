@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from runtime import kernels  # noqa: E402
-from runtime.kernels import layout  # noqa: E402
+from specrt.runtime import kernels
+from specrt.runtime.kernels import layout
 
 # Qwen2.5-Coder-1.5B Q4_K_M: q, k, v, o, gate, up (Q4_K), down (Q6_K in half the layers), the LM head (Q6_K)
 CODER = "1536:1536,1536:256,1536:256,1536:1536,1536:8960,1536:8960,8960:1536:8:16,1536:151936:8:16"

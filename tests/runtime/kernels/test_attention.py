@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 from checks import kernel_model
 from checks import kernel_session as session
-from runtime import kernels
+from specrt.runtime import kernels
 
 FORMS = ("ref",) if kernels.isa() == "ref" else ("ref", "vnni")
 H, G, D, S, P = 6, 2, 64, 700, 1024  # heads, KV heads, head size, buffer rows, rotary positions

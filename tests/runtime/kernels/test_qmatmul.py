@@ -16,8 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from checks import kernel_model
 from checks import kernel_session as session
-from runtime import kernels
-from runtime.kernels import layout
+from specrt.runtime import kernels
+from specrt.runtime.kernels import layout
 
 FORMS = {"amx": ("ref", "vnni", "amx"), "vnni": ("ref", "vnni"), "ref": ("ref",)}[kernels.isa()]
 
