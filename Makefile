@@ -11,7 +11,7 @@ PROMPT ?= Explain KV caches in two sentences.
 # 2 cores: corpus generation + training), then `make export-eagle`.
 HEAD := .cache/heads/smollm2-135m-instruct.eagle.safetensors
 
-.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels clean
+.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels lock drift clean
 
 LOCK := locks/dev.txt
 RUNTIME_LOCK := locks/runtime.txt
@@ -30,17 +30,26 @@ $(VENV)/.stamp: pyproject.toml $(LOCK)
 
 setup: $(VENV)/.stamp
 
+# Move the locks forward to today's newest compatible versions (rewrites locks/*.txt; ~3 min).
+lock:
+	$(PYTHON) tools/lock.py lock
+
+# Today's newest versions, unlocked, in a scratch venv (.cache/lock/drift), then the fast unit
+# suite: what the next `make lock` will meet, seen before users see it. Not part of CI.
+drift: export kernels
+	$(PYTHON) tools/lock.py drift
+
 # Default pair -> engines/default (configs/default.toml). Skipped when the bundle exists.
 $(BUNDLE)/specrt.json: $(VENV)/.stamp configs/default.toml
 	$(SPECRT) export --config configs/default.toml --out $(BUNDLE)
 
 export: $(BUNDLE)/specrt.json
 
-run: export
+run: export kernels
 	$(SPECRT) generate --engines $(BUNDLE) "$(PROMPT)"
 
 # OpenAI-compatible server on 127.0.0.1:8000 (SERVE_ARGS: --port, --max-batch, --api-key, ...)
-serve: export
+serve: export kernels
 	$(SPECRT) serve --engines $(BUNDLE) $(SERVE_ARGS)
 
 # Unit + end-to-end tests (tiny models and the real default bundle), then the runtime from a
@@ -128,7 +137,7 @@ kernels: $(KERNELS)
 lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check .
 
-bench: export
+bench: export kernels
 	$(SPECRT) bench --engines $(BUNDLE)
 
 clean:

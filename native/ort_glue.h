@@ -38,6 +38,27 @@ inline OrtStatus* input(OrtKernelContext* ctx, size_t i, const OrtValue** v, std
   return st;
 }
 
+// Elements of input i when the session holds it as a constant (an initializer), else -1: lets an
+// operator check its weights against its attributes when the session is built, so a bundle whose
+// node and weights disagree is refused at load rather than in its first call.
+inline OrtStatus* constant_count(const OrtKernelInfo* info, size_t i, int64_t* n) {
+  *n = -1;
+  size_t inputs = 0;
+  SPECRT_TRY(g_api->KernelInfo_GetInputCount(info, &inputs));
+  if (i >= inputs) return nullptr;
+  int is_constant = 0;
+  const OrtValue* v = nullptr;
+  SPECRT_TRY(g_api->KernelInfoGetConstantInput_tensor(info, i, &is_constant, &v));
+  if (!is_constant || !v) return nullptr;
+  OrtTensorTypeAndShapeInfo* shape = nullptr;
+  SPECRT_TRY(g_api->GetTensorTypeAndShape(v, &shape));
+  size_t elements = 0;
+  OrtStatus* st = g_api->GetTensorShapeElementCount(shape, &elements);
+  g_api->ReleaseTensorTypeAndShapeInfo(shape);
+  if (!st) *n = static_cast<int64_t>(elements);
+  return st;
+}
+
 inline int64_t count(const std::vector<int64_t>& d) {
   int64_t n = 1;
   for (int64_t v : d) n *= v;

@@ -90,6 +90,23 @@ OrtStatus* fail(const std::string& msg) { return specrt::fail("QMatMul", msg); }
 
 #define TRY SPECRT_TRY
 
+// The sizes compute() requires of the weights, checked at session creation where they are
+// initializers (they always are in specrt's graphs) and again in every call.
+OrtStatus* check_weights(const OrtKernelInfo* info, const Shape& s) {
+  const int64_t cells = s.N / kTile * (s.K / s.block), want[] = {cells * tile_bytes(s), cells * kTile, cells * kTile, s.N};
+  const char* const what[] = {"codes must hold N/16 * K/block * 16 * block * bits/8 bytes",
+                              "scale must hold N/16 * K/block * 16 values", "min must hold N/16 * K/block * 16 values",
+                              "bias must hold N values"};
+  for (size_t i = 1; i <= 4; ++i) {
+    int64_t n = -1;
+    TRY(constant_count(info, i, &n));
+    if (n >= 0 && n != want[i - 1])
+      return fail(std::string(what[i - 1]) + " (K = " + std::to_string(s.K) + ", N = " + std::to_string(s.N) +
+                  ": " + std::to_string(want[i - 1]) + ", the weight holds " + std::to_string(n) + ")");
+  }
+  return nullptr;
+}
+
 OrtStatus* compute(const Kernel& k, OrtKernelContext* ctx) {
   const OrtValue *x, *codes, *scale, *min = nullptr, *bias = nullptr;
   std::vector<int64_t> dx, dc, ds, dm, db;
@@ -143,6 +160,7 @@ OrtStatus* ORT_API_CALL create(const OrtCustomOp* op, const OrtApi*, const OrtKe
   if (bits == 8) TRY(g_api->KernelInfoGetAttribute_int64(info, "block_size", &block));
   if (block != 32 && block != 16) return fail("block_size must be 16 or 32");
   if (K <= 0 || N <= 0 || K % kQBlock || N % kTile) return fail("K must be a multiple of 32 and N of 16");
+  TRY(check_weights(info, Shape{0, K, N, bits, static_cast<int>(block)}));
   *out = new Kernel{K, N, bits, static_cast<int>(block), best_isa()};
   return nullptr;
 }

@@ -22,7 +22,7 @@ struct Activations {  // x quantized: M rows
   const float* qsa;   // [M, K/block]: sum of q over the weights' block * its sa (the mins' factor)
 };
 
-// Weights in the kernel's layout (runtime/kernels/q4.py, q8.py): for tile t and block b, the
+// Weights in the kernel's layout (runtime/kernels/layout.py): for tile t and block b, the
 // tile's codes in chunks of 64 bytes, chunk j holding for column c of the tile 4 bytes of codes
 // k = block*b + 4j + i (i = 0..3): the AVX-512 VNNI / AMX operand order. 8 bits: block/4 chunks
 // of one code a byte. 4 bits: 4 chunks whose low nibbles are codes k = 32b + 4j + i and high

@@ -209,6 +209,22 @@ def kernel_model(graph) -> bytes:
     return m.SerializeToString()
 
 
+ISA_FORMS = ("ref", "vnni", "amx")  # specrt's operators' instruction-set forms, lowest first (native/ort_glue.h)
+
+
+def isa_forms(forms: tuple[str, ...] = ISA_FORMS) -> list:
+    """`forms` as pytest parameters, each one this CPU cannot run marked skipped with the reason,
+    so a host without AVX-512 (or AMX) reports what it did not check instead of dropping it."""
+    import pytest
+
+    from specrt.runtime import kernels
+
+    best = kernels.isa()
+    have = ISA_FORMS[: ISA_FORMS.index(best) + 1]
+    return [pytest.param(f, marks=() if f in have else pytest.mark.skip(
+        reason=f"this CPU runs specrt's operators up to their {best} form, not {f}")) for f in forms]
+
+
 def kernel_session(blob: bytes, form: str, monkeypatch, threads: int = 2):
     """An onnxruntime session over `blob` with specrt's operators in instruction-set form `form`
     (ref | vnni | amx; SPECRT_KERNELS_ISA is read when the session creates its kernels)."""

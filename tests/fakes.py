@@ -112,6 +112,7 @@ class FakeModel:
         self.max_t = max_t
         self.max_prefill_t = max_prefill_t or max_t
         self.batch_rows = batch_rows
+        self.kernels = False
         self.min_t = min_t if min_t is not None else (2 if one_token_skew else 1)
         self._skew = one_token_skew * np.random.default_rng(99).standard_normal(self.vocab).astype(np.float32)
         self._logits = np.empty((max(pool.slots, self.max_prefill_t), self.vocab), dtype=np.float32)

@@ -20,7 +20,8 @@ def test_generate_json(tiny_bundles):
     r = run("generate", "--engines", str(tiny_bundles["good"]), "--json", "--max-new-tokens", "8", "--raw", "w5 w6 w7")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
-    assert set(d) == {"text", "token_ids", "stats"}
+    assert set(d) == {"text", "token_ids", "stats", "kernels"}
+    assert d["kernels"] == kernels.form_for(True)[0]  # tiny bundles carry kernel graphs (their attention)
     assert d["stats"]["new_tokens"] == len(d["token_ids"]) <= 8
     for key in ("prefill_ms", "ttft_ms", "decode_ms", "tpot_ms", "tokens_per_s", "rounds", "draft_tokens",
                 "accepted_tokens", "acceptance_rate", "mean_accepted_per_round", "per_position_acceptance",
@@ -75,6 +76,40 @@ def test_corrupt_graph_file(tiny_bundles, tmp_path, graph, flags):
     assert r.returncode == 2 and "cannot load target graph" in r.stderr
 
 
+def test_generate_names_the_kernel_form_it_ran(tiny_bundles):
+    """The summary line says which form of specrt's own operators ran: none with --no-kernels."""
+    b = str(tiny_bundles["int8"])
+    r = run("generate", "--engines", b, "--max-new-tokens", "4", "--raw", "w5")
+    assert r.returncode == 0 and f"kernels={kernels.form_for(True)[0]}," in r.stderr, r.stderr
+    r = run("generate", "--engines", b, "--max-new-tokens", "4", "--no-kernels", "--raw", "w5")
+    assert r.returncode == 0 and "kernels=none," in r.stderr, r.stderr
+
+
+def test_an_operator_that_refuses_its_weights_refuses_the_bundle(tiny_bundles, tmp_path):
+    """A kernel graph whose QMatMul8 node claims 4x the columns its weights hold (issue 49) is
+    refused when the session is built, as one line with the bundle error's exit code, and
+    specrt.load refuses it the same way (the server's load)."""
+    import onnx
+
+    import specrt
+    from specrt.runtime import BundleError
+
+    if not kernels.fast():
+        pytest.skip(f"loads here run no kernel graph: {kernels.form_for(True)[1]}")
+    b = shutil.copytree(tiny_bundles["int8"], tmp_path / "b")
+    graph = b / "draft" / "packed1.kernels.onnx"
+    m = onnx.load(graph, load_external_data=False)
+    node = next(n for n in m.graph.node if n.op_type == "QMatMul8")
+    attr = next(a for a in node.attribute if a.name == "N")
+    attr.i *= 4
+    onnx.save(m, graph)
+    r = run("generate", "--engines", str(b), "--max-new-tokens", "4", "--raw", "w5")
+    assert r.returncode == 2 and "cannot load draft graph" in r.stderr and "codes must hold" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    with pytest.raises(BundleError, match="codes must hold"):
+        specrt.load(b, max_batch=1, hugepages=False)
+
+
 def test_prompt_too_long(tiny_bundles):
     prompt = " ".join(["w5"] * 300)
     r = run("generate", "--engines", str(tiny_bundles["none"]), "--draft", "none", "--raw", prompt)
@@ -101,6 +136,8 @@ def test_no_draft_in_bundle(tiny_bundles):
 def test_inspect(tiny_bundles):
     r = run("inspect", str(tiny_bundles["int4"]))
     assert r.returncode == 0
+    form, why = kernels.form_for(True)
+    assert f"  kernels: {form} ({why or 'specrt' + chr(39) + 's own operators'}" in r.stdout, r.stdout
     assert "precision=int4" in r.stdout and "KiB/token" in r.stdout and "parity" in r.stdout
     assert "num_logits_to_keep [1] (optional)" in r.stdout and "logits [B,n," in r.stdout
 

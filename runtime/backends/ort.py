@@ -79,7 +79,7 @@ def session_options(threads: int | None = None, spin: bool = True, global_pool: 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # fatal only: every error also comes back as the exception we report
     # once a global pool exists, onnxruntime refuses sessions with threads of their own
     if (global_pool and use_global_pool(threads)) or (_GLOBAL_POOL or 0) > 0:
         so.use_per_session_threads = False
@@ -130,6 +130,8 @@ def numerics_min_t(entry: ModelEntry) -> int:
 
 
 class OrtModel(FeatureBuffers):
+    kernels = False  # a bundle graph: onnxruntime's own operators (PackedModel may run specrt's)
+
     def __init__(
         self,
         graph: str | Path,

@@ -11,7 +11,7 @@
 A sequence's rows are the same bits in any such call (alone, beside others, at any width), so
 `min_t` is 1: a lone token gets a filler after it inside its lane (its K/V row lands past the
 sequence's length, where the next call writes first). A lone token at the pool's last row has no
-row after it: the caller sends the token before it with it (runtime/engine/calls.py `_room`),
+row after it: the caller sends the token before it with it (runtime/engine/calls.py `_last_row`),
 which rewrites that row with the same bits. Lanes are bound to slots by pointer and stay bound while the same slots keep
 coming (a call rebinds only lanes whose slot changed); a lane the call does not use runs two
 filler tokens over a two-row scratch buffer.

@@ -41,6 +41,7 @@ class PoolModel(Protocol):
     min_t: int  # narrowest call whose rows are what any wider call computes for them (1, or 2 for
     #           int8-activation graphs, whose one-token calls take other kernels: numerics_min_t)
     batch_rows: bool  # run_rows takes b > 1 rows (the `ort` lowering's GroupQueryAttention)
+    kernels: bool  # the graph runs on specrt's own operators (runtime/kernels; a packed kernel graph)
     hidden_size: int  # H of the EAGLE feature tensors (0 without them)
     takes_hidden: bool  # the graph takes a feature input (an EAGLE draft head)
     has_hidden_out: bool  # the graph outputs final-norm hidden states (a target with an EAGLE draft)

@@ -11,6 +11,7 @@ from .kvpool import KVPool
 
 class SingleSequenceModel:
     batch_rows = False
+    kernels = False
     min_t = 1  # TensorRT plans: fp32/fp16 activations
 
     def __init__(self, backend, entry, track: str):

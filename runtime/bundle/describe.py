@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import kernels
 from ..options import DEFAULT_DRAFT_WINDOW
 from ..text.toolcalls import template_has_tools
 from . import memory
@@ -23,7 +24,13 @@ def describe(folder: Path, man: Manifest) -> list[str]:
     lines.append(f"  tokenizer: {t.file}, chat template: {'yes' if t.chat_template else 'no'}, tool calls: {tools}, "
                  f"eos ids {t.eos_token_ids}, end-of-generation ids "
                  f"{t.eog_token_ids if t.eog_token_ids is not None else '(derived at load)'}")
-    return lines + memory_lines(folder, man)
+    return lines + [kernel_line(man)] + memory_lines(folder, man)
+
+
+def kernel_line(man: Manifest) -> str:
+    """Which form of specrt's own operators a CPU load of this bundle runs here (runtime/kernels)."""
+    form, why = kernels.form_for(bool(man.target.packed.graph and man.target.packed.kernels))
+    return f"  kernels: {form}" + (f" ({why})" if why else " (specrt's own operators in the packed target graphs)")
 
 
 def _model_lines(folder: Path, role: str, e: ModelEntry) -> list[str]:

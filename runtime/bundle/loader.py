@@ -45,6 +45,12 @@ class LoadedModels:
     sizing: memory.Sizing | None = None  # what the load was sized to (None: not sized, e.g. TensorRT)
 
     @property
+    def kernel_form(self) -> str:
+        """The form specrt's own operators take in this load's target calls: "amx", "vnni" or
+        "ref" (runtime/kernels.isa), or "none" where its graphs run onnxruntime's operators."""
+        return kernel_library.isa() if self.target.kernels else "none"
+
+    @property
     def pools(self) -> list:
         """Every KV pool the models write (a self-draft's is the target's)."""
         return [self.target.pool] + ([self.draft.pool] if self.draft is not None else [])
@@ -169,18 +175,19 @@ def _model(folder: Path, entry: ModelEntry, pool: KVPool, track: str, threads, g
     (export/packed.py; `exact`: row-invariant calls, for a target), else its graph. `kernels`:
     the packed graph on specrt's own operators where the bundle has it, the library is built and
     the CPU has AVX-512 VNNI or AMX."""
+    graph = entry.graph
     try:
         if packed and entry.packed.graph:
             lanes = entry.packed.lanes_for(pool.slots)
-            own = kernels and entry.packed.kernels and kernel_library.fast()
+            own = kernel_library.form_for(bool(entry.packed.kernels), kernels)[0] != "none"
             graph = entry.packed.kernel_file(lanes) if own else entry.packed.file(lanes)
             return PackedModel(folder / graph, entry, pool, lanes=lanes, track=track, threads=threads,
-                               global_pool=global_pool, exact=exact, kernels=bool(own))
-        return OrtModel(folder / entry.graph, entry, pool, track=track, threads=threads, global_pool=global_pool)
+                               global_pool=global_pool, exact=exact, kernels=own)
+        return OrtModel(folder / graph, entry, pool, track=track, threads=threads, global_pool=global_pool)
     except (BundleError, ValueError):
         raise
     except Exception as e:  # onnxruntime raises its own exception types on a bad graph
-        raise BundleError(f"cannot load {track} graph {folder / entry.graph}: {str(e)[:300]}") from None
+        raise BundleError(f"cannot load {track} graph {folder / graph}: {str(e)[:300]}") from None
 
 
 def _trt_models(folder, man, tok, want_draft, eagle, max_batch, max_seq_len) -> LoadedModels:

@@ -164,12 +164,14 @@ def size(plan: MemoryPlan, slots: int | str, seq: int, available: int | None, *,
     numbers and what would fit. available None (cannot be read here): explicit counts pass
     unchecked, auto is refused. s_max: the bundle's context, the longest `seq` the message may
     suggest. fit_seq: `seq` was not asked for (the bundle's S_max): where the slots do not fit,
-    the longest context that fits them, rounded down to 256 tokens and at least
-    min(seq, MIN_FIT_SEQ), is taken instead of refusing."""
+    the longest context that fits them in `fraction` of `available`, rounded down to 256 tokens
+    and at least min(seq, MIN_FIT_SEQ), is taken instead of refusing."""
     if not 0 < fraction <= 1:
         raise ValueError(f"memory fraction must be in (0, 1], got {fraction}")
     if fit_seq and available is not None:
-        fitted = _fit_seq(plan, slots, seq, int(fraction * available) if slots == AUTO else available, available)
+        # a context specrt picks itself leaves headroom, as `auto` does: a re-check against a later,
+        # slightly smaller reading (the server sizes, then loads) must not refuse its own choice
+        fitted = _fit_seq(plan, slots, seq, int(fraction * available), available)
         if fitted is not None:
             return fitted
     if slots == AUTO:

@@ -1,9 +1,10 @@
 """specrt's own onnxruntime operators (native/, built by `make kernels`; docs/design.md "Our own kernel").
 
-The library registers domain "specrt" with QMatMul4 and QMatMul8: 4-bit and 8-bit block matmuls whose activations are
-quantized per row and 32-block to int8, so a block's dot product is an exact integer and every
-output takes the same float steps whatever the call's rows, threads or instruction set (AMX,
-AVX-512 VNNI, or portable C++). `runtime/kernels/layout.py` packs weights into its layout.
+The library registers domain "specrt" with QMatMul4 and QMatMul8, 4-bit and 8-bit block matmuls
+whose activations are quantized per row and 32-block to int8 (a block's dot product is an exact
+integer), and PackedAttention, attention over every lane of a packed call with fixed softmax
+chunks. Every output takes the same float steps whatever the call's rows, threads or instruction
+set (AMX, AVX-512 VNNI, or portable C++). `runtime/kernels/layout.py` packs weights into its layout.
 """
 
 from __future__ import annotations
@@ -43,6 +44,26 @@ def fast() -> bool:
     portable C++ form is the kernels' definition, far slower than onnxruntime's MatMulNBits,
     so a load does not choose it."""
     return available() and isa() != "ref"
+
+
+def form_for(bundle_has_graphs: bool, wanted: bool = True) -> tuple[str, str]:
+    """The form a CPU load of a bundle runs these operators in, and why not where it runs none:
+    ("amx" | "vnni", "") or ("none", reason). The loader's choice (runtime/bundle/loader.py)."""
+    if not bundle_has_graphs:
+        return "none", "the bundle has no kernel graphs (python -m specrt.export.kernel_graph BUNDLE adds them)"
+    if not wanted:
+        return "none", "--no-kernels"
+    if not available():
+        return "none", f"the kernel library is not built (make kernels; looked for {library_path_name()})"
+    form = isa()
+    if form == "ref":
+        return "none", ("this CPU has no fast form (AVX-512 VNNI or AMX): onnxruntime's MatMulNBits and "
+                        "attention run instead")
+    return form, ""
+
+
+def library_path_name() -> str:
+    return os.environ.get("SPECRT_KERNELS") or str(LIBRARY)
 
 
 def register(options) -> None:

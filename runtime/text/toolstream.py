@@ -42,9 +42,6 @@ class ToolCall:
     name: str
     arguments: str  # the arguments object as JSON text
 
-    def as_openai(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
 
 @dataclass
 class CallDelta:

@@ -44,7 +44,8 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, c
         opts = RequestOptions(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                               seed=seed, k=o.k if draft != "none" else 0, stop=stop, adaptive=o.adaptive)
         if as_json:
-            click.echo(json.dumps(pipe.generate(prompt, opts, chat=chat).as_dict()))
+            out = pipe.generate(prompt, opts, chat=chat).as_dict()
+            click.echo(json.dumps({**out, "kernels": pipe.parts.kernel_form}))
             return
         res = _stream(pipe, prompt, opts, chat)
     except USER_ERRORS as e:
@@ -56,7 +57,7 @@ def generate(prompt, engines, max_new_tokens, temperature, top_k, top_p, seed, c
         sys.exit(130)
     s = res.stats
     summary = (f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, {s.tpot_ms:.1f} ms/token, "
-               f"TTFT {s.ttft_ms:.0f} ms, draft={draft}")
+               f"TTFT {s.ttft_ms:.0f} ms, kernels={pipe.parts.kernel_form}, draft={draft}")
     if draft != "none":
         summary += (f", k={'adaptive' if o.adaptive else pipe.default_k}"
                     f", acceptance {s.acceptance_rate:.2f}, {s.mean_accepted_per_round:.2f} tokens/round")

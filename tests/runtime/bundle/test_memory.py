@@ -282,7 +282,7 @@ def test_a_context_not_asked_for_is_shortened_to_hold_the_slots():
     # 2 slots x 8192 tokens: 1e9 + 2 x 8192 x (1e5 + 8) + buffers = 2.64 GB > 2.5 GB
     with pytest.raises(InsufficientMemory, match="max_seq_len <= 7499"):
         memory.size(GB_PLAN, 2, 8192, int(2.5e9), s_max=8192)
-    got = memory.size(GB_PLAN, 2, 8192, int(2.5e9), s_max=8192, fit_seq=True)
+    got = memory.size(GB_PLAN, 2, 8192, int(2.5e9), s_max=8192, fit_seq=True, fraction=1.0)
     assert (got.slots, got.seq, got.shortened_from) == (2, 7424, 8192)  # 7499, to 256 tokens
     assert "context shortened from 8192 to 7424 tokens so that 2 slots fit" in got.summary()
     # what fits at the full context is not shortened, and nothing below MIN_FIT_SEQ is offered
@@ -293,6 +293,34 @@ def test_a_context_not_asked_for_is_shortened_to_hold_the_slots():
     assert memory.size(GB_PLAN, "auto", 8192, int(2.5e9), fraction=1.0, fit_seq=True).seq == 8192
     one = memory.size(GB_PLAN, "auto", 20000, int(2.5e9), fraction=1.0, fit_seq=True)
     assert (one.slots, one.shortened_from) == (1, 20000) and one.seq == 14848  # (1.5e9 - 8) / (1e5 + 8): 14998
+
+
+def test_a_shortened_context_leaves_the_fractions_headroom():
+    """The context specrt picks for explicit slots fills `fraction` of what is available, as
+    `auto` does (issue 49: the server once shortened to 14.06 of 14.08 GB, then refused it)."""
+    got = memory.size(GB_PLAN, 2, 8192, int(2.5e9), s_max=8192, fit_seq=True)  # fraction 0.9: 2.25 GB
+    assert (got.slots, got.seq) == (2, 6144)  # (2.25e9 - 1e9 - 16) / (2 x (1e5 + 8)): 6249, to 256 tokens
+    assert GB_PLAN.peak(2, got.seq) <= 0.9 * 2.5e9 < GB_PLAN.peak(2, got.seq + 256) + 0.25e9
+
+
+def test_a_size_specrt_chose_is_not_refused_by_the_loads_own_check(tiny_bundles, monkeypatch):
+    """`specrt serve` sizes the load, then loads with those slots and that context, which checks
+    them again against a new reading of the memory: a reading smaller by what another process
+    took in between (0.2 of 14.08 GB in issue 49) must not refuse the server's own choice."""
+    from specrt.runtime.bundle.loader import size_load
+    from specrt.runtime.bundle.manifest import load_manifest
+
+    folder = tiny_bundles["int8"]  # S_max 256
+    per_slot, fixed = _per_slot_and_fixed(folder, 256)
+    avail = [int((fixed + 5 * per_slot) / memory.DEFAULT_MEMORY_FRACTION)]  # 6 slots fit in 0.9 of it only shortened
+    monkeypatch.setattr(memory, "available_bytes", lambda device: avail[0])
+    monkeypatch.setattr(memory, "MIN_FIT_SEQ", 64)
+    sizing = size_load(folder, load_manifest(folder), want_draft=True, device="cpu", max_batch=6, max_seq_len=None,
+                       memory_fraction=memory.DEFAULT_MEMORY_FRACTION, packed=False)
+    assert sizing.shortened_from == 256 and sizing.plan.peak(6, sizing.seq) <= 0.9 * avail[0]
+    avail[0] = int(avail[0] * 0.985)  # smaller between sizing and the load's check
+    with specrt.load(folder, max_batch=sizing.slots, max_seq_len=sizing.seq, hugepages=False, packed=False) as pipe:
+        assert (pipe.parts.target.pool.slots, pipe.max_seq_len) == (6, sizing.seq)
 
 
 def test_a_capped_pool_counts_its_rows_only():
@@ -309,7 +337,7 @@ def test_a_load_without_a_context_fits_its_slots_and_says_so(tiny_bundles, monke
     monkeypatch.setattr(memory, "MIN_FIT_SEQ", 64)
     with pytest.raises(InsufficientMemory, match="6 KV slots of 256 tokens"):
         specrt.load(folder, max_batch=6, max_seq_len=256, hugepages=False, packed=False)  # asked for: refused
-    pipe = specrt.load(folder, max_batch=6, hugepages=False, packed=False)
+    pipe = specrt.load(folder, max_batch=6, hugepages=False, packed=False, memory_fraction=1.0)
     try:
         sizing = pipe.parts.sizing
         assert pipe.parts.target.pool.slots == 6 and pipe.max_seq_len == sizing.seq == 213  # 5 x 256 rows over 6 slots (under 256: not rounded)

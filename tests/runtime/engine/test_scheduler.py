@@ -306,17 +306,21 @@ def test_forget_learned_starts_adaptive_k_from_its_priors(make):
     assert again.k_history == fresh.k_history
 
 
-def test_a_requests_clock_starts_when_it_is_submitted(make):
+def test_a_requests_clock_starts_when_it_is_submitted(make, monkeypatch):
     """Timeouts and queue time count from submission (Engine.submit, the one place that sets
     t_submit): a request checked early and submitted later has its whole timeout, and its
-    queue time is measured from submit, not from when it was built."""
+    queue time is measured from submit, not from when it was built. On a clock of the test's
+    own, which moves only where the test moves it, so a busy host cannot change the outcome."""
     import time
 
+    clock = [1000.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
     pipe = make(draft=None)
     r = pipe.request([1, 5, 9], max_new_tokens=3, ignore_eos=True, timeout_s=0.05)
-    time.sleep(0.1)  # built, not yet submitted: past its timeout since it was built
-    assert r.t_submit is None and not r.expired(time.perf_counter())
+    clock[0] += 0.1  # built, not yet submitted: past its timeout since it was built
+    assert r.t_submit is None and not r.expired(clock[0])
     chunks = pipe.submit(r)
+    assert r.t_submit == clock[0]
     assert not r.expired(r.t_submit + 0.04) and r.expired(r.t_submit + 0.06)
     assert sum(len(c) for c in chunks) == 3 and r.stats.stop_reason == "length"
-    assert r.stats.queue_ms < 100  # the 0.1 s before submit is not queue time
+    assert r.stats.queue_ms == 0.0  # the 0.1 s before submit is not queue time
