@@ -79,7 +79,7 @@ struct KQuant {
   };
   struct Blk {
     __m512i v[8];
-    __m512 scale, min;
+    const float *scale, *min;  // into the head: read where the step uses them (fewer live registers)
   };
   static void store4(const __m512i six, __m512 f, float (*out)[16]) {  // 4 bytes a column -> 4 vectors
     for (int j = 0; j < 4; ++j) {
@@ -110,14 +110,15 @@ struct KQuant {
         k->v[u] = or_masked(k->v[u], at4, bytes(0x10));
       }
     }
-    k->scale = _mm512_load_ps(h.scale[j]);
-    k->min = _mm512_load_ps(h.min[j]);
+    k->scale = h.scale[j];
+    k->min = h.min[j];
   }
   static __m512 step(__m512 acc, const Blk& k, const Row& r, int64_t b) {
     __m512i lo, hi;
     halves(k.v, r.q + 32 * b, &lo, &hi);
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), _mm512_mul_ps(k.scale, _mm512_set1_ps(r.sa[b])), acc);
-    return _mm512_fmadd_ps(k.min, _mm512_set1_ps(r.qsa[b]), acc);
+    const __m512 scale = _mm512_mul_ps(_mm512_load_ps(k.scale), _mm512_set1_ps(r.sa[b]));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), scale, acc);
+    return _mm512_fmadd_ps(_mm512_load_ps(k.min), _mm512_set1_ps(r.qsa[b]), acc);
   }
 };
 
@@ -162,61 +163,78 @@ constexpr bool kMutant = true;
 constexpr bool kMutant = false;
 #endif
 
-// MR rows x NT column tiles in registers, over all of K.
+template <class T, int MR>
+inline __m512 apply(__m512 acc, const typename T::Blk& k, const Row& r, int64_t b) {
+  if constexpr (kMutant && MR == 4) return _mm512_add_ps(acc, T::step(_mm512_setzero_ps(), k, r, b));
+  return T::step(acc, k, r, b);
+}
+
+struct Call {  // what every loop below reads
+  const BlockActs& a;
+  const BlockWeights& w;
+  const BlockShape& s;
+  float* y;
+  int64_t ns, nq, nz, rb;  // records a tile, 32-blocks a row, zs a row, bytes a record
+
+  template <class T>
+  static Call make(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y) {
+    return {a, w, s, y, s.K / T::kSuper, s.K / kQBlock, T::kType == kQ6_K ? s.K / 16 : s.K / kQBlock, record_bytes(T::kType)};
+  }
+  Row row(int64_t m) const {
+    return {a.q + m * s.K, a.sa + m * nq, a.qsa ? a.qsa + m * nq : nullptr, a.zs ? a.zs + m * nz : nullptr};
+  }
+  const uint8_t* record(int64_t t, int64_t i) const { return w.blocks + (t * ns + i) * rb; }
+  float* out(int64_t m, int64_t t) const { return y + m * s.N + t * kTile; }
+  __m512 finish(__m512 acc, int64_t t) const {
+    return w.bias ? _mm512_add_ps(acc, _mm512_loadu_ps(w.bias + t * kTile)) : acc;
+  }
+};
+
+// MR rows x NT column tiles in registers over all of K. Each row block decodes the tiles' heads
+// again: decoding them once for all rows into L1 measured slower (native/qmatmul_ggml.h).
 template <class T, int MR, int NT>
-void rows_tiles(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t m0, int64_t t0) {
-  const int64_t ns = s.K / T::kSuper, nq = s.K / kQBlock, rb = record_bytes(T::kType);
-  const int64_t nz = T::kType == kQ6_K ? s.K / 16 : nq;
+void rows_tiles(const Call& c, int64_t m0, int64_t t0) {
   __m512 acc[MR][NT];
   for (int i = 0; i < MR; ++i)
     for (int u = 0; u < NT; ++u) acc[i][u] = _mm512_setzero_ps();
-  for (int64_t sb = 0; sb < ns; ++sb) {
+  for (int64_t sb = 0; sb < c.ns; ++sb) {
     typename T::Head head[NT];
-    for (int u = 0; u < NT; ++u) T::head(w.blocks + ((t0 + u) * ns + sb) * rb, &head[u]);
+    for (int u = 0; u < NT; ++u) T::head(c.record(t0 + u, sb), &head[u]);
     for (int j = 0; j < T::kSuper / 32; ++j) {
       typename T::Blk blk[NT];
-      for (int u = 0; u < NT; ++u) T::load_blk(w.blocks + ((t0 + u) * ns + sb) * rb, j, head[u], &blk[u]);
+      for (int u = 0; u < NT; ++u) T::load_blk(c.record(t0 + u, sb), j, head[u], &blk[u]);
       const int64_t b = sb * (T::kSuper / 32) + j;
       for (int i = 0; i < MR; ++i) {
-        const int64_t m = m0 + i;
-        const Row r{a.q + m * s.K, a.sa + m * nq, a.qsa ? a.qsa + m * nq : nullptr, a.zs ? a.zs + m * nz : nullptr};
-        for (int u = 0; u < NT; ++u) {
-          if constexpr (kMutant && MR == 4)
-            acc[i][u] = _mm512_add_ps(acc[i][u], T::step(_mm512_setzero_ps(), blk[u], r, b));
-          else
-            acc[i][u] = T::step(acc[i][u], blk[u], r, b);
-        }
+        const Row r = c.row(m0 + i);
+        for (int u = 0; u < NT; ++u) acc[i][u] = apply<T, MR>(acc[i][u], blk[u], r, b);
       }
     }
   }
   for (int i = 0; i < MR; ++i)
-    for (int u = 0; u < NT; ++u) {
-      float* out = y + (m0 + i) * s.N + (t0 + u) * kTile;
-      const __m512 v = acc[i][u];
-      _mm512_storeu_ps(out, w.bias ? _mm512_add_ps(v, _mm512_loadu_ps(w.bias + (t0 + u) * kTile)) : v);
-    }
+    for (int u = 0; u < NT; ++u) _mm512_storeu_ps(c.out(m0 + i, t0 + u), c.finish(acc[i][u], t0 + u));
 }
 
-// Rows in blocks of up to 4 over pairs of tiles (one row: 4 tiles, for independent chains).
+// Every row over NT tiles, in blocks of up to 4 rows.
 template <class T, int NT>
-void tiles(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t) {
+void tiles(const Call& c, int64_t t0) {
   int64_t m = 0;
-  for (; m + 4 <= s.M; m += 4) rows_tiles<T, 4, NT>(a, w, s, y, m, t);
-  switch (s.M - m) {
-    case 3: return rows_tiles<T, 3, NT>(a, w, s, y, m, t);
-    case 2: return rows_tiles<T, 2, NT>(a, w, s, y, m, t);
-    case 1: return rows_tiles<T, 1, NT>(a, w, s, y, m, t);
+  for (; m + 4 <= c.s.M; m += 4) rows_tiles<T, 4, NT>(c, m, t0);
+  switch (c.s.M - m) {
+    case 3: return rows_tiles<T, 3, NT>(c, m, t0);
+    case 2: return rows_tiles<T, 2, NT>(c, m, t0);
+    case 1: return rows_tiles<T, 1, NT>(c, m, t0);
     default: return;
   }
 }
 
 template <class T>
 void vnni(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
+  const Call c = Call::make<T>(a, w, s, y);
   int64_t t = t0;
-  if (s.M == 1)
-    for (; t + 4 <= t1; t += 4) rows_tiles<T, 1, 4>(a, w, s, y, 0, t);
-  for (; t + 2 <= t1; t += 2) tiles<T, 2>(a, w, s, y, t);
-  for (; t < t1; ++t) tiles<T, 1>(a, w, s, y, t);
+  if (s.M == 1)  // one row: 4 tiles at once keep the dot products' chains independent
+    for (; t + 4 <= t1; t += 4) rows_tiles<T, 1, 4>(c, 0, t);
+  for (; t + 2 <= t1; t += 2) tiles<T, 2>(c, t);
+  for (; t < t1; ++t) tiles<T, 1>(c, t);
 }
 
 }  // namespace

@@ -113,7 +113,9 @@ def rows_any_call(blob: bytes, isa: str, monkeypatch, x: np.ndarray, want: np.nd
 
 def _case(type_name: str):
     rng = np.random.default_rng(3)
-    n, k = 96, 512  # 6 tiles: pairs of tiles and a one-tile chunk end
+    # 6 tiles: pairs of tiles and a one-tile chunk end; 25 blocks of 32 for Q4_0 / Q8_0: a
+    # partial span of wide calls (native/qmatmul_ggml_x86.cc)
+    n, k = 96, 512 if TYPES[type_name][0] == 256 else 800
     raw = blocks(type_name, n, k, seed=4)
     blob = model(raw, type_name, n, k, rng.standard_normal(n).astype(np.float32))
     return blob, activations(rng, 64, k)
