@@ -34,7 +34,7 @@ from specrt.runtime.kernels.layout import FORMS, QBLOCK, TILE, pack
 from .kernel_attention import fuse_attention
 from .kernel_blocks import OP as BLOCK_OP
 from .kernel_blocks import TYPES as BLOCK_TYPES
-from .kernel_blocks import repack
+from .kernel_blocks import record_bytes, repack
 
 DATA = "kernels.onnx.data"
 
@@ -118,10 +118,23 @@ def _gguf_parts(n, tensors: dict | None) -> list[dict] | None:
     return parts
 
 
-def _blocks(tensors: dict, parts: list[dict], k: int) -> np.ndarray:
-    """The parts' blocks from the GGUF, rows in the graph's order -> QMatMulGGML's blocks input."""
-    return np.concatenate([repack(tensors[p["tensor"]].data, p["type"], p["rows"], k,
-                                  None if p["order"] is None else np.asarray(p["order"])) for p in parts])
+class _Blocks:
+    """QMatMulGGML's blocks input for GGUF tensors `parts` (stacked, rows in the graph's order),
+    repacked from the memory-mapped file only when `write_data` writes it: the export holds one
+    tensor's blocks at a time. Shape, dtype and size are known beforehand (the data's layout)."""
+
+    dtype = np.dtype(np.uint8)
+
+    def __init__(self, tensors: dict, parts: list[dict], k: int):
+        self.tensors, self.parts, self.k = tensors, parts, k
+        per_block, _ = BLOCK_TYPES[parts[0]["type"]]
+        rows = sum(p["rows"] for p in parts)
+        self.shape = (rows // TILE, k // per_block, record_bytes(parts[0]["type"]))
+        self.nbytes = int(np.prod(self.shape))
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.concatenate([repack(self.tensors[p["tensor"]].data, p["type"], p["rows"], self.k,
+                                      None if p["order"] is None else np.asarray(p["order"])) for p in self.parts])
 
 
 def _prune(nodes: list, outputs: set[str]) -> list:
@@ -145,7 +158,7 @@ def _operator(gr: _Graph, n, form: tuple[int, int], corr, arrays: dict, tensors:
     parts = _gguf_parts(n, tensors)
     if parts is not None:
         if key + "_gg" not in arrays:
-            arrays[key + "_gg"] = _blocks(tensors, parts, a["K"])
+            arrays[key + "_gg"] = _Blocks(tensors, parts, a["K"])
         return helper.make_node(BLOCK_OP, [n.input[0], key + "_gg", *bias], [out], name=n.name + "_g",
                                 doc_string=n.doc_string, domain=DOMAIN, K=a["K"], N=a["N"], type=parts[0]["type"])
     if key + "_qm" not in arrays:
