@@ -285,7 +285,13 @@ if __name__ == "__main__":  # python -m specrt.export.kernel_graph BUNDLE [TARGE
 
     folder = Path(sys.argv[1])
     man = load_manifest(folder)
-    for entry, gguf in ((man.target, sys.argv[2] if len(sys.argv) > 2 else None), (man.draft, None)):
-        for p in add_kernel_graphs(folder, entry, gguf) if entry is not None else []:
+    gguf = sys.argv[2] if len(sys.argv) > 2 else None
+    for entry, src in ((man.target, gguf), (man.draft, None)):
+        for p in add_kernel_graphs(folder, entry, src) if entry is not None else []:
             print(p)
     man.save(folder)
+    if gguf and not any(n.op_type == BLOCK_OP for n in onnx.load(str(folder / man.target.packed.kernel_file(
+            man.target.packed.lanes[0])), load_external_data=False).graph.node):
+        print(f"no projection of {folder} reads {gguf}'s blocks: its graphs do not name their GGUF tensors "
+              "(exported before they did) or none is of a type QMatMulGGML reads; re-export from the GGUF",
+              file=sys.stderr)
