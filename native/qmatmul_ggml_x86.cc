@@ -191,7 +191,8 @@ struct Call {  // what every loop below reads
 };
 
 // MR rows x NT column tiles in registers over all of K. Each row block decodes the tiles' heads
-// again: decoding them once for all rows into L1 measured slower (native/qmatmul_ggml.h).
+// again: decoding them once for all rows into L1 measured slower (docs/design.md, "The GGUF's
+// blocks in the kernel").
 template <class T, int MR, int NT>
 void rows_tiles(const Call& c, int64_t m0, int64_t t0) {
   __m512 acc[MR][NT];
