@@ -11,7 +11,7 @@ PROMPT ?= Explain KV caches in two sentences.
 # 2 cores: corpus generation + training), then `make export-eagle`.
 HEAD := .cache/heads/smollm2-135m-instruct.eagle.safetensors
 
-.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels lock drift clean
+.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant lock drift clean
 
 LOCK := locks/dev.txt
 RUNTIME_LOCK := locks/runtime.txt
@@ -122,8 +122,8 @@ $(ORT_HEADERS)/onnxruntime_c_api.h:
 	tools/ort_headers.sh $(ORT_DEB) $(ORT_DEB_SHA256) .cache/onnxruntime-1.21
 
 KERNEL_SOURCES := $(wildcard native/*.cc native/*.h)
-PORTABLE := ort_ops attention_op qmatmul_ref attention_ref
-X86 := qmatmul_x86 attention_x86
+PORTABLE := ort_ops attention_op qmatmul_ref attention_ref qmatmul_ggml_op qmatmul_ggml_ref
+X86 := qmatmul_x86 attention_x86 qmatmul_ggml_x86
 
 $(KERNELS): $(KERNEL_SOURCES) $(ORT_HEADERS)/onnxruntime_c_api.h
 	mkdir -p .cache/kernels
@@ -133,6 +133,18 @@ $(KERNELS): $(KERNEL_SOURCES) $(ORT_HEADERS)/onnxruntime_c_api.h
 	g++ -shared -o $@ $(patsubst %,.cache/kernels/%.o,$(PORTABLE) $(X86))
 
 kernels: $(KERNELS)
+
+# The library with a wrong VNNI form of QMatMulGGML (native/qmatmul_ggml_x86.cc SPECRT_MUTANT: one
+# sum reordered), which tests/runtime/kernels/test_qmatmul_ggml.py must catch.
+MUTANT := .cache/kernels-mutant/libspecrt_kernels.so
+$(MUTANT): $(KERNELS)
+	mkdir -p .cache/kernels-mutant
+	g++ $(KERNEL_FLAGS) -mavx512f -mavx512bw -mavx512vnni -DSPECRT_MUTANT -c native/qmatmul_ggml_x86.cc \
+	  -o .cache/kernels-mutant/qmatmul_ggml_x86.o
+	g++ -shared -o $@ $(patsubst %,.cache/kernels/%.o,$(PORTABLE) $(filter-out qmatmul_ggml_x86,$(X86))) \
+	  .cache/kernels-mutant/qmatmul_ggml_x86.o
+
+kernels-mutant: $(MUTANT)
 
 lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check .

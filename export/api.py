@@ -240,7 +240,7 @@ def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry 
     man.save(tmp)
     genai.write(tmp, man)  # onnxruntime-genai reads the same graphs (runtime/bundle/genai.py)
     if packed.packable(t_entry):  # one call for many sequences (export/packed.py)
-        packed.pack_bundle(tmp)
+        packed.pack_bundle(tmp, gguf=tgt.src.path if tgt.src.gguf_file else None)
     return load_manifest(tmp)
 
 

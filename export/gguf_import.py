@@ -11,13 +11,14 @@ transformers model on those weights stays its parity reference.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from .gguf_blocks import import_blocks
 from .nbits import resolve
-from .quantize import QuantWeight
+from .quantize import QuantWeight, Source
 
 FALLBACK = "float MatMul over the dequantized weights (exact; no MatMulNBits form for this type)"
 
@@ -84,6 +85,7 @@ def _import_one(t, kind: str, w: np.ndarray, processor) -> tuple[QuantWeight | N
     qw = import_blocks(t.data, kind, n, k)
     if qw is None:
         return None, f"{kind} has no exact MatMulNBits form"
+    qw = replace(qw, source=(Source(t.name, kind, n),))
     order = _row_order(processor, t.name, n)
     if order is None:
         return None, "transformers changes its values on load"

@@ -5,17 +5,22 @@ Every MatMulNBits at accuracy level 4 (int8 activations) of 4 bits in blocks of 
 Q4_0, Q4_1) or 8 bits in blocks of 16 or 32 (Q6_K, Q5_K, Q8_0, ...; export/nbits.py), with its
 per-block-min correction where it has one (Reshape -> ReduceSum -> MatMul(minsT) -> Add),
 becomes one QMatMul4 / QMatMul8 over the same codes, scales and mins (zero points folded into
-the mins: scale * (q - zp) + min). Other nodes and initializers stay as they are, external data
+the mins: scale * (q - zp) + min) -- or, where it was imported from GGUF tensors of one type
+QMatMulGGML reads (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) and that file is given, one QMatMulGGML over
+those tensors' own blocks, copied from the file tensor by tensor (export/kernel_blocks.py; a
+call then streams the GGUF's bits per weight). Other nodes and initializers stay as they are, external data
 references included; the new initializers go into one data file (`kernels.onnx.data`) that every
 rewritten graph of the model shares. The graphs sit beside the packed ones (`packed{lanes}.kernels.onnx`):
 a runtime without the kernel library runs those.
 
-    python -m specrt.export.kernel_graph BUNDLE     adds them to a bundle that has packed graphs
-                                                    (its target's and its draft model's)
+    python -m specrt.export.kernel_graph BUNDLE [TARGET_GGUF]
+        adds them to a bundle that has packed graphs (its target's and its draft model's); with
+        the GGUF its target was exported from, the target's projections read that file's blocks
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +32,9 @@ from specrt.runtime.kernels import DOMAIN
 from specrt.runtime.kernels.layout import FORMS, QBLOCK, TILE, pack
 
 from .kernel_attention import fuse_attention
+from .kernel_blocks import OP as BLOCK_OP
+from .kernel_blocks import TYPES as BLOCK_TYPES
+from .kernel_blocks import record_bytes, repack
 
 DATA = "kernels.onnx.data"
 
@@ -90,6 +98,45 @@ def _convert(gr: _Graph, n, bits: int, block: int, mm) -> tuple[np.ndarray, np.n
     return pack(codes, scale, (mins - scale * zp).astype(np.float32), bits, block)
 
 
+def _gguf_parts(n, tensors: dict | None) -> list[dict] | None:
+    """The GGUF tensors MatMulNBits `n` was imported from (its doc_string, export/nbits.py
+    `source_note`) where QMatMulGGML reads them: all of one block type it takes, rows in tiles
+    of 16, and the file's tensors at hand. Else None (the node gets QMatMul4 / QMatMul8)."""
+    if tensors is None or not n.doc_string:
+        return None
+    try:
+        parts = json.loads(n.doc_string).get("gguf")
+    except (ValueError, AttributeError):
+        return None
+    if not parts or len({p["type"] for p in parts}) != 1 or parts[0]["type"] not in BLOCK_TYPES:
+        return None
+    a = _attrs(n)
+    if a["K"] % BLOCK_TYPES[parts[0]["type"]][0] or sum(p["rows"] for p in parts) != a["N"]:
+        return None
+    if any(p["rows"] % TILE or p["tensor"] not in tensors for p in parts):
+        return None
+    return parts
+
+
+class _Blocks:
+    """QMatMulGGML's blocks input for GGUF tensors `parts` (stacked, rows in the graph's order),
+    repacked from the memory-mapped file only when `write_data` writes it: the export holds one
+    tensor's blocks at a time. Shape, dtype and size are known beforehand (the data's layout)."""
+
+    dtype = np.dtype(np.uint8)
+
+    def __init__(self, tensors: dict, parts: list[dict], k: int):
+        self.tensors, self.parts, self.k = tensors, parts, k
+        per_block, _ = BLOCK_TYPES[parts[0]["type"]]
+        rows = sum(p["rows"] for p in parts)
+        self.shape = (rows // TILE, k // per_block, record_bytes(parts[0]["type"]))
+        self.nbytes = int(np.prod(self.shape))
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.concatenate([repack(self.tensors[p["tensor"]].data, p["type"], p["rows"], self.k,
+                                      None if p["order"] is None else np.asarray(p["order"])) for p in self.parts])
+
+
 def _prune(nodes: list, outputs: set[str]) -> list:
     """Drop what only removed nodes read: the block sums (Reshape -> ReduceSum) of the mins'
     corrections, the lanes' GQA scalars (Slice -> Add -> Squeeze of lane_seqlens)."""
@@ -101,11 +148,34 @@ def _prune(nodes: list, outputs: set[str]) -> list:
         nodes = [n for n in nodes if id(n) not in dead]
 
 
-def rewrite(model: onnx.ModelProto, base: Path, arrays: dict[str, np.ndarray], head_dim: int = 0) -> onnx.ModelProto:
+def _operator(gr: _Graph, n, form: tuple[int, int], corr, arrays: dict, tensors: dict | None):
+    """The specrt operator in place of MatMulNBits `n` (and its mins' correction `corr`), its
+    new initializers put in `arrays`: QMatMulGGML over the GGUF's own blocks where `_gguf_parts`
+    finds them, else QMatMul4 / QMatMul8 over its converted codes, scales and mins."""
+    key, a = n.input[1], _attrs(n)
+    out = (corr[0] if corr else n).output[0]
+    bias = [n.input[5]] if len(n.input) > 5 and n.input[5] else []
+    parts = _gguf_parts(n, tensors)
+    if parts is not None:
+        if key + "_gg" not in arrays:
+            arrays[key + "_gg"] = _Blocks(tensors, parts, a["K"])
+        return helper.make_node(BLOCK_OP, [n.input[0], key + "_gg", *bias], [out], name=n.name + "_g",
+                                doc_string=n.doc_string, domain=DOMAIN, K=a["K"], N=a["N"], type=parts[0]["type"])
+    if key + "_qm" not in arrays:
+        arrays[key + "_qm"], arrays[key + "_qm_scale"], arrays[key + "_qm_min"] = _convert(
+            gr, n, *form, corr[1] if corr else None)
+    attrs = dict(block_size=form[1]) if form[0] == 8 else {}
+    return helper.make_node(FORMS[form], [n.input[0], key + "_qm", key + "_qm_scale", key + "_qm_min", *bias], [out],
+                            name=n.name + "_q", domain=DOMAIN, K=a["K"], N=a["N"], **attrs)
+
+
+def rewrite(model: onnx.ModelProto, base: Path, arrays: dict[str, np.ndarray], head_dim: int = 0,
+            tensors: dict | None = None) -> onnx.ModelProto:
     """-> `model` with its block-quantized projections and attention on specrt's operators. `base`: the folder
     its external data is relative to. `arrays` collects the new initializers (name -> array),
     shared across calls for graphs of the same weights: each weight is converted once.
-    head_dim: the model's, for the attention (0: the attention is left as it is)."""
+    head_dim: the model's, for the attention (0: the attention is left as it is). tensors: the
+    GGUF's tensors by name (GGUFReader's), for the projections imported from it (`_gguf_parts`)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
@@ -116,16 +186,7 @@ def rewrite(model: onnx.ModelProto, base: Path, arrays: dict[str, np.ndarray], h
         if form is None:
             continue
         corr = gr.mins_correction(n)
-        key = n.input[1]
-        if key + "_qm" not in arrays:
-            arrays[key + "_qm"], arrays[key + "_qm_scale"], arrays[key + "_qm_min"] = _convert(
-                gr, n, *form, corr[1] if corr else None)
-        ins = [n.input[0], key + "_qm", key + "_qm_scale", key + "_qm_min"] + ([n.input[5]] if len(n.input) > 5 else [])
-        out = corr[0] if corr else n
-        a = _attrs(n)
-        attrs = dict(block_size=form[1]) if form[0] == 8 else {}
-        replace[id(out)] = helper.make_node(FORMS[form], [i for i in ins if i], [out.output[0]], name=n.name + "_q",
-                                            domain=DOMAIN, K=a["K"], N=a["N"], **attrs)
+        replace[id(corr[0] if corr else n)] = _operator(gr, n, form, corr, arrays, tensors)
         if corr:
             drop.update({id(n), id(corr[1])})
     nodes = [replace.get(id(n), n) for n in g.node if id(n) not in drop]
@@ -138,7 +199,8 @@ def rewrite(model: onnx.ModelProto, base: Path, arrays: dict[str, np.ndarray], h
     kept = [t for t in g.initializer if t.name in used]
     del g.initializer[:]
     g.initializer.extend(kept)
-    for name in sorted({i for n in nodes if n.op_type in FORMS.values() for i in n.input[1:4]}):
+    ours = {*FORMS.values(), BLOCK_OP}
+    for name in sorted({i for n in nodes if n.op_type in ours for i in n.input[1:4 if n.op_type != BLOCK_OP else 2]}):
         g.initializer.append(TensorProto(name=name, dims=arrays[name].shape, data_type=(
             TensorProto.UINT8 if arrays[name].dtype == np.uint8 else TensorProto.FLOAT)))  # data placed by `place`
     if not any(o.domain == DOMAIN for o in m.opset_import):
@@ -178,18 +240,30 @@ def place(model: onnx.ModelProto, where: dict[str, tuple[int, int]]) -> None:
 GRAPH = "packed{lanes}.kernels.onnx"
 
 
-def add_kernel_graphs(folder: Path, entry) -> list[Path]:
+def gguf_tensors(path: Path | str | None) -> dict | None:
+    """A GGUF file's tensors by name (memory-mapped: a tensor's bytes are read when repacked)."""
+    if path is None:
+        return None
+    from gguf import GGUFReader
+
+    return {t.name: t for t in GGUFReader(str(path)).tensors}
+
+
+def add_kernel_graphs(folder: Path, entry, gguf: Path | str | None = None) -> list[Path]:
     """Write the kernel form of `entry`'s packed graphs (export/packed.py) and record it in the
     entry (`packed.kernels`, `packed.kernel_data`; the caller saves the manifest). Nothing is
     written where neither a projection nor the attention has the form (an fp16 KV cache at
-    accuracy level 0). -> the graphs' paths."""
+    accuracy level 0). gguf: the file the entry's weights were imported from, whose blocks
+    QMatMulGGML then reads (else QMatMul4 / QMatMul8 over the packed graphs' weights).
+    -> the graphs' paths."""
     if not entry.packed.graph:
         return []
     graph = folder / entry.packed.graph
     base = graph.parent
     arrays: dict[str, np.ndarray] = {}
+    tensors = gguf_tensors(gguf)
     models = {n: rewrite(onnx.load(str(folder / entry.packed.file(n)), load_external_data=False), base, arrays,
-                         entry.kv.head_dim) for n in entry.packed.lanes}
+                         entry.kv.head_dim, tensors) for n in entry.packed.lanes}
     if not any(n.domain == DOMAIN for m in models.values() for n in m.graph.node):
         return []
     where = write_data(base, arrays)
@@ -206,12 +280,18 @@ def add_kernel_graphs(folder: Path, entry) -> list[Path]:
     return out
 
 
-if __name__ == "__main__":  # python -m specrt.export.kernel_graph BUNDLE
+if __name__ == "__main__":  # python -m specrt.export.kernel_graph BUNDLE [TARGET_GGUF]
     import sys
 
     folder = Path(sys.argv[1])
     man = load_manifest(folder)
-    for entry in (man.target, man.draft):
-        for p in add_kernel_graphs(folder, entry) if entry is not None else []:
+    gguf = sys.argv[2] if len(sys.argv) > 2 else None
+    for entry, src in ((man.target, gguf), (man.draft, None)):
+        for p in add_kernel_graphs(folder, entry, src) if entry is not None else []:
             print(p)
     man.save(folder)
+    if gguf and not any(n.op_type == BLOCK_OP for n in onnx.load(str(folder / man.target.packed.kernel_file(
+            man.target.packed.lanes[0])), load_external_data=False).graph.node):
+        print(f"no projection of {folder} reads {gguf}'s blocks: its graphs do not name their GGUF tensors "
+              "(exported before they did) or none is of a type QMatMulGGML reads; re-export from the GGUF",
+              file=sys.stderr)

@@ -14,6 +14,8 @@ of a block-quantized embedding (GatherBlockQuantized + the same mins).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from .quantize import QuantWeight, rtn
@@ -50,7 +52,7 @@ def emit(g, x: str, hint: str, qw: QuantWeight, bias: np.ndarray | None, level: 
     while ins[-1] == "":
         ins.pop()
     y = g.op("MatMulNBits", ins, hint, domain=MS, K=k, N=n, bits=qw.bits, block_size=qw.block,
-             accuracy_level=level)
+             accuracy_level=level, doc_string=source_note(qw))
     if qw.mins is None:
         return y
     # w = scale * (q - zp) + min: the min part is sum_b (sum of x over block b) * min[n, b]
@@ -60,6 +62,12 @@ def emit(g, x: str, hint: str, qw: QuantWeight, bias: np.ndarray | None, level: 
         sums[key] = g.op("ReduceSum", [blocks, g.i64(-1)], hint + "_blocksum", keepdims=0)
     corr = g.op("MatMul", [sums[key], g.const(hint + "_minsT", np.ascontiguousarray(qw.mins.T))], hint + "_mins")
     return g.op("Add", [y, corr], hint + "_min")
+
+
+def source_note(qw: QuantWeight) -> str | None:
+    """The GGUF tensors a weight's rows are, as JSON for its node's doc_string ({"gguf": [...]},
+    export/quantize.py `Source`): export/kernel_graph.py reads their blocks from the file."""
+    return json.dumps({"gguf": [s.as_dict() for s in qw.source]}) if qw.source else None
 
 
 def gather(g, ids: str, hint: str, qw: QuantWeight) -> str:

@@ -167,11 +167,12 @@ def _rewrite_io(g: onnx.GraphProto, entry, src, io: PackedIO, lanes: int) -> Non
     del g.value_info[:]
 
 
-def pack_bundle(folder: str | Path, lanes=LANES) -> list[Path]:
+def pack_bundle(folder: str | Path, lanes=LANES, gguf: str | Path | None = None) -> list[Path]:
     """Write the packed graphs (`<model>/packed{lanes}.onnx`, one per lane count) of a bundle's
     target, and of its draft model where it has one of the same form, and record them in the
     manifest (`packed` of each entry). A draft's packed calls batch its catch-up reads of several
-    tokens with the one-token steps of other rows. -> the graphs' paths."""
+    tokens with the one-token steps of other rows. gguf: the file the target was imported from,
+    whose blocks its kernel graphs read (export/kernel_graph.py). -> the graphs' paths."""
     folder = Path(folder)
     man = load_manifest(folder)
     out = []
@@ -188,7 +189,8 @@ def pack_bundle(folder: str | Path, lanes=LANES) -> list[Path]:
             out.append(path)
         entry.packed.graph = str(graph.with_name(GRAPH).relative_to(folder))
         entry.packed.lanes = list(lanes)
-        out += add_kernel_graphs(folder, entry)  # the same graphs on specrt's own kernels, where they apply
+        # the same graphs on specrt's own kernels, where they apply
+        out += add_kernel_graphs(folder, entry, gguf if entry is man.target else None)
     man.save(folder)
     return out
 

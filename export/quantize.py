@@ -59,6 +59,21 @@ def dequantize(packed: np.ndarray, scales: np.ndarray, k: int, bits: int = 4) ->
 
 
 @dataclass(frozen=True)
+class Source:
+    """A GGUF tensor a weight's rows come from: its name, block type and row count, and the
+    order its rows take (transformers' row permutation, e.g. llama's q/k), None as they are."""
+
+    tensor: str
+    type: str
+    rows: int
+    order: tuple[int, ...] | None = None
+
+    def as_dict(self) -> dict:
+        return {"tensor": self.tensor, "type": self.type, "rows": self.rows,
+                "order": None if self.order is None else list(self.order)}
+
+
+@dataclass(frozen=True)
 class QuantWeight:
     """One [N, K] weight in MatMulNBits form: w[n, k] = scale * (code - zero_point) + min, per block
     of `block` input features (b = k // block). The optional per-block `mins` are what uint8 zero
@@ -67,7 +82,9 @@ class QuantWeight:
 
     packed: uint8 [N, n_blocks, block * bits // 8] (4 bits: element 2j in the low nibble of byte j)
     scales: fp32 [N, n_blocks]; zero_points: uint8 [N, n_blocks] (unpacked); mins: fp32 [N, n_blocks] | None
-    kind: where it came from ("rtn" or the GGUF tensor type, e.g. "Q4_K")."""
+    kind: where it came from ("rtn" or the GGUF tensor type, e.g. "Q4_K").
+    source: the GGUF tensors its rows are, in order (an imported weight; () otherwise): what
+    export/kernel_graph.py copies their blocks from."""
 
     bits: int
     block: int
@@ -76,6 +93,7 @@ class QuantWeight:
     zero_points: np.ndarray
     mins: np.ndarray | None
     kind: str
+    source: tuple[Source, ...] = ()
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -114,8 +132,13 @@ class QuantWeight:
     def rows(self, order: np.ndarray) -> QuantWeight:
         """The same weight with its output rows reordered (GGUF's permuted q/k rows)."""
         mins = None if self.mins is None else self.mins[order]
+        source = ()
+        if len(self.source) == 1:  # the tensor's rows, taken in the new order
+            src = self.source[0]
+            old = np.arange(src.rows) if src.order is None else np.asarray(src.order)
+            source = (replace(src, order=tuple(int(i) for i in old[order])),)
         return replace(self, packed=self.packed[order], scales=self.scales[order],
-                       zero_points=self.zero_points[order], mins=mins)
+                       zero_points=self.zero_points[order], mins=mins, source=source)
 
 
 def fuse(parts: list[QuantWeight]) -> QuantWeight | None:
@@ -128,9 +151,10 @@ def fuse(parts: list[QuantWeight]) -> QuantWeight | None:
     if any(p.mins is not None for p in parts):
         mins = np.concatenate([p.mins if p.mins is not None else np.zeros_like(p.scales) for p in parts])
     kinds = "+".join(sorted({p.kind for p in parts}))
+    source = sum((p.source for p in parts), ()) if all(p.source for p in parts) else ()
     return QuantWeight(first.bits, first.block, np.concatenate([p.packed for p in parts]),
                        np.concatenate([p.scales for p in parts]), np.concatenate([p.zero_points for p in parts]),
-                       mins, kinds)
+                       mins, kinds, source)
 
 
 def rtn(w: np.ndarray, block_size: int = 32, bits: int = 4) -> QuantWeight:

@@ -96,5 +96,6 @@ OrtCustomOp kernel_op() {
 }
 
 OrtCustomOp* packed_attention_op();  // attention_op.cc
+OrtCustomOp* qmatmul_ggml_op();      // qmatmul_ggml_op.cc
 
 }  // namespace specrt

@@ -1,4 +1,5 @@
-// onnxruntime custom-op library: domain "specrt", ops QMatMul4 and QMatMul8 (qmatmul.h), against
+// onnxruntime custom-op library: domain "specrt", ops QMatMul4 and QMatMul8 (qmatmul.h; QMatMulGGML
+// and PackedAttention register here from their own files), against
 // onnxruntime's C API version 21 (headers from Debian's libonnxruntime-dev 1.21; newer runtimes
 // accept it).
 //   inputs:  x float [..., K], codes uint8 [N/16, K/block, 16 * block * bits / 8],
@@ -231,6 +232,7 @@ SPECRT_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* optio
     TRY(api->CustomOpDomain_Add(g_domain, &g_qmatmul4));
     TRY(api->CustomOpDomain_Add(g_domain, &g_qmatmul8));
     TRY(api->CustomOpDomain_Add(g_domain, packed_attention_op()));
+    TRY(api->CustomOpDomain_Add(g_domain, qmatmul_ggml_op()));
   }
   return api->AddCustomOpDomain(options, g_domain);
 }

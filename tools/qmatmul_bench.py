@@ -2,18 +2,23 @@
 run, per call.
 
     python tools/qmatmul_bench.py [--shapes K:N[:bits:block],...] [--rows 1,2,4,...] [--threads 2]
+    python tools/qmatmul_bench.py --ggml [--shapes K:N:TYPE,...] [--rows 1,2,6,17] [--threads 1,2]
 
 Both graphs hold the same codes, scales and per-block mins: a Q4_K-like weight (4 bits, blocks
 of 32: MatMulNBits at accuracy_level 4 plus the block-sum correction for the mins, as
 export/nbits.py `emit` writes it) or a Q6_K-like one (8 bits, blocks of 16, zero point 32). Prints
 the median ms of each and their ratio, per shape and row count, and the sum over the shapes
 (by default one coder layer's, then its LM head; docs/benchmarks.md §26).
+
+--ggml: QMatMulGGML over a GGUF type's own blocks (random bytes of that type) against the
+QMatMul4 / QMatMul8 form the kernel graphs make of the same blocks (tools/ggml_bench.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import numpy as np
@@ -92,6 +97,11 @@ def timed(sess, x, reps) -> float:
 
 
 def main() -> None:
+    if "--ggml" in sys.argv:
+        import ggml_bench
+
+        sys.argv.remove("--ggml")
+        return ggml_bench.main()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=CODER)
     ap.add_argument("--rows", default="1,2,4,8,16,32,64")

@@ -4,6 +4,8 @@ target-only through the engine, alone and under concurrency."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import threading
 from collections import Counter
 
@@ -20,6 +22,7 @@ from checks import (
     packed_model,
 )
 from specrt.export import export_bundle
+from specrt.export.kernel_graph import add_kernel_graphs
 from specrt.runtime.bundle.manifest import load_manifest
 
 KW = dict(draft="none", max_draft_tokens=16, echo=None)
@@ -32,7 +35,14 @@ def bundles(tiny_dirs, tmp_path_factory):
     export_bundle(str(gguf), base / "gguf", precision="gguf", accuracy_level=4, max_seq_len=256, **KW)
     export_bundle(str(gguf), base / "gguf-l0", precision="gguf", accuracy_level=0, max_seq_len=256, **KW)
     export_bundle(str(tiny_dirs["target"]), base / "int4-l0", precision="int4", accuracy_level=0, max_seq_len=256, **KW)
-    return {"gguf": base / "gguf", "gguf-l0": base / "gguf-l0", "int4-l0": base / "int4-l0"}
+    # the same bundle with the kernel graphs made without the GGUF: QMatMul4 / QMatMul8 over the
+    # packed graphs' fp32 scales and mins (a bundle exported before QMatMulGGML)
+    shutil.copytree(base / "gguf", base / "gguf-qm")
+    man = load_manifest(base / "gguf-qm")
+    add_kernel_graphs(base / "gguf-qm", man.target)
+    man.save(base / "gguf-qm")
+    return {"gguf": base / "gguf", "gguf-l0": base / "gguf-l0", "int4-l0": base / "int4-l0", "gguf-qm": base / "gguf-qm",
+            "file": gguf}
 
 
 def _ops(path) -> Counter:
@@ -48,12 +58,15 @@ def test_written_where_the_form_applies(bundles):
     assert (bundles["gguf"] / man.target.packed.kernel_data).is_file()
     before = _ops(bundles["gguf"] / man.target.packed.file(4))
     after = _ops(bundles["gguf"] / man.target.packed.kernel_file(4))
+    qm = _ops(bundles["gguf-qm"] / man.target.packed.kernel_file(4))
     # the tiny GGUF's 4-bit Q4_K x3, Q4_0 and Q4_1; its 8-bit Q5_0, Q5_1, Q5_K, Q6_K x2, Q8_0
     # and Q6_K LM head (export/tiny_gguf.py; export/gguf_blocks.py FORMS); Q2_K and Q3_K (4 bits
-    # in blocks of 16) stay MatMulNBits
-    assert before["4-bit/32 MatMulNBits"] == after["QMatMul4"] == 5
-    assert before["8-bit/16 MatMulNBits"] + before["8-bit/32 MatMulNBits"] == after["QMatMul8"] == 7
-    assert after["MatMulNBits"] == after["4-bit/16 MatMulNBits"] == 2
+    # in blocks of 16) stay MatMulNBits. Exported from the GGUF, QMatMulGGML reads the Q4_K,
+    # Q4_0, Q5_K, Q6_K and Q8_0 blocks; Q4_1, Q5_0 and Q5_1 keep QMatMul4 / QMatMul8.
+    assert before["4-bit/32 MatMulNBits"] == qm["QMatMul4"] == 5
+    assert before["8-bit/16 MatMulNBits"] + before["8-bit/32 MatMulNBits"] == qm["QMatMul8"] == 7
+    assert (after["QMatMulGGML"], after["QMatMul4"], after["QMatMul8"]) == (9, 1, 2) and not qm["QMatMulGGML"]
+    assert after["MatMulNBits"] == after["4-bit/16 MatMulNBits"] == qm["MatMulNBits"] == 2
     # the mins' corrections (Q4_K x3, Q4_1, Q5_1, Q5_K) went into the operators
     assert after["MatMul"] == before["MatMul"] - 6
     # each layer's per-lane attention (a Gather and a GQA per lane, a Concat, the unpack Gather)
@@ -152,3 +165,43 @@ def test_no_kernels_no_avx512_and_no_library_run_the_matmulnbits_graph(bundles, 
 
 def test_a_missing_kernel_file_is_a_clear_bundle_error(bundles, tmp_path):
     assert_missing_file_is_a_bundle_error(bundles["gguf"], "target/kernels.onnx.data", tmp_path)
+
+
+def test_exported_from_the_gguf_the_projections_stream_its_bytes(bundles):
+    """Each QMatMulGGML reads the GGUF tensors it was imported from, as many bytes as the file
+    holds for them (rows repacked 16 at a time, export/kernel_blocks.py)."""
+    from gguf import GGUFReader
+
+    sizes = {t.name: int(t.n_bytes) for t in GGUFReader(str(bundles["file"])).tensors}
+    g = onnx.load(str(bundles["gguf"] / load_manifest(bundles["gguf"]).target.packed.kernel_file(2)),
+                  load_external_data=False).graph
+    dims = {t.name: t.dims for t in g.initializer}
+    ops = [n for n in g.node if n.op_type == "QMatMulGGML"]
+    for n in ops:
+        parts = json.loads(n.doc_string)["gguf"]
+        assert int(np.prod(dims[n.input[1]])) == sum(sizes[p["tensor"]] for p in parts), n.name
+    q = next(json.loads(n.doc_string)["gguf"][0] for n in ops if "attn_q" in n.doc_string)
+    assert q["order"] is not None and sorted(q["order"]) == list(range(q["rows"]))  # llama's q rows, permuted
+
+
+def test_blocks_compute_what_the_qmatmul_graphs_do(bundles):
+    """Q4_K / Q5_K take QMatMul4 / QMatMul8's float steps on the same weights (the same bits);
+    Q6_K, Q8_0 and Q4_0 take the zero point out in int32 (native/qmatmul_ggml.h): the logits of
+    the two kernel graphs agree but for float rounding (int8 activations can round it up to a
+    step), and so does greedy output through the engine."""
+    toks = np.random.default_rng(5).integers(3, 120, 200)
+    for ctx, T in ((0, 7), (50, 10), (150, 17)):
+        out = {}
+        for name in ("gguf", "gguf-qm"):
+            _, _, pm = packed_model(bundles[name], slots=1, lanes=1, kernels=True)
+            fill_slot(pm, 0, toks[:ctx])
+            out[name] = pm.run(0, toks[ctx:ctx + T], ctx).copy()
+        assert not np.array_equal(out["gguf"], out["gguf-qm"])  # other steps ran
+        np.testing.assert_allclose(out["gguf"], out["gguf-qm"], rtol=0, atol=1e-2 * np.abs(out["gguf-qm"]).max())
+        assert (out["gguf"].argmax(-1) == out["gguf-qm"].argmax(-1)).all()
+    prompts = [[1, 5, 9, 33, 7, 5, 9, 33, 7, 5, 9], [4, 8, 15, 16, 23, 42, 8, 15, 16], list(range(10, 70))]
+    greedy = {}
+    for name in ("gguf", "gguf-qm"):
+        with specrt.load(bundles[name], max_batch=1) as pipe:
+            greedy[name] = [_solo(pipe, p, 40) for p in prompts]
+    assert greedy["gguf"] == greedy["gguf-qm"]

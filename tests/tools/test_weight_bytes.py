@@ -31,3 +31,25 @@ def test_a_q4k_projection_counts_codes_scales_block_sums_and_mins(tmp_path):
     assert q["codes"] == n * k / 2 and q["scales (fp32)"] == q["block sums (fp32, packed)"] == q["mins (fp32)"] == n * k / 8
     assert forms["float MatMul"]["weights"] == 1000 * n and forms["float MatMul"]["fp32 matrix"] == 4 * 1000 * n
     assert gathered == {"Gather": 4 * 1000 * n}
+
+
+def test_kernel_operators_count_what_they_read(tmp_path):
+    """QMatMul4: 4-bit codes and fp32 scales and mins (6 bits a weight); QMatMulGGML: the GGUF
+    blocks it reads (Q4_K: 4.5 bits a weight, the file's own)."""
+    n, k = 32, 256
+    inits = [numpy_helper.from_array(np.zeros((n // 16, k // 32, 256), np.uint8), "c"),
+             numpy_helper.from_array(np.zeros((n // 16, k // 32, 16), np.float32), "s"),
+             numpy_helper.from_array(np.zeros((n // 16, k // 32, 16), np.float32), "m"),
+             numpy_helper.from_array(np.zeros((n // 16, k // 256, 16 * 144), np.uint8), "b")]
+    nodes = [helper.make_node("QMatMul4", ["x", "c", "s", "m"], ["y"], domain="specrt", K=k, N=n),
+             helper.make_node("QMatMulGGML", ["y2", "b"], ["z"], domain="specrt", K=k, N=n, type="Q4_K")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k]),
+                                       helper.make_tensor_value_info("y2", TensorProto.FLOAT, [1, k])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, n])], initializer=inits)
+    path = tmp_path / "k.onnx"
+    onnx.save(helper.make_model(g), str(path))
+    forms, _ = weight_bytes.account(path)
+    q4 = forms["QMatMul4 (4-bit, block 32)"]
+    assert q4["weights"] == n * k and q4["codes"] == n * k / 2 and q4["scales (fp32)"] == q4["mins (fp32)"] == n * k / 8
+    gg = forms["QMatMulGGML Q4_K"]
+    assert gg["weights"] == n * k and gg["blocks (the GGUF's own)"] * 8 / (n * k) == weight_bytes.GGUF_BITS["Q4_K"]
