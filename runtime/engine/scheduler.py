@@ -257,7 +257,7 @@ class Scheduler:
     def _prefill(self) -> None:
         """A step without decoding rows (or on a target that does not pack): its prompt chunks
         in one packed call where the target packs, else a call each."""
-        packs = getattr(self.target, "packs", False)
+        packs = self.target.packs
         chunks = self._chunks(self.target.lanes if packs else len(self.running), self.target.max_prefill_t)
         if packs and len(chunks) > 1:
             try:
@@ -338,7 +338,7 @@ class Scheduler:
     def step(self, take_waiting=lambda: None) -> None:
         self.admit(take_waiting)
         rows = self._decoding()
-        packs = getattr(self.target, "packs", False)
+        packs = self.target.packs
         if not (rows and packs):  # prompt chunks in calls of their own, before the round
             self._prefill()
             rows = self._decoding()

@@ -121,7 +121,7 @@ class Round:
         c.steps += 1
         c.rows += len(rows)
         c.drafting_steps += bool(drafting)
-        if getattr(self.target, "packs", False):
+        if self.target.packs:
             self.packed(rows, proposals, draft_ms if drafting else 0.0, running == 1, ride)
             return self.outcomes
         if plain:

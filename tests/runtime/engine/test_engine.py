@@ -187,7 +187,7 @@ def test_a_failing_request_does_not_disturb_the_others(int8, monkeypatch):
     # ... and one whose model call fails mid-run ends alone, with its error
     target = int8.parts.target
     bad = int8.request(prompts[0], max_new_tokens=25, k=3)
-    if getattr(target, "packs", False):  # every row of a step in one call: the call fails for all,
+    if target.packs:  # every row of a step in one call: the call fails for all,
         real = target.run_packed  # each row is retried alone, and only the bad one fails again
 
         def failing(seqs):
