@@ -187,8 +187,7 @@ class ModelCalls:
     def _reads_prompt(model, r: Request) -> bool:
         """Whether the draft's call for `r` still reads its prompt: its rows start at the
         drafter's `offset` (a windowed draft's first row is a later token)."""
-        offset = getattr(r.drafter, "offset", 0) or 0
-        return offset + model.pool.length(model.track, r.slot) < len(r.prompt)
+        return r.drafter.offset + model.pool.length(model.track, r.slot) < len(r.prompt)
 
     def _draft_one(self, model, r: Request, c: DraftCall):
         try:

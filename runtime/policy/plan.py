@@ -198,10 +198,10 @@ class Planner:
             return 0, None
         r.route = r.drafter.route(r.seq)
         pol = r.policies.get(r.route)
-        lag = getattr(r.drafter, "lag", None)  # a separate draft's catching up, priced by the policy
-        k = pol.choose_k(len(r.seq), lag(r.seq) if lag else 0, r.remaining) if pol is not None else r.k
+        lag = r.drafter.lag(r.seq)  # a separate draft's catching up, priced by the policy
+        k = pol.choose_k(len(r.seq), lag, r.remaining) if pol is not None else r.k
         row = None
         if pol is not None:
-            read = pol.costs.read_ms(lag(r.seq)) / max(1, r.remaining) if lag else 0.0
+            read = pol.costs.read_ms(lag) / max(1, r.remaining)
             row = Row(min(k, r.remaining - 1), pol.acc.expected()[: k + 1], r.route == "ngram", len(r.seq), read)
         return max(0, min(k, r.remaining - 1)), row
