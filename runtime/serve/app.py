@@ -31,7 +31,7 @@ from . import messages_api, responses_api
 from .config import ServerConfig
 from .errors import APIError, ReplicaFailed, as_api_error, bad
 from .metrics import CONTENT_TYPE
-from .protocol import ErrorResponse, ModelList
+from .protocol import ErrorResponse, ModelList, dump
 from .protocol_chat import ChatCompletionRequest, ChatCompletionResponse
 from .protocol_completion import CompletionRequest, CompletionResponse
 from .protocol_infill import InfillRequest, InfillResponse
@@ -43,7 +43,6 @@ from .protocol_tokenize import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from .responses import dump
 from .serving import LocalClient, OpenAIServing
 
 __all__ = ["ServerConfig", "build_app", "make_app"]

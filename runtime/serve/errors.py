@@ -63,7 +63,7 @@ def as_api_error(e: Exception, method: str = "", path: str = "") -> APIError:
         return APIError(400, info.message, info.type, info.param, info.code)
     for cls, (code, retry, message) in _UNAVAILABLE.items():
         if isinstance(e, cls):
-            headers = ({"Retry-After": retry} if retry else {}) | getattr(e, "headers", {})
+            headers = ({"Retry-After": retry} if retry else {}) | (e.headers if isinstance(e, ReplicaFailed) else {})
             return APIError(503, message or str(e), "server_error", code=code, headers=headers or None)
     if isinstance(e, StarletteHTTPException):  # routing: unknown path or method
         if e.status_code in (404, 405):

@@ -272,3 +272,8 @@ class ErrorInfo(BaseModel):
 class ErrorResponse(BaseModel):
     error: ErrorInfo
 
+
+def dump(model) -> dict:
+    """A response as the JSON clients read: null fields kept (`"logprobs": null`), fields
+    marked `exclude_if` dropped."""
+    return model.model_dump(mode="json")

@@ -44,11 +44,11 @@ from .app import make_app
 from .config import ServeOptions, ServerConfig
 from .errors import APIError, ReplicaFailed, as_api_error
 from .metrics import Metrics
-from .protocol import ErrorInfo
-from .responses import dump
+from .protocol import ErrorInfo, dump
 from .router import PowerOfTwoRouter, PrefixAffinityRouter
 from .serving import LocalClient, OpenAIServing
-from .streaming import SSE_HEADERS, Stream, sse_error, watch_disconnect
+from .shape import sse_error
+from .streaming import SSE_HEADERS, Stream, watch_disconnect
 
 log = logging.getLogger("specrt.serve")
 REPLICA_HEADER = "x-specrt-replica"  # names the engine replica that served a request

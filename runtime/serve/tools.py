@@ -41,7 +41,7 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer, shape=None) -> tuple[list
     """-> (prompt ids, response shape; shape(model, plan, prompt tokens) builds it for an API
     translated onto chat). Raises ToolError (a 400 naming its param)."""
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-    choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
+    choice = req.tool_choice if isinstance(req.tool_choice, str | None) else req.tool_choice.model_dump()
     parallel = req.parallel_tool_calls is True  # unset: one call (docs/design.md "Tool calls")
     ids, plan = prepare(tokenizer, req.chat_messages(), tools, choice, parallel)
     if shape is not None:
@@ -58,8 +58,7 @@ def with_tool_grammar(opts: RequestOptions, out) -> RequestOptions:
 
 def tool_grammar_field(out) -> str | None:
     """"tools" when the response shape carries a tool grammar (the field a compile error names)."""
-    plan = getattr(out, "plan", None)
-    return "tools" if plan is not None and plan.constraint is not None else None
+    return "tools" if out.plan is not None and out.plan.constraint is not None else None
 
 
 def _tool_deltas(d: Delta) -> list[DeltaToolCall] | None:

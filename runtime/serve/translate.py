@@ -23,6 +23,7 @@ from .blocks import Block, Blocks
 from .errors import APIError, openai_error
 from .protocol import UsageInfo
 from .protocol_chat import ChatCompletionRequest
+from .shape import ResponseShape
 
 
 def to_chat(cls: type[ChatCompletionRequest], body: dict, rename=lambda p: p) -> ChatCompletionRequest:
@@ -37,7 +38,7 @@ def to_chat(cls: type[ChatCompletionRequest], body: dict, rename=lambda p: p) ->
 
 
 class Body(dict):
-    """A whole response built as a dict, dumped as chat's pydantic models are (`responses.dump`)."""
+    """A whole response built as a dict, dumped as chat's pydantic models are (`protocol.dump`)."""
 
     def model_dump(self, mode: str = "json") -> dict:
         return dict(self)
@@ -48,7 +49,7 @@ def sse(name: str, data: dict) -> str:
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-class BlockOutput:
+class BlockOutput(ResponseShape):
     """Output of a translated API: n = 1 choice as blocks (text runs, tool calls), streamed as
     named SSE events or collected whole. Subclasses render: `_start` (the events before any
     block), `_render(event)` (one block event), `_finish(finish, usage)` (the events after the

@@ -22,13 +22,31 @@ from specrt.runtime.backends.single import SingleSequenceModel
 from specrt.runtime.backends.trt import TrtBackend
 from specrt.runtime.bundle.loader import load_models
 from specrt.runtime.drafters import AutoDrafter, Drafter, EagleDrafter, ModelDrafter, NgramDrafter
+from specrt.runtime.serve.infill import InfillOutput
+from specrt.runtime.serve.messages_api import MessagesOutput
+from specrt.runtime.serve.protocol_infill import InfillRequest
+from specrt.runtime.serve.responses import ChatOutput, CompletionOutput
+from specrt.runtime.serve.responses_api import ResponsesOutput
+from specrt.runtime.serve.shape import SSE_DONE, ResponseShape
+from specrt.runtime.serve.tools import ToolChatOutput
+from specrt.runtime.serve.translate import BlockOutput
+from specrt.runtime.text.toolcalls import ToolPlan
 
 POOL_MODELS = (OrtModel, PackedModel, SingleSequenceModel, FakeModel)
 DRAFTERS = (ModelDrafter, NgramDrafter, AutoDrafter, EagleDrafter)
+SHAPES = (ChatOutput, CompletionOutput, ToolChatOutput, InfillOutput, BlockOutput, ResponsesOutput, MessagesOutput)
 
 
 def _params(fn) -> list[str]:
     return [p for p in inspect.signature(fn).parameters if p != "self"]
+
+
+def _same_params(fn, proto_fn) -> bool:
+    """fn takes proto_fn's parameters by the same names in the same order (more after them only
+    with defaults)."""
+    want, sig = _params(proto_fn), inspect.signature(fn).parameters
+    have = [p for p in sig if p != "self"]
+    return have[: len(want)] == want and all(sig[p].default is not inspect.Parameter.empty for p in have[len(want):])
 
 
 def _is_stub(fn) -> bool:
@@ -54,7 +72,7 @@ def conforms(cls, proto, obj=None) -> None:
     for m in required:
         assert inspect.getattr_static(cls, m) is not vars(proto)[m], f"{cls.__name__}.{m} is the protocol's stub"
     for m in required + optional:
-        assert _params(getattr(cls, m)) == _params(getattr(proto, m)), f"{cls.__name__}.{m}"
+        assert _same_params(getattr(cls, m), getattr(proto, m)), f"{cls.__name__}.{m}"
     for a in attrs if obj is not None else ():
         assert hasattr(obj, a), f"{cls.__name__} lacks {a}"
 
@@ -120,6 +138,23 @@ def test_drafters_conform(tmp_path):
         conforms(cls, Drafter)
 
 
+def test_response_shapes_conform():
+    plan = ToolPlan(tools=[], constraint=None, names=frozenset(), choice="auto")
+    shapes = [ChatOutput("m"), CompletionOutput("m", fim=True, heal=" x"), ToolChatOutput("m", plan),
+              InfillOutput(InfillRequest(input_prefix="a", input_suffix="b")), ResponsesOutput("m", None, 3, {}),
+              MessagesOutput("m", plan, 3)]
+    for out in shapes:
+        conforms(type(out), ResponseShape, out)
+    for cls in SHAPES:
+        conforms(cls, ResponseShape)
+    chat, completion, tool_chat, infill, responses, messages = shapes
+    assert (chat.fim, chat.heal, chat.plan, chat.done) == (False, "", None, SSE_DONE)  # the defaults
+    assert completion.fim and completion.heal == " x" and infill.fim and tool_chat.plan is plan
+    assert responses.done == "" and chat.text_stream(None, []) is None
+    messages.stopped_by(0, "END")
+    assert messages.stop_sequence == "END" and chat.stopped_by(0, "END") is None
+
+
 def _subclasses(protocols: set[str]) -> set[str]:
     """Classes in runtime/ and tests/fakes.py whose bases name one of `protocols`."""
     found = set()
@@ -133,8 +168,9 @@ def _subclasses(protocols: set[str]) -> set[str]:
 def test_every_class_of_a_protocol_is_checked_here():
     """A class that takes a protocol's defaults is checked against it above; a new one is added
     to these lists (and so to the checks)."""
-    listed = {c.__name__ for c in POOL_MODELS + DRAFTERS} | {"OrtBackend", "TrtBackend"}
-    assert _subclasses({"PoolModel", "Backend", "Drafter"}) <= listed
+    listed = {c.__name__ for c in POOL_MODELS + DRAFTERS + SHAPES} | {"OrtBackend", "TrtBackend"}
+    assert _subclasses({"PoolModel", "Backend", "Drafter", "ResponseShape", "ModelDrafter", "ChatOutput",
+                        "BlockOutput"}) <= listed
 
 
 def test_each_class_name_in_the_runtime_means_one_thing():
