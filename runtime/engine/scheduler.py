@@ -125,6 +125,15 @@ class Scheduler:
         """End a request by its own failure (`speculate.alone`)."""
         self._retire(r, "error", error)
 
+    def fail_running(self, error: Exception) -> None:
+        """End every running request with `error` (a step raised: an engine bug, which must not
+        hang its clients); a request that cannot even be retired leaves the running list."""
+        for r in list(self.running):
+            try:
+                self._retire(r, "error", error)
+            except Exception:  # noqa: BLE001
+                self.running.remove(r)
+
     def admit(self, take_waiting) -> None:
         """take_waiting() -> the next waiting request or None (the engine's locked queue).
         Requests deferred at an earlier step (`_await_prefill`) are looked at first."""

@@ -63,7 +63,7 @@ def stream_chat(pipe, messages: list[dict], *, tools: list[dict] | None = None, 
         yield d
     if result is not None:
         result.append(ChatResult((calls.content or None) if calls.calls else calls.content, calls.calls,
-                                 out.finish_reason(bool(calls.calls)), out.ids, stats))
+                                 out.finish_reason(bool(calls.calls)), out.ids, out.result().stats))
 
 
 def chat(pipe, messages: list[dict], **kw) -> ChatResult:
