@@ -306,7 +306,7 @@ def drive(pipe, requests) -> list[list[int]]:
     for r in requests:
         r.sink = sink_for(r)
     if any(r.adaptive for r in requests):
-        pipe.scheduler.costs = pipe.costs()  # what the engine does before the first adaptive request
+        pipe.use_costs()  # what the engine does before the first adaptive request
     waiting = deque(submitted(*requests))
     sched = pipe.scheduler
     while waiting or sched.running or sched.deferred:

@@ -180,6 +180,11 @@ class Scheduler:
                 and not self.probe_now():
             r.adaptive = False
 
+    def use_costs(self, costs) -> None:
+        """Plan with these call costs (adaptive.Costs) from the next step; call it while no
+        request runs."""
+        self.costs = costs
+
     def probe_now(self) -> bool:
         """Take the call costs now (the cached probe, or measured) unless they are known; call it
         while no request runs (a pipeline does at load). -> whether costs are known."""
