@@ -37,7 +37,7 @@ from .sampling.grammar import Grammars
 from .sampling.infill import InfillSampler
 from .sampling.text_prefix import TextPrefix, prefix_index
 from .text.output import TextOutput
-from .text.results import DONE, Events, Result
+from .text.results import END, Events, Result
 
 __all__ = ["Pipeline", "Result", "load"]
 
@@ -186,7 +186,7 @@ class Pipeline:
     def _drain(self, r: Request, events) -> Iterator[list[int]]:
         ev = Events(r)
         try:
-            while (chunk := ev.take(*events.get())) is not DONE:
+            while (chunk := ev.take(*events.get())) is not END:
                 if chunk is not None:
                     yield chunk
         finally:
@@ -286,7 +286,7 @@ class Pipeline:
     async def _adrain(self, r: Request, events: asyncio.Queue) -> AsyncIterator[list[int]]:
         ev = Events(r)
         try:
-            while (chunk := ev.take(*await events.get())) is not DONE:
+            while (chunk := ev.take(*await events.get())) is not END:
                 if chunk is not None:
                     yield chunk
         finally:

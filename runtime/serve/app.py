@@ -2,13 +2,13 @@
 
 Routes: POST /v1/chat/completions, POST /v1/completions, POST /infill, /tokenize and /detokenize
 (llama.cpp's), GET /v1/models, GET /health (503 while the bundle loads), GET /metrics
-(Prometheus), GET /openapi.json (the schema of the protocol models). Layers, as in the OpenAI
+(Prometheus), GET /openapi.json (the schema of the wire models). Layers, as in the OpenAI
 reference servers:
 - this file: routes that only take a checked body and hand it on (FastAPI validates it against
-  the protocol models first; bodies are read under a size limit), and one exception handler;
+  the wire models (schema*.py) first; bodies are read under a size limit), and one exception handler;
 - serving.py: `OpenAIServing` turns a request into a response over an engine client (the pipeline in
   this process, or Ray replicas: ray_deploy.py); streaming.py runs one response's choices;
-  responses.py builds their shapes;
+  outputs.py builds their shapes;
 - errors.py maps every exception to OpenAI's `{"error": {...}}` by its class. A user's mistake
   is a 4xx with a message that says what to change, never a traceback.
 """
@@ -31,13 +31,13 @@ from . import messages_api, responses_api
 from .config import ServerConfig
 from .errors import APIError, ReplicaFailed, as_api_error, bad
 from .metrics import CONTENT_TYPE
-from .protocol import ErrorResponse, ModelList, dump
-from .protocol_chat import ChatCompletionRequest, ChatCompletionResponse
-from .protocol_completion import CompletionRequest, CompletionResponse
-from .protocol_infill import InfillRequest, InfillResponse
-from .protocol_messages import CountTokensRequest, MessagesRequest
-from .protocol_responses import ResponsesRequest
-from .protocol_tokenize import (
+from .schema import ErrorResponse, ModelList, dump
+from .schema_chat import ChatCompletionRequest, ChatCompletionResponse
+from .schema_completion import CompletionRequest, CompletionResponse
+from .schema_infill import InfillRequest, InfillResponse
+from .schema_messages import CountTokensRequest, MessagesRequest
+from .schema_responses import ResponsesRequest
+from .schema_tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,
@@ -207,7 +207,7 @@ def build_app(cfg: ServerConfig, load, on_load_error=None) -> FastAPI:
 def make_app(serving: OpenAIServing, lifespan=None) -> FastAPI:
     """The HTTP API over a serving object (its engine client: this process's pipeline, or Ray's
     engine replicas, ray_deploy.py)."""
-    # /openapi.json is served (the protocol models' schema); the docs UIs stay off. A body
+    # /openapi.json is served (the wire models' schema); the docs UIs stay off. A body
     # without Content-Type is read as JSON, as before FastAPI 0.132 made that strict.
     app = FastAPI(title="specrt", docs_url=None, redoc_url=None, lifespan=lifespan, strict_content_type=False)
     app.state.serving = serving

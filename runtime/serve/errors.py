@@ -2,7 +2,7 @@
 
 A user's mistake is a 4xx with a message that says what to change and `param` naming the
 field: pydantic's validation errors through `openai_error`, the runtime's `InvalidRequest`
-through its own `param` (mapped onto the request's field by the protocol's `field_of`). A
+through its own `param` (mapped onto the request's field by the request model's `field_of`). A
 full queue, a closing engine and a failed Ray replica are 503s with Retry-After; anything
 else is our bug: a 500 whose traceback is logged, never sent.
 """
@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import EngineBusy, EngineClosed
-from .protocol import ErrorInfo
+from .schema import ErrorInfo
 
 log = logging.getLogger("specrt.serve")
 

@@ -21,9 +21,9 @@ from ..errors import InvalidRequest
 from ..text.fim import EditorText, FimParts, FimWindow, fim_parts
 from ..text.textstream import TextStream
 from .errors import bad
-from .protocol import UsageInfo, dump
-from .protocol_completion import CompletionRequest
-from .protocol_infill import InfillRequest, InfillResponse, InfillTimings
+from .schema import UsageInfo, dump
+from .schema_completion import CompletionRequest
+from .schema_infill import InfillRequest, InfillResponse, InfillTimings
 from .shape import ResponseShape
 
 RESERVE = 128  # tokens kept free for a completion that names no length (llama.vscode's n_predict)
@@ -65,7 +65,7 @@ def infill_prompt(front, req: InfillRequest, window: FimWindow | None = None) ->
 
 class InfillOutput(ResponseShape):
     """/infill's response shapes (llama.cpp's non-OpenAI form; plain data like the other
-    outputs of responses.py), and the text stream its editor stops cut."""
+    outputs of outputs.py), and the text stream its editor stops cut."""
 
     fim = True  # the server's drafter for editors (ServerConfig.fim_draft)
 

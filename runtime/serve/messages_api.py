@@ -1,7 +1,7 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API as a translation onto
 chat completions.
 
-The request becomes a chat request (protocol_messages.py `to_chat`) that `OpenAIServing.chat`
+The request becomes a chat request (schema_messages.py `to_chat`) that `OpenAIServing.chat`
 runs like any other; `MessagesOutput` renders the reply as Anthropic's message: `content` blocks
 (`text`, and `tool_use` with id, name and the input object), `stop_reason` ("end_turn",
 "max_tokens", "tool_use", "stop_sequence" with `stop_sequence` the matched string of
@@ -23,8 +23,8 @@ from fastapi.responses import JSONResponse
 
 from .blocks import Block
 from .errors import APIError
-from .protocol import UsageInfo
-from .protocol_messages import CountTokensRequest, MessagesChat, MessagesRequest, rename
+from .schema import UsageInfo
+from .schema_messages import CountTokensRequest, MessagesChat, MessagesRequest, rename
 from .translate import BlockOutput, Body, sse, to_chat
 
 PATH = "/v1/messages"

@@ -44,8 +44,8 @@ from .app import make_app
 from .config import ServeOptions, ServerConfig
 from .errors import APIError, ReplicaFailed, as_api_error
 from .metrics import Metrics
-from .protocol import ErrorInfo, dump
 from .router import PowerOfTwoRouter, PrefixAffinityRouter
+from .schema import ErrorInfo, dump
 from .serving import LocalClient, OpenAIServing
 from .shape import sse_error
 from .streaming import SSE_HEADERS, Stream, watch_disconnect
@@ -96,7 +96,7 @@ class RayOptions(ServeOptions):
 class EngineRequest:
     """One generation call: the validated body, its prompt's token ids (the router hashes
     them), the field a too-long prompt is blamed on, and the response shape (`ChatOutput` /
-    `CompletionOutput` of responses.py, whose id the ingress chose)."""
+    `CompletionOutput` of outputs.py, whose id the ingress chose)."""
 
     body: object
     ids: list[int]

@@ -27,21 +27,21 @@ from .config import ServerConfig
 from .errors import APIError, bad
 from .infill import completion_prompt, infill_prompt
 from .metrics import Metrics
-from .protocol import GenerationRequest, ModelCard, ModelList, dump
-from .protocol_chat import ChatCompletionRequest
-from .protocol_completion import CompletionRequest
-from .protocol_infill import InfillRequest
-from .protocol_tokenize import (
+from .outputs import CompletionOutput
+from .schema import GenerationRequest, ModelCard, ModelList, dump
+from .schema_chat import ChatCompletionRequest
+from .schema_completion import CompletionRequest
+from .schema_infill import InfillRequest
+from .schema_tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
-from .responses import CompletionOutput
 from .shape import ResponseShape
 from .streaming import SSE_HEADERS, Job, Reply, Stream
 from .tokens import detokenize, tokenize
-from .tools import chat_prompt, tool_grammar_field, with_tool_grammar
+from .tool_chat import chat_prompt, tool_grammar_field, with_tool_grammar
 
 log = logging.getLogger("specrt.serve")
 
@@ -107,7 +107,7 @@ class OpenAIServing:
     def render(self, req: ChatCompletionRequest, shape=None) -> tuple[list[int], ResponseShape]:
         """A chat request -> (prompt ids, response shape). Raises APIError (400)."""
         front = self._served(req.model)
-        try:  # tools go through the template (serve/tools.py); the response shape follows them
+        try:  # tools go through the template (serve/tool_chat.py); the response shape follows them
             return chat_prompt(req, front.tokenizer, shape)
         except ToolError as e:  # tools this bundle's template cannot render, malformed tools
             raise APIError(400, str(e), param=e.param, code=e.code) from None

@@ -1,7 +1,7 @@
 """What the serving layer asks of a response shape, and the SSE lines every stream is made of.
 
-A response shape builds one response's chunks and body in its API's format: responses.py
-`ChatOutput` / `CompletionOutput`, tools.py `ToolChatOutput`, infill.py `InfillOutput`,
+A response shape builds one response's chunks and body in its API's format: outputs.py
+`ChatOutput` / `CompletionOutput`, tool_chat.py `ToolChatOutput`, infill.py `InfillOutput`,
 translate.py `BlockOutput` (the Responses API's and Anthropic's). `serving.LocalClient` reads
 what the request needs of it (`fim`, `heal`, `plan`, `text_stream`); `streaming.Reply` calls
 `first` / `piece` / `last` / `usage` / `whole` and ends a stream with `done` or `sse_error`.
@@ -16,7 +16,7 @@ import json
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .errors import stream_error
-from .protocol import ErrorResponse, UsageInfo, dump
+from .schema import ErrorResponse, UsageInfo, dump
 
 if TYPE_CHECKING:
     from ..text.textstream import TextStream

@@ -17,7 +17,7 @@ import functools
 from ..bundle.pieces import piece_json, pieces
 from ..bundle.tokenizer import Tokenizer
 from .errors import bad
-from .protocol_tokenize import (
+from .schema_tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,

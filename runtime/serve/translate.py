@@ -1,7 +1,7 @@
 """What the APIs translated onto chat completions share (llama.cpp's and vLLM's shape: one engine
 path, one module per wire format): the translated request, and the output base class.
 
-A wire format (protocol_responses.py + responses_api.py, protocol_messages.py + messages_api.py)
+A wire format (schema_responses.py + responses_api.py, schema_messages.py + messages_api.py)
 turns its request into a `ChatCompletionRequest` (`to_chat`: the messages, tools, tool_choice and
 sampling fields the chat endpoint reads) and hands it to `OpenAIServing.chat` with its own output
 class: the same template rendering, tool grammar, engine request, streaming, cancellation and
@@ -21,8 +21,8 @@ from pydantic import ValidationError
 
 from .blocks import Block, Blocks
 from .errors import APIError, openai_error
-from .protocol import UsageInfo
-from .protocol_chat import ChatCompletionRequest
+from .schema import UsageInfo
+from .schema_chat import ChatCompletionRequest
 from .shape import ResponseShape
 
 
@@ -38,7 +38,7 @@ def to_chat(cls: type[ChatCompletionRequest], body: dict, rename=lambda p: p) ->
 
 
 class Body(dict):
-    """A whole response built as a dict, dumped as chat's pydantic models are (`protocol.dump`)."""
+    """A whole response built as a dict, dumped as chat's pydantic models are (`schema.dump`)."""
 
     def model_dump(self, mode: str = "json") -> dict:
         return dict(self)

@@ -24,11 +24,11 @@ from specrt.runtime.bundle.loader import load_models
 from specrt.runtime.drafters import AutoDrafter, Drafter, EagleDrafter, ModelDrafter, NgramDrafter
 from specrt.runtime.serve.infill import InfillOutput
 from specrt.runtime.serve.messages_api import MessagesOutput
-from specrt.runtime.serve.protocol_infill import InfillRequest
-from specrt.runtime.serve.responses import ChatOutput, CompletionOutput
+from specrt.runtime.serve.outputs import ChatOutput, CompletionOutput
 from specrt.runtime.serve.responses_api import ResponsesOutput
+from specrt.runtime.serve.schema_infill import InfillRequest
 from specrt.runtime.serve.shape import SSE_DONE, ResponseShape
-from specrt.runtime.serve.tools import ToolChatOutput
+from specrt.runtime.serve.tool_chat import ToolChatOutput
 from specrt.runtime.serve.translate import BlockOutput
 from specrt.runtime.text.toolcalls import ToolPlan
 
@@ -175,14 +175,13 @@ def test_every_class_of_a_protocol_is_checked_here():
 
 def test_each_class_name_in_the_runtime_means_one_thing():
     """A name defined as a class in two runtime modules reads as one thing and is two (the
-    serving layer's `Backend` was runtime/backends/protocol.py's `Backend` in name only). The
-    wire types in serve/protocol*.py mirror OpenAI's names, which may match a runtime type's."""
+    serving layer's `Backend` was runtime/backends/protocol.py's `Backend` in name only; the
+    chat reply's wire `ToolCall` was text/toolstream.py's `ToolCall` in name only). The wire
+    types in serve/schema*.py included."""
     from collections import defaultdict
 
     where = defaultdict(list)
     for path in sorted((ROOT / "runtime").rglob("*.py")):
-        if path.parent.name == "serve" and path.name.startswith("protocol"):
-            continue
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.ClassDef):
                 where[node.name].append(str(path.relative_to(ROOT)))

@@ -290,9 +290,9 @@ def test_the_outputs_travel_to_an_engine_replica(srv):
     import pickle
 
     from specrt.runtime.serve.messages_api import MessagesOutput
-    from specrt.runtime.serve.protocol_messages import MessagesChat, MessagesRequest
-    from specrt.runtime.serve.protocol_responses import ResponsesChat, ResponsesRequest
     from specrt.runtime.serve.responses_api import ResponsesOutput
+    from specrt.runtime.serve.schema_messages import MessagesChat, MessagesRequest
+    from specrt.runtime.serve.schema_responses import ResponsesChat, ResponsesRequest
     from specrt.runtime.serve.translate import to_chat
 
     m = MessagesRequest(model="fake", max_tokens=9, messages=MSGS, tools=A_TOOLS)

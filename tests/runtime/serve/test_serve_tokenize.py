@@ -11,7 +11,7 @@ from test_serve_infill import fim_bundle  # noqa: F401 - the module's bundle fix
 
 from specrt.runtime.bundle.manifest import TokenizerInfo, load_manifest
 from specrt.runtime.bundle.tokenizer import Tokenizer
-from specrt.runtime.serve.protocol_tokenize import DetokenizeRequest, TokenizeRequest
+from specrt.runtime.serve.schema_tokenize import DetokenizeRequest, TokenizeRequest
 from specrt.runtime.serve.tokens import detokenize, tokenize
 
 AUTH = {"Authorization": f"Bearer {KEY}"}

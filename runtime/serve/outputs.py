@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 import uuid
 
-from .protocol import UsageInfo
-from .protocol_chat import (
+from .schema import UsageInfo
+from .schema_chat import (
     AssistantMessage,
     ChatCompletionChoice,
     ChatCompletionResponse,
@@ -21,7 +21,7 @@ from .protocol_chat import (
     DeltaMessage,
     TopLogprob,
 )
-from .protocol_completion import CompletionChoice, CompletionLogprobs, CompletionResponse
+from .schema_completion import CompletionChoice, CompletionLogprobs, CompletionResponse
 from .shape import ResponseShape
 
 

@@ -28,8 +28,8 @@ from pydantic_core import PydanticCustomError
 
 from ..options import RequestOptions
 from ..text.fim import ExtraFile
-from .protocol import GenerationRequest, OpenAIBaseModel, integer, none, number
 from .samplers import SamplerChain, chain_options
+from .schema import GenerationRequest, OpenAIBaseModel, integer, none, number
 
 
 def _num(v) -> float:

@@ -1,4 +1,4 @@
-"""Tool calls over the OpenAI API: the protocol's tools and messages <-> runtime/text/chat.py and
+"""Tool calls over the OpenAI API: the wire format's tools and messages <-> runtime/text/chat.py and
 runtime/text/toolstream.py.
 
 `chat_prompt(req, tokenizer)` renders a chat request (its tools through the bundle's template,
@@ -22,9 +22,11 @@ from ..text.chat import prepare
 from ..text.output import finish_reason
 from ..text.toolcalls import ToolPlan
 from ..text.toolstream import CallParser, Delta, parse
-from .protocol import UsageInfo
-from .protocol_chat import (
+from .outputs import ChatOutput
+from .schema import UsageInfo
+from .schema_chat import (
     AssistantMessage,
+    AssistantToolCall,
     ChatCompletionChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -32,9 +34,7 @@ from .protocol_chat import (
     DeltaMessage,
     DeltaToolCall,
     FunctionCall,
-    ToolCall,
 )
-from .responses import ChatOutput
 
 
 def chat_prompt(req: ChatCompletionRequest, tokenizer, shape=None) -> tuple[list[int], ChatOutput]:
@@ -98,7 +98,7 @@ class ToolChatOutput(ChatOutput):
         for i, (text, finish, lp, _) in enumerate(choices):
             content, calls = parse(text, self.plan.names, self.plan.constrained)
             msg = AssistantMessage(content=content, tool_calls=[
-                ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls] or None)
+                AssistantToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls] or None)
             out.append(ChatCompletionChoice(index=i, message=msg, logprobs=self.logprobs(i, lp),
                                             finish_reason=finish_reason(finish, False, bool(calls))))
         return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, usage=usage, choices=out)
