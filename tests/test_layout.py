@@ -182,7 +182,7 @@ PROBES_ALLOWED = {
     ("runtime/bench/peer.py", "gen"): "onnxruntime-genai's Generator: speculative stats only in some releases",
     ("runtime/bench/serve_load.py", "usage"): "the openai client's usage: prompt_tokens_details only from some servers",
     ("runtime/pipeline.py", "self._local"): "a threading.local: a thread that has not generated has no `last`",
-    ("runtime/serve/router.py", "pending.args[0]"): "Ray's pending call: only engine calls carry prompt ids",
+    ("runtime/serve/ray/router.py", "pending.args[0]"): "Ray's pending call: only engine calls carry prompt ids",
 }
 
 

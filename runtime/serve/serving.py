@@ -5,7 +5,7 @@ template and tokenizing, /v1/models — and hands the prompt's token ids to an e
 which runs the request and answers (named for the engine it reaches, so that "backend" keeps
 meaning runtime/backends/):
 - `LocalClient`: one Pipeline in this process (`specrt serve`; each Ray engine replica);
-- ray_deploy.py `RayClient`: engine replicas behind a Ray Serve handle (`--replicas`).
+- ray/deploy.py `RayClient`: engine replicas behind a Ray Serve handle (`--replicas`).
 Errors are raised as exceptions and turned into OpenAI's bodies by errors.py, in one place.
 """
 
@@ -25,23 +25,23 @@ from ..sampling.grammar import GrammarError
 from ..text.toolcalls import ToolError
 from .config import ServerConfig
 from .errors import APIError, bad
-from .infill import completion_prompt, infill_prompt
-from .metrics import Metrics
-from .outputs import CompletionOutput
-from .schema import GenerationRequest, ModelCard, ModelList, dump
-from .schema_chat import ChatCompletionRequest
-from .schema_completion import CompletionRequest
-from .schema_infill import InfillRequest
-from .schema_tokenize import (
+from .llama.infill import completion_prompt, infill_prompt
+from .llama.schema_infill import InfillRequest
+from .llama.schema_tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
+from .llama.tokens import detokenize, tokenize
+from .metrics import Metrics
+from .openai.outputs import CompletionOutput
+from .openai.schema_chat import ChatCompletionRequest
+from .openai.schema_completion import CompletionRequest
+from .openai.tool_chat import chat_prompt, tool_grammar_field, with_tool_grammar
+from .schema import GenerationRequest, ModelCard, ModelList, dump
 from .shape import ResponseShape
 from .streaming import SSE_HEADERS, Job, Reply, Stream
-from .tokens import detokenize, tokenize
-from .tool_chat import chat_prompt, tool_grammar_field, with_tool_grammar
 
 log = logging.getLogger("specrt.serve")
 
@@ -107,7 +107,7 @@ class OpenAIServing:
     def render(self, req: ChatCompletionRequest, shape=None) -> tuple[list[int], ResponseShape]:
         """A chat request -> (prompt ids, response shape). Raises APIError (400)."""
         front = self._served(req.model)
-        try:  # tools go through the template (serve/tool_chat.py); the response shape follows them
+        try:  # tools go through the template (serve/openai/tool_chat.py); the response shape follows them
             return chat_prompt(req, front.tokenizer, shape)
         except ToolError as e:  # tools this bundle's template cannot render, malformed tools
             raise APIError(400, str(e), param=e.param, code=e.code) from None
@@ -127,7 +127,7 @@ class OpenAIServing:
         return await self.client.respond(req, ids, "input_prefix", out, request)
 
     def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
-        return tokenize(self._served(self._model(req.model)).tokenizer, req)  # llama.cpp's (serve/tokens.py)
+        return tokenize(self._served(self._model(req.model)).tokenizer, req)  # llama.cpp's (serve/llama/tokens.py)
 
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         return detokenize(self._served(self._model(req.model)).tokenizer, req)

@@ -110,11 +110,11 @@ class Reply:
             yield chunk
         async for piece in job.pieces():
             chunk = out.piece(i, piece, job.out.new_logprobs())
-            if chunk is not None:  # None: nothing to say yet (tool calls: a tag held back, serve/tool_chat.py)
+            if chunk is not None:  # None: nothing to say yet (tool calls: a tag held back, serve/openai/tool_chat.py)
                 yield chunk
         lp = job.out.new_logprobs()  # tokens whose text is still empty (held by the detokenizer)
         tail = out.piece(i, "", lp) if lp else None
-        if tail is not None:  # None here too: a tool chat's held piece (serve/tool_chat.py)
+        if tail is not None:  # None here too: a tool chat's held piece (serve/openai/tool_chat.py)
             yield tail
         self._stop_sequence(job)
         yield out.last(i, job.out.finish_reason())

@@ -21,8 +21,8 @@ from pydantic import ValidationError
 
 from .blocks import Block, Blocks
 from .errors import APIError, openai_error
+from .openai.schema_chat import ChatCompletionRequest
 from .schema import UsageInfo
-from .schema_chat import ChatCompletionRequest
 from .shape import ResponseShape
 
 

@@ -22,13 +22,13 @@ from specrt.runtime.backends.single import SingleSequenceModel
 from specrt.runtime.backends.trt import TrtBackend
 from specrt.runtime.bundle.loader import load_models
 from specrt.runtime.drafters import AutoDrafter, Drafter, EagleDrafter, ModelDrafter, NgramDrafter
-from specrt.runtime.serve.infill import InfillOutput
-from specrt.runtime.serve.messages_api import MessagesOutput
-from specrt.runtime.serve.outputs import ChatOutput, CompletionOutput
-from specrt.runtime.serve.responses_api import ResponsesOutput
-from specrt.runtime.serve.schema_infill import InfillRequest
+from specrt.runtime.serve.anthropic.messages_api import MessagesOutput
+from specrt.runtime.serve.llama.infill import InfillOutput
+from specrt.runtime.serve.llama.schema_infill import InfillRequest
+from specrt.runtime.serve.openai.outputs import ChatOutput, CompletionOutput
+from specrt.runtime.serve.openai.responses_api import ResponsesOutput
+from specrt.runtime.serve.openai.tool_chat import ToolChatOutput
 from specrt.runtime.serve.shape import SSE_DONE, ResponseShape
-from specrt.runtime.serve.tool_chat import ToolChatOutput
 from specrt.runtime.serve.translate import BlockOutput
 from specrt.runtime.text.toolcalls import ToolPlan
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 import uuid
 
-from .schema import UsageInfo
+from ..schema import UsageInfo
+from ..shape import ResponseShape
 from .schema_chat import (
     AssistantMessage,
     ChatCompletionChoice,
@@ -22,7 +23,6 @@ from .schema_chat import (
     TopLogprob,
 )
 from .schema_completion import CompletionChoice, CompletionLogprobs, CompletionResponse
-from .shape import ResponseShape
 
 
 def _token(text: str, logprob: float) -> dict:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import functools
 
-from ..bundle.pieces import piece_json, pieces
-from ..bundle.tokenizer import Tokenizer
-from .errors import bad
+from ...bundle.pieces import piece_json, pieces
+from ...bundle.tokenizer import Tokenizer
+from ..errors import bad
 from .schema_tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,

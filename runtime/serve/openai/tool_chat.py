@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..options import RequestOptions
-from ..text.chat import prepare
-from ..text.output import finish_reason
-from ..text.toolcalls import ToolPlan
-from ..text.toolstream import CallParser, Delta, parse
+from ...options import RequestOptions
+from ...text.chat import prepare
+from ...text.output import finish_reason
+from ...text.toolcalls import ToolPlan
+from ...text.toolstream import CallParser, Delta, parse
+from ..schema import UsageInfo
 from .outputs import ChatOutput
-from .schema import UsageInfo
 from .schema_chat import (
     AssistantMessage,
     AssistantToolCall,

@@ -34,21 +34,21 @@ from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
-from ..bundle.manifest import load_manifest
-from ..bundle.memory import AUTO
-from ..bundle.tokenizer import Tokenizer
-from ..engine import EngineBusy
-from ..engine.counters import Counters
+from ...bundle.manifest import load_manifest
+from ...bundle.memory import AUTO
+from ...bundle.tokenizer import Tokenizer
+from ...engine import EngineBusy
+from ...engine.counters import Counters
+from ..app import make_app
+from ..config import ServeOptions, ServerConfig
+from ..errors import APIError, ReplicaFailed, as_api_error
+from ..metrics import Metrics
+from ..schema import ErrorInfo, dump
+from ..serving import LocalClient, OpenAIServing
+from ..shape import sse_error
+from ..streaming import SSE_HEADERS, Stream, watch_disconnect
 from .affinity import BLOCK, block_hashes, replica_stats
-from .app import make_app
-from .config import ServeOptions, ServerConfig
-from .errors import APIError, ReplicaFailed, as_api_error
-from .metrics import Metrics
 from .router import PowerOfTwoRouter, PrefixAffinityRouter
-from .schema import ErrorInfo, dump
-from .serving import LocalClient, OpenAIServing
-from .shape import sse_error
-from .streaming import SSE_HEADERS, Stream, watch_disconnect
 
 log = logging.getLogger("specrt.serve")
 REPLICA_HEADER = "x-specrt-replica"  # names the engine replica that served a request
@@ -371,7 +371,7 @@ def engine_options(o: RayOptions) -> dict:
 
 
 def build(args: dict):
-    """Ray Serve application builder (`import_path: specrt.runtime.serve.ray_deploy:build`):
+    """Ray Serve application builder (`import_path: specrt.runtime.serve.ray.deploy:build`):
     `args` are `RayOptions.from_args`'s (flat: the CLI's names). The bundle is checked here,
     before any replica starts."""
     o = RayOptions.from_args(**args)

@@ -21,11 +21,11 @@ import json
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from .blocks import Block
-from .errors import APIError
-from .schema import UsageInfo
+from ..blocks import Block
+from ..errors import APIError
+from ..schema import UsageInfo
+from ..translate import BlockOutput, Body, sse, to_chat
 from .schema_messages import CountTokensRequest, MessagesChat, MessagesRequest, rename
-from .translate import BlockOutput, Body, sse, to_chat
 
 PATH = "/v1/messages"
 # the finish of a reply -> Anthropic's stop_reason (a timeout cut the reply short, as max_tokens does)

@@ -17,14 +17,14 @@ import uuid
 
 from pydantic import RootModel
 
-from ..errors import InvalidRequest
-from ..text.fim import EditorText, FimParts, FimWindow, fim_parts
-from ..text.textstream import TextStream
-from .errors import bad
-from .schema import UsageInfo, dump
-from .schema_completion import CompletionRequest
+from ...errors import InvalidRequest
+from ...text.fim import EditorText, FimParts, FimWindow, fim_parts
+from ...text.textstream import TextStream
+from ..errors import bad
+from ..openai.schema_completion import CompletionRequest
+from ..schema import UsageInfo, dump
+from ..shape import ResponseShape
 from .schema_infill import InfillRequest, InfillResponse, InfillTimings
-from .shape import ResponseShape
 
 RESERVE = 128  # tokens kept free for a completion that names no length (llama.vscode's n_predict)
 

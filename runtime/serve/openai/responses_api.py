@@ -19,11 +19,11 @@ import uuid
 
 from fastapi import Request
 
-from .blocks import Block
-from .errors import APIError
-from .schema import UsageInfo
+from ..blocks import Block
+from ..errors import APIError
+from ..schema import UsageInfo
+from ..translate import BlockOutput, Body, sse, to_chat
 from .schema_responses import ResponsesChat, ResponsesRequest, rename
-from .translate import BlockOutput, Body, sse, to_chat
 
 
 async def create(serving, req: ResponsesRequest, request: Request):

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
-from .schema import OpenAIBaseModel, integer, number
+from ..schema import OpenAIBaseModel, integer, number
 from .schema_chat import ChatCompletionRequest
 
 
