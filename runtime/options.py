@@ -4,7 +4,7 @@ a timeout, and how to speculate) and how a bundle is loaded and served (`LoadOpt
 
 Every entry point builds one: `Pipeline.request` / `generate` / `stream` / `choices` take it
 (their keyword arguments build it), the HTTP protocol converts a request body into it
-(runtime/serve/protocol.py `to_options`), the CLI builds it from its flags. It checks what it
+(runtime/serve/schema.py `to_options`), the CLI builds it from its flags. It checks what it
 can check alone, in `__post_init__` (an `InvalidRequest` naming the field); what needs the
 bundle (the vocabulary, the context, the largest k, a loaded draft model) the pipeline checks.
 Plain Python: the runtime installs without the serve extra.

@@ -20,6 +20,7 @@ from pathlib import Path
 from .backends.kvpool import ContextOverflow
 from .bundle.loader import LoadedModels, load_models
 from .bundle.manifest import BundleError
+from .bundle.pieces import pieces
 from .drafters.factory import DrafterFactory
 from .engine import Engine, Request, Scheduler, Stats
 from .errors import InvalidRequest
@@ -36,8 +37,7 @@ from .sampling.grammar import Grammars
 from .sampling.infill import InfillSampler
 from .sampling.text_prefix import TextPrefix, prefix_index
 from .text.output import TextOutput
-from .text.pieces import pieces
-from .text.results import DONE, Events, Result
+from .text.results import END, Events, Result
 
 __all__ = ["Pipeline", "Result", "load"]
 
@@ -94,6 +94,15 @@ class Pipeline:
         calls: do not call it while requests are running (the engine calls it for the first
         adaptive request)."""
         return self.store.costs()
+
+    def use_costs(self, costs=None):
+        """Let the engine plan with these call costs (adaptive.Costs; None: this machine's,
+        `costs()`) from the next step, as it does once the first adaptive request probed them.
+        Call it while no request runs (benchmarks fix their arms' costs before timing). -> the
+        costs."""
+        costs = self.costs() if costs is None else costs
+        self.scheduler.use_costs(costs)
+        return costs
 
     @functools.cached_property
     def infill(self) -> InfillSampler:
@@ -177,7 +186,7 @@ class Pipeline:
     def _drain(self, r: Request, events) -> Iterator[list[int]]:
         ev = Events(r)
         try:
-            while (chunk := ev.take(*events.get())) is not DONE:
+            while (chunk := ev.take(*events.get())) is not END:
                 if chunk is not None:
                     yield chunk
         finally:
@@ -277,7 +286,7 @@ class Pipeline:
     async def _adrain(self, r: Request, events: asyncio.Queue) -> AsyncIterator[list[int]]:
         ev = Events(r)
         try:
-            while (chunk := ev.take(*await events.get())) is not DONE:
+            while (chunk := ev.take(*await events.get())) is not END:
                 if chunk is not None:
                     yield chunk
         finally:

@@ -22,6 +22,7 @@ import numpy as np
 from checks import run_request as _run_request
 from checks import submitted
 from specrt.runtime.backends.kvpool import KVPool
+from specrt.runtime.backends.protocol import PoolModel
 from specrt.runtime.bundle.loader import LoadedModels
 from specrt.runtime.bundle.manifest import KVLayout, Manifest, ModelEntry, TokenizerInfo
 from specrt.runtime.bundle.tokenizer import Tokenizer
@@ -88,7 +89,7 @@ def rows(pool: KVPool, slot: int, n: int) -> np.ndarray:
     return pool.host[0][slot, 0, :n, 0].copy()
 
 
-class FakeModel:
+class FakeModel(PoolModel):
     """The calls the scheduler makes on a pool model (`run`, `run_rows`) and the attributes it
     reads, over a `Table`. `calls` records (kind, slot or lo, tokens per row, rows)."""
 
@@ -305,7 +306,7 @@ def drive(pipe, requests) -> list[list[int]]:
     for r in requests:
         r.sink = sink_for(r)
     if any(r.adaptive for r in requests):
-        pipe.scheduler.costs = pipe.costs()  # what the engine does before the first adaptive request
+        pipe.use_costs()  # what the engine does before the first adaptive request
     waiting = deque(submitted(*requests))
     sched = pipe.scheduler
     while waiting or sched.running or sched.deferred:

@@ -254,11 +254,12 @@ def main(argv=None) -> None:
                                progress)
     else:
         import specrt
+        from specrt.runtime.text.toolcalls import renders_tools
 
         window = {} if a.draft_window is None else {
             "draft_window": None if a.draft_window == "none" else int(a.draft_window)}
         with specrt.load(a.engines, draft=a.draft, max_batch=1, hugepages=False, **window) as pipe:
-            if not pipe.tokenizer.has_tools:
+            if not renders_tools(pipe.tokenizer):
                 raise SystemExit(f"{a.engines}: its chat template has no tool calling (specrt inspect says so)")
             result = evaluate(pipe, rows, a.tokens, a.repeats, arms, progress, temperature=0.0)
     print(_table(result["summary"]))

@@ -36,6 +36,7 @@ from ..bundle.hugepages import anonymous_pages, collapse
 from ..bundle.manifest import ModelEntry
 from .features import FeatureBuffers
 from .kvpool import KVPool
+from .protocol import PoolModel
 
 _GLOBAL_POOL: int | None = None
 
@@ -129,7 +130,7 @@ def numerics_min_t(entry: ModelEntry) -> int:
     return 2 if entry.quantization.get("accuracy_level") == 4 else 1
 
 
-class OrtModel(FeatureBuffers):
+class OrtModel(FeatureBuffers, PoolModel):
     kernels = False  # a bundle graph: onnxruntime's own operators (PackedModel may run specrt's)
 
     def __init__(

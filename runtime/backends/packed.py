@@ -27,9 +27,10 @@ import onnxruntime as ort
 from ..bundle.manifest import ModelEntry
 from .kvpool import KVPool
 from .ort import PACKED_PRECISIONS, PREFILL_TOKENS, pick_providers, prefill_width, session_options
+from .protocol import PoolModel
 
 
-class PackedModel:
+class PackedModel(PoolModel):
     takes_hidden = False
     has_hidden_out = False
     hidden = None

@@ -1,6 +1,10 @@
 """What the engine asks of a model, and what a single-sequence backend offers (as code:
 `typing.Protocol`s, checked against every backend and the test fake by tests/runtime/backends).
 
+Everything the engine reads of a model is declared here; what only some models have (packed
+calls) is declared with its default, which a model takes by subclassing the protocol (PEP 544's
+explicit subclassing: the class stays a plain class of its own, the defaults are inherited).
+
 Buffers: every array a model returns is a view into its own output buffers, allocated once and
 owned by the model; it stays valid until the next call on the same model (read or copy it
 before). The KV buffers belong to the `KVPool` the model was built over; the model writes the
@@ -10,6 +14,7 @@ before a call and advances the track after (runtime/engine/calls.py does both).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -46,6 +51,14 @@ class PoolModel(Protocol):
     takes_hidden: bool  # the graph takes a feature input (an EAGLE draft head)
     has_hidden_out: bool  # the graph outputs final-norm hidden states (a target with an EAGLE draft)
     hidden: np.ndarray | None  # float32 [rows, H] view: the last call's hidden states (has_hidden_out)
+    # optional: packed calls (runtime/backends/packed.py `PackedModel`)
+    packs: bool = False  # run_packed takes several sequences' tokens in one call
+    lanes: int = 1  # sequences one packed call holds
+    max_tokens: int = 0  # tokens one packed call holds, every sequence's together (0: no packed calls)
+    exact: bool = False  # a lone token runs with a filler token after it, so that its rows are what any
+    #                     wider call computes (a packed target; a packed draft needs no invariance)
+    graph: Path | None = None  # the graph file it runs where that is not the bundle's own (a packed
+    #                            graph: the cost probe's cache key names it); None: the manifest's graph
 
     def run(self, slot: int, tokens: np.ndarray, past_len: int, hidden: np.ndarray | None = None,
             keep: int | None = None) -> np.ndarray:
@@ -60,6 +73,13 @@ class PoolModel(Protocol):
         """One token for each of slots [lo, lo + b): tokens int64 [b] at positions pasts int64 [b].
         hidden float32 [b, H]. -> float32 [b, V] view. b > 1 only where batch_rows."""
         ...
+
+    def run_packed(self, seqs: list[tuple[int, np.ndarray, int, int | None]]) -> list[np.ndarray]:
+        """Only where `packs`: seqs (slot, tokens int64 [T], past_len, keep) per sequence, distinct
+        slots, at most `lanes` of them and `max_tokens` tokens in all, each written at positions
+        [past_len, past_len + T) of its slot. -> per sequence float32 [min(keep, T) or T, V],
+        views of one output buffer."""
+        raise NotImplementedError(f"{type(self).__name__} does not pack sequences into one call (packs=False)")
 
 
 @runtime_checkable

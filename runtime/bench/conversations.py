@@ -95,7 +95,7 @@ def run_conversations(cfg: ConversationConfig, progress=None) -> dict:
     pipes = {"reuse": Pipeline(cfg.bundle, **kw), "cold": Pipeline(cfg.bundle, prefix_cache=False, **kw)}
     try:
         for pipe in pipes.values():  # warm-up (shares no prefix with the runs) and the cost probe
-            pipe.scheduler.costs = pipe.costs()
+            pipe.use_costs()
             pipe.generate("Hello.", max_new_tokens=8)
         plan = [(level, rep, arm) for level in cfg.levels for rep in range(cfg.repeats)
                 for arm in (ARMS if rep % 2 == 0 else ARMS[::-1])]

@@ -123,8 +123,7 @@ def run_load(cfg: LoadConfig, progress=None) -> dict:
                     max_batch=max(cfg.levels), max_queue=max(cfg.levels), prefix_cache=False)
     try:
         ids = [pipe.tokenizer.encode(p) for p in cfg.prompts]
-        costs = pipe.costs()  # the run's own probe, before any request (the policy arm's costs)
-        pipe.scheduler.costs = costs
+        costs = pipe.use_costs()  # the run's own probe, before any request (the policy arm's costs)
         for arm in cfg.arms:  # warm-up
             run_level(pipe, ids, 1, arm, LoadConfig(cfg.bundle, cfg.prompts, max_new_tokens=16, min_requests=1,
                                                       requests_per_client=1))
@@ -167,7 +166,7 @@ def soak(cfg: LoadConfig, level: int, minutes: float, arm: str = "policy", every
                     max_batch=level, max_queue=level, prefix_cache=False)
     try:
         ids = [pipe.tokenizer.encode(p) for p in cfg.prompts]
-        pipe.scheduler.costs = pipe.costs()
+        pipe.use_costs()
         kw = _arm_kwargs(arm, pipe, cfg.k)
         stop = time.perf_counter() + 60 * minutes
         done = [0]

@@ -103,18 +103,6 @@ class Tokenizer:
         """One user message through the chat template (what `specrt generate` sends)."""
         return self.render_messages([{"role": "user", "content": prompt}])
 
-    @functools.cached_property
-    def has_tools(self) -> bool:
-        """The chat template renders tools and writes calls this runtime parses (Hermes /
-        Qwen2.5 `<tool_call>`, runtime/text/toolcalls.py), and the tag survives decoding."""
-        from ..text.toolcalls import (  # tool calls: runtime/text/toolcalls.py
-            OPEN,
-            template_has_tools,
-        )
-
-        return template_has_tools(self.info.chat_template) and self.decode(
-            self.tk.encode(OPEN, add_special_tokens=False).ids) == OPEN
-
     def render_messages(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """[{role, content}] through the chat template, with the assistant's turn opened.
         tools: OpenAI tool dicts the template renders (runtime/text/toolcalls.py; None: none)."""

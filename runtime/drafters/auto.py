@@ -5,9 +5,10 @@ from __future__ import annotations
 from .model import ModelDrafter
 from .ngram import NgramDrafter
 from .proposal import Proposal
+from .protocol import Drafter
 
 
-class AutoDrafter:
+class AutoDrafter(Drafter):
     def __init__(self, model: ModelDrafter, ngram: NgramDrafter, min_match: int = 2):
         self.model, self.ngram = model, ngram
         self.min_match = min_match  # shortest n-gram continuation worth verifying instead of the model's

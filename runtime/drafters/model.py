@@ -27,9 +27,10 @@ import numpy as np
 
 from ..sampling.draws import Draws, SamplingConfig, probs
 from .proposal import DraftCall, Proposal
+from .protocol import Drafter
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     name = "model"
 
     def __init__(self, model, slot: int, target_track: str | None = None, process=None,

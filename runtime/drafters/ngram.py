@@ -10,9 +10,10 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from .proposal import Proposal
+from .protocol import Drafter
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     name = "ngram"
 
     def __init__(self, n_min: int = 1, n_max: int = 4, max_proposal: int = 16):

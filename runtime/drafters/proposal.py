@@ -14,6 +14,13 @@ class Proposal:
     confs: list[float] = field(default_factory=list)  # draft confidence per token (policy calibration)
     drafter: str = "model"  # who proposed ("model" | "ngram"), for stats and the route's policy
 
+    def cut(self, n: int) -> Proposal:
+        """The first n proposed tokens, with their distributions and confidences (itself when
+        that is all of them: a grammar's valid prefix, runtime/engine/speculate.py)."""
+        if n == len(self.tokens):
+            return self
+        return Proposal(self.tokens[:n], None if self.q is None else self.q[:n], self.confs[:n], self.drafter)
+
 
 @dataclass
 class DraftCall:

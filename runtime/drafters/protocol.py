@@ -4,6 +4,9 @@ One drafter object per request holds its state: which rows of the draft model's 
 valid, what the current round has proposed. The scheduler runs the draft-model calls a drafter
 asks for (batching the one-token calls of many requests into one: runtime/engine/calls.py) and
 advances the draft track's length in the KV pool by each call's width.
+
+What only drafters with a cache of their own have (`offset`, `lag`) carries its default here; a
+drafter takes the defaults by naming the protocol as its base.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from .proposal import DraftCall, Proposal
 
 @runtime_checkable
 class Drafter(Protocol):
+    offset: int = 0  # the committed token the draft cache's first row holds (a windowed draft's
+    #                  first row is a later token); 0 for drafters without a cache of their own
+
     def route(self, seq: list[int]) -> str:
         """Which sub-drafter would propose now ("model" | "ngram"), decided before k: the
         request's adaptive policy for that route picks k."""
@@ -44,3 +50,8 @@ class Drafter(Protocol):
         """The request ends (its slot is parked or freed next): leave the draft cache holding
         only rows that are a prefix of the committed sequence, which a later prompt may reuse."""
         ...
+
+    def lag(self, seq: list[int]) -> int:
+        """Committed tokens of `seq` the next round reads before its first proposal (a separate
+        draft catching up; the batch plan prices the reading). 0 for drafters that read none."""
+        return 0

@@ -61,7 +61,7 @@ class ModelCalls:
     def _last_row(model, n: int, pos: int) -> bool:
         """An exact packed model's lone token at the pool's last row: its lane has no row for the
         filler after it (runtime/backends/packed.py), so the call takes the token before too."""
-        return getattr(model, "exact", False) and n == 1 and pos + 2 > model.pool.capacity
+        return model.exact and n == 1 and pos + 2 > model.pool.capacity
 
     @staticmethod
     def _widen(model, r: Request, tokens: np.ndarray, pos: int, width: int | None = None) -> tuple[int, np.ndarray, int]:
@@ -134,7 +134,7 @@ class ModelCalls:
         batched call where the model takes rows, the others one by one.
         -> per call (logits row [V], hidden row [H] | None), or the exception that call raised."""
         model = self.draft
-        if getattr(model, "packs", False):
+        if model.packs:
             return self._draft_packed(model, calls)
         out: list = [None] * len(calls)
         ones = [i for i, (_, c) in enumerate(calls) if len(c.tokens) == 1]
@@ -187,8 +187,7 @@ class ModelCalls:
     def _reads_prompt(model, r: Request) -> bool:
         """Whether the draft's call for `r` still reads its prompt: its rows start at the
         drafter's `offset` (a windowed draft's first row is a later token)."""
-        offset = getattr(r.drafter, "offset", 0) or 0
-        return offset + model.pool.length(model.track, r.slot) < len(r.prompt)
+        return r.drafter.offset + model.pool.length(model.track, r.slot) < len(r.prompt)
 
     def _draft_one(self, model, r: Request, c: DraftCall):
         try:

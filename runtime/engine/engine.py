@@ -139,11 +139,7 @@ class Engine:
             try:
                 self.sched.step(self._take_waiting)
             except Exception as e:  # noqa: BLE001 - an engine bug must not hang its clients
-                for r in list(self.sched.running):
-                    try:
-                        self.sched._retire(r, "error", e)
-                    except Exception:  # noqa: BLE001
-                        self.sched.running.remove(r)
+                self.sched.fail_running(e)
             if self._closed:
                 try:
                     self.sched.admit(self._take_waiting)  # retires the cancelled ones

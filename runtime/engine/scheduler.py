@@ -125,6 +125,15 @@ class Scheduler:
         """End a request by its own failure (`speculate.alone`)."""
         self._retire(r, "error", error)
 
+    def fail_running(self, error: Exception) -> None:
+        """End every running request with `error` (a step raised: an engine bug, which must not
+        hang its clients); a request that cannot even be retired leaves the running list."""
+        for r in list(self.running):
+            try:
+                self._retire(r, "error", error)
+            except Exception:  # noqa: BLE001
+                self.running.remove(r)
+
     def admit(self, take_waiting) -> None:
         """take_waiting() -> the next waiting request or None (the engine's locked queue).
         Requests deferred at an earlier step (`_await_prefill`) are looked at first."""
@@ -170,6 +179,11 @@ class Scheduler:
         if r.adaptive and r.draft != "none" and self.costs is None and self.probe_costs is not None \
                 and not self.probe_now():
             r.adaptive = False
+
+    def use_costs(self, costs) -> None:
+        """Plan with these call costs (adaptive.Costs) from the next step; call it while no
+        request runs."""
+        self.costs = costs
 
     def probe_now(self) -> bool:
         """Take the call costs now (the cached probe, or measured) unless they are known; call it
@@ -257,7 +271,7 @@ class Scheduler:
     def _prefill(self) -> None:
         """A step without decoding rows (or on a target that does not pack): its prompt chunks
         in one packed call where the target packs, else a call each."""
-        packs = getattr(self.target, "packs", False)
+        packs = self.target.packs
         chunks = self._chunks(self.target.lanes if packs else len(self.running), self.target.max_prefill_t)
         if packs and len(chunks) > 1:
             try:
@@ -338,7 +352,7 @@ class Scheduler:
     def step(self, take_waiting=lambda: None) -> None:
         self.admit(take_waiting)
         rows = self._decoding()
-        packs = getattr(self.target, "packs", False)
+        packs = self.target.packs
         if not (rows and packs):  # prompt chunks in calls of their own, before the round
             self._prefill()
             rows = self._decoding()

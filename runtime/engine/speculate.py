@@ -34,7 +34,7 @@ from ..backends.protocol import check_finite
 from ..drafters import Proposal
 from ..policy.plan import Planner
 from ..sampling.draws import probs
-from ..sampling.processing import cut_to_grammar, process
+from ..sampling.processing import process
 from ..sampling.verify import verify_greedy, verify_sampling
 from .calls import ModelCalls
 from .counters import Counters
@@ -121,7 +121,7 @@ class Round:
         c.steps += 1
         c.rows += len(rows)
         c.drafting_steps += bool(drafting)
-        if getattr(self.target, "packs", False):
+        if self.target.packs:
             self.packed(rows, proposals, draft_ms if drafting else 0.0, running == 1, ride)
             return self.outcomes
         if plain:
@@ -153,7 +153,9 @@ class Round:
     @staticmethod
     def _advance(r: Request, out, done: dict, pending: dict) -> None:
         if isinstance(out, Proposal):
-            done[r.id] = cut_to_grammar(r, out)
+            # cut at its first token the grammar forbids (n-gram copies, or a draft that did not see the mask)
+            free = r.grammar is None or not len(out.tokens)
+            done[r.id] = out if free else out.cut(r.grammar.valid_prefix(out.tokens))
         else:
             pending[r.id] = (r, out)
 

@@ -188,10 +188,10 @@ def measure_costs(target, draft, slot: int, max_t: int, rows: int = 1, busy=(), 
     far = far if far >= context + 128 else None  # too close to tell a slope from noise
     widths = sorted({1, 2, 3, 5, 9, max_t} & set(range(1, max_t + 1)))
     # a draft with its own pool catches up by reading committed tokens in wide calls: price a token of them
-    own_pool = draft is not None and not getattr(draft, "takes_hidden", False) and draft.pool is not target.pool
-    read = min(64, getattr(draft, "max_prefill_t", 1), draft.max_seq_len - context) if own_pool else 0
+    own_pool = draft is not None and not draft.takes_hidden and draft.pool is not target.pool
+    read = min(64, draft.max_prefill_t, draft.max_seq_len - context) if own_pool else 0
     far_widths = list(widths)
-    if getattr(target, "packs", False):  # one call holds every row's tokens: price wide calls too
+    if target.packs:  # one call holds every row's tokens: price wide calls too
         widths += [T for T in (2 * max_t, 4 * max_t) if max_t < T <= min(target.max_prefill_t, target.max_seq_len - context)]
     # a target with min_t > 1 runs its plain rows one widened call each (runtime/engine/calls.py)
     batch = sorted({1, 2, 4, 8, 16, rows} & set(range(1, rows + 1))) if target.batch_rows and target.min_t == 1 else []

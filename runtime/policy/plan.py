@@ -27,11 +27,26 @@ drafting stops by itself (docs/design.md, "Speculation under load").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from ..engine.request import Request
-from .adaptive import Costs
+from ..drafters import Drafter
+from .adaptive import AdaptivePolicy, Costs
+
+
+class Decoding(Protocol):
+    """What the planner reads of a decoding request (runtime/engine/request.py `Request`), and
+    `route`, which it sets: the sub-drafter chosen before k (None: no drafting this step)."""
+
+    drafter: Drafter | None
+    seq: list[int]  # prompt + committed new tokens
+    policies: dict[str, AdaptivePolicy]  # route -> its adaptive policy (none: fixed k)
+    k: int  # fixed k, or the ceiling of an adaptive one
+    route: str | None
+
+    @property
+    def remaining(self) -> int: ...  # new tokens it may still produce
 
 
 @dataclass
@@ -153,7 +168,7 @@ class Planner:
         """Drop the remembered "no drafting" plan (the next step plans afresh)."""
         self.idle = IdlePlan()
 
-    def choose_ks(self, rows: list[Request], costs, running: int | None = None, reading: int = 0) -> list[int]:
+    def choose_ks(self, rows: list[Decoding], costs, running: int | None = None, reading: int = 0) -> list[int]:
         """running: requests in the engine, those still reading their prompts included (None:
         only these rows). A row that would start catching up drafts only if drafting still pays
         once those requests decode beside it: its reading serves its remaining tokens, which it
@@ -191,17 +206,17 @@ class Planner:
         return ks
 
     @staticmethod
-    def _own_k(r: Request) -> tuple[int, Row | None]:
+    def _own_k(r: Decoding) -> tuple[int, Row | None]:
         """The row's k as it would draft alone (fixed, or its route's adaptive policy), and its
         entry in the batch plan (adaptive rows only)."""
         if r.drafter is None:
             return 0, None
         r.route = r.drafter.route(r.seq)
         pol = r.policies.get(r.route)
-        lag = getattr(r.drafter, "lag", None)  # a separate draft's catching up, priced by the policy
-        k = pol.choose_k(len(r.seq), lag(r.seq) if lag else 0, r.remaining) if pol is not None else r.k
+        lag = r.drafter.lag(r.seq)  # a separate draft's catching up, priced by the policy
+        k = pol.choose_k(len(r.seq), lag, r.remaining) if pol is not None else r.k
         row = None
         if pol is not None:
-            read = pol.costs.read_ms(lag(r.seq)) / max(1, r.remaining) if lag else 0.0
+            read = pol.costs.read_ms(lag) / max(1, r.remaining)
             row = Row(min(k, r.remaining - 1), pol.acc.expected()[: k + 1], r.route == "ngram", len(r.seq), read)
         return max(0, min(k, r.remaining - 1)), row

@@ -15,11 +15,11 @@ PRIOR_RANGE = (0.05, 0.95)  # a measured agreement is a few dozen tokens of one 
 def _graph_stamp(model) -> str:
     """The graph file a packed model runs (its kernel form or not) as it is on disk, and the
     kernel library's, which set its costs as much as the bundle does."""
-    graph = getattr(model, "graph", None)
+    graph = model.graph
     if graph is None:
         return ""
     stamp = f"{graph.name}:{graph.stat().st_mtime_ns}"
-    if getattr(model, "kernels", False):
+    if model.kernels:
         from ..kernels import library_path
 
         stamp += f":{library_path().stat().st_mtime_ns}"
@@ -34,7 +34,7 @@ class PolicyStore:
         self.parts, self.max_k = parts, max_k
         self.draft_window = draft_window
         self._key_extra = (f"draft={parts.draft is not None} pool={global_pool} hugepages={hugepages} "
-                           f"slots={parts.target.pool.slots} packed={getattr(parts.target, 'packs', False)} "
+                           f"slots={parts.target.pool.slots} packed={parts.target.packs} "
                            f"graph={_graph_stamp(parts.target)}")
         self.threads, self.device, self.cost_cache = threads, device, cost_cache
         self._costs: Costs | None = None
@@ -75,7 +75,7 @@ class PolicyStore:
                 if key:
                     probe_cache.save(key, self._costs)  # never raises: no cache then
         self._costs.draft_window = self.draft_window
-        self._costs.packed = getattr(self.parts.target, "packs", False)
+        self._costs.packed = self.parts.target.packs
         return self._costs
 
     def draft_prior(self) -> float:
@@ -84,9 +84,8 @@ class PolicyStore:
         the target's greedy continuation of a probe prompt), else AcceptanceModel's default. A
         fixed 0.6 sent the coder's 0.5B draft (agreement 0.75) to plain rounds after its first
         rejection (docs/design.md "Drafting policy", docs/benchmarks.md §23)."""
-        man = getattr(self.parts, "manifest", None)
-        draft = getattr(man, "draft", None)
-        a = (getattr(draft, "parity", None) or {}).get("greedy_agreement_with_target")
+        draft = self.parts.manifest.draft
+        a = ((draft.parity or {}) if draft is not None else {}).get("greedy_agreement_with_target")
         if not isinstance(a, (int, float)) or not 0.0 <= a <= 1.0:
             return AcceptanceModel.prior
         return float(min(max(a, PRIOR_RANGE[0]), PRIOR_RANGE[1]))

@@ -33,7 +33,7 @@ FIRST_CUT = 0.2  # llama.cpp's first threshold on merged probabilities
 @dataclass(frozen=True, eq=False)
 class InfillSampler:
     """One vocabulary's infill filter. pieces: each id's bytes without special tokens
-    (runtime/text/pieces.py `Pieces.table(vocab, special=False)`); eog: the ids that end
+    (runtime/bundle/pieces.py `Pieces.table(vocab, special=False)`); eog: the ids that end
     generation (the tokenizer's `eog_ids`); eot: the token a row collapses to when no text is left."""
 
     pieces: tuple[bytes, ...]

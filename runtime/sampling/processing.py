@@ -11,20 +11,30 @@ acceptance, not exactness, is what that buys (verification divides by the q it s
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
-from ..drafters import Proposal
-from ..engine.request import Request
-from .grammar import GrammarError, apply_mask
-from .logits import apply_penalties
+from .grammar import GrammarError, Matcher, apply_mask
+from .logits import Penalties, apply_penalties
 
 
-def _active(r: Request) -> bool:
+class Processed(Protocol):
+    """What processing reads of a request (runtime/engine/request.py `Request`, which the engine
+    owns: nothing here writes it)."""
+
+    prompt: list[int]
+    seq: list[int]  # prompt + committed new tokens
+    eos_ids: frozenset[int]
+    penalties: Penalties | None
+    grammar: Matcher | None
+
+
+def _active(r: Processed) -> bool:
     return (r.penalties is not None and r.penalties.active) or r.grammar is not None
 
 
-def process(r: Request, rows: np.ndarray, drafts=()) -> np.ndarray:
+def process(r: Processed, rows: np.ndarray, drafts=()) -> np.ndarray:
     """Target rows [T, V]: row i follows the committed sequence plus drafts[:i] (grammar-valid:
     `cut_to_grammar`). The raw rows themselves when the request asks for nothing."""
     if r.penalties is not None and r.penalties.active:
@@ -44,7 +54,7 @@ def _some_allowed(allowed: np.ndarray) -> None:
         raise GrammarError("the grammar allows no token here (a grammar engine error)")
 
 
-def draft_processor(r: Request) -> Callable[[np.ndarray, list[int]], np.ndarray] | None:
+def draft_processor(r: Processed) -> Callable[[np.ndarray, list[int]], np.ndarray] | None:
     """(draft logits row [V], tokens proposed so far this round) -> the row processed as the
     target's would be at that position; None when the request asks for nothing."""
     if not _active(r):
@@ -60,13 +70,3 @@ def draft_processor(r: Request) -> Callable[[np.ndarray, list[int]], np.ndarray]
 
     return process_row
 
-
-def cut_to_grammar(r: Request, prop: Proposal) -> Proposal:
-    """A proposal cut at its first token the request's grammar forbids (n-gram copies, or a
-    draft that did not see the mask)."""
-    if r.grammar is None or not len(prop.tokens):
-        return prop
-    n = r.grammar.valid_prefix(prop.tokens)
-    if n == len(prop.tokens):
-        return prop
-    return Proposal(prop.tokens[:n], None if prop.q is None else prop.q[:n], prop.confs[:n], prop.drafter)

@@ -25,8 +25,8 @@ import functools
 
 import numpy as np
 
+from ..bundle.pieces import pieces
 from ..bundle.tokenizer import Tokenizer
-from ..text.pieces import pieces
 
 
 class PrefixIndex:

@@ -2,13 +2,13 @@
 
 Routes: POST /v1/chat/completions, POST /v1/completions, POST /infill, /tokenize and /detokenize
 (llama.cpp's), GET /v1/models, GET /health (503 while the bundle loads), GET /metrics
-(Prometheus), GET /openapi.json (the schema of the protocol models). Layers, as in the OpenAI
+(Prometheus), GET /openapi.json (the schema of the wire models). Layers, as in the OpenAI
 reference servers:
 - this file: routes that only take a checked body and hand it on (FastAPI validates it against
-  the protocol models first; bodies are read under a size limit), and one exception handler;
+  the wire models (schema*.py) first; bodies are read under a size limit), and one exception handler;
 - serving.py: `OpenAIServing` turns a request into a response over an engine client (the pipeline in
-  this process, or Ray replicas: ray_deploy.py); streaming.py runs one response's choices;
-  responses.py builds their shapes;
+  this process, or Ray replicas: ray/deploy.py); streaming.py runs one response's choices;
+  outputs.py builds their shapes;
 - errors.py maps every exception to OpenAI's `{"error": {...}}` by its class. A user's mistake
   is a 4xx with a message that says what to change, never a traceback.
 """
@@ -27,23 +27,23 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import EngineBusy, EngineClosed
-from . import messages_api, responses_api
+from .anthropic import messages_api
+from .anthropic.schema_messages import CountTokensRequest, MessagesRequest
 from .config import ServerConfig
 from .errors import APIError, ReplicaFailed, as_api_error, bad
-from .metrics import CONTENT_TYPE
-from .protocol import ErrorResponse, ModelList
-from .protocol_chat import ChatCompletionRequest, ChatCompletionResponse
-from .protocol_completion import CompletionRequest, CompletionResponse
-from .protocol_infill import InfillRequest, InfillResponse
-from .protocol_messages import CountTokensRequest, MessagesRequest
-from .protocol_responses import ResponsesRequest
-from .protocol_tokenize import (
+from .llama.schema_infill import InfillRequest, InfillResponse
+from .llama.schema_tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
-from .responses import dump
+from .metrics import CONTENT_TYPE
+from .openai import responses_api
+from .openai.schema_chat import ChatCompletionRequest, ChatCompletionResponse
+from .openai.schema_completion import CompletionRequest, CompletionResponse
+from .openai.schema_responses import ResponsesRequest
+from .schema import ErrorResponse, ModelList, dump
 from .serving import LocalClient, OpenAIServing
 
 __all__ = ["ServerConfig", "build_app", "make_app"]
@@ -134,7 +134,7 @@ async def create_completion(req: CompletionRequest, request: Request, serving: S
 
 @llama.post("/infill", response_model=InfillResponse)
 async def create_infill(req: InfillRequest, request: Request, serving: Serving):
-    return await serving.infill(req, request)  # llama.cpp's fill-in-the-middle (serve/infill.py)
+    return await serving.infill(req, request)  # llama.cpp's fill-in-the-middle (serve/llama/infill.py)
 
 
 @llama.post("/tokenize", response_model=TokenizeResponse)
@@ -207,8 +207,8 @@ def build_app(cfg: ServerConfig, load, on_load_error=None) -> FastAPI:
 
 def make_app(serving: OpenAIServing, lifespan=None) -> FastAPI:
     """The HTTP API over a serving object (its engine client: this process's pipeline, or Ray's
-    engine replicas, ray_deploy.py)."""
-    # /openapi.json is served (the protocol models' schema); the docs UIs stay off. A body
+    engine replicas, ray/deploy.py)."""
+    # /openapi.json is served (the wire models' schema); the docs UIs stay off. A body
     # without Content-Type is read as JSON, as before FastAPI 0.132 made that strict.
     app = FastAPI(title="specrt", docs_url=None, redoc_url=None, lifespan=lifespan, strict_content_type=False)
     app.state.serving = serving

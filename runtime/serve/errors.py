@@ -2,7 +2,7 @@
 
 A user's mistake is a 4xx with a message that says what to change and `param` naming the
 field: pydantic's validation errors through `openai_error`, the runtime's `InvalidRequest`
-through its own `param` (mapped onto the request's field by the protocol's `field_of`). A
+through its own `param` (mapped onto the request's field by the request model's `field_of`). A
 full queue, a closing engine and a failed Ray replica are 503s with Retry-After; anything
 else is our bug: a 500 whose traceback is logged, never sent.
 """
@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import EngineBusy, EngineClosed
-from .protocol import ErrorInfo
+from .schema import ErrorInfo
 
 log = logging.getLogger("specrt.serve")
 
@@ -63,7 +63,7 @@ def as_api_error(e: Exception, method: str = "", path: str = "") -> APIError:
         return APIError(400, info.message, info.type, info.param, info.code)
     for cls, (code, retry, message) in _UNAVAILABLE.items():
         if isinstance(e, cls):
-            headers = ({"Retry-After": retry} if retry else {}) | getattr(e, "headers", {})
+            headers = ({"Retry-After": retry} if retry else {}) | (e.headers if isinstance(e, ReplicaFailed) else {})
             return APIError(503, message or str(e), "server_error", code=code, headers=headers or None)
     if isinstance(e, StarletteHTTPException):  # routing: unknown path or method
         if e.status_code in (404, 405):

@@ -22,7 +22,7 @@ class Unsupported:
 
 
 def _non_text_part(messages: list) -> str | None:
-    """messages: ChatMessage (protocol_chat.py) -> the first part that is not text, as a param."""
+    """messages: ChatMessage (schema_chat.py) -> the first part that is not text, as a param."""
     for i, m in enumerate(messages):
         for j, part in enumerate(m.content if isinstance(m.content, list) else []):
             if part.type != "text":

@@ -5,7 +5,7 @@ template and tokenizing, /v1/models — and hands the prompt's token ids to an e
 which runs the request and answers (named for the engine it reaches, so that "backend" keeps
 meaning runtime/backends/):
 - `LocalClient`: one Pipeline in this process (`specrt serve`; each Ray engine replica);
-- ray_deploy.py `RayClient`: engine replicas behind a Ray Serve handle (`--replicas`).
+- ray/deploy.py `RayClient`: engine replicas behind a Ray Serve handle (`--replicas`).
 Errors are raised as exceptions and turned into OpenAI's bodies by errors.py, in one place.
 """
 
@@ -20,26 +20,28 @@ from typing import Protocol
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from ..errors import InvalidRequest
 from ..sampling.grammar import GrammarError
 from ..text.toolcalls import ToolError
 from .config import ServerConfig
 from .errors import APIError, bad
-from .infill import completion_prompt, infill_prompt
-from .metrics import Metrics
-from .protocol import GenerationRequest, ModelCard, ModelList
-from .protocol_chat import ChatCompletionRequest
-from .protocol_completion import CompletionRequest
-from .protocol_infill import InfillRequest
-from .protocol_tokenize import (
+from .llama.infill import completion_prompt, infill_prompt
+from .llama.schema_infill import InfillRequest
+from .llama.schema_tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
-from .responses import CompletionOutput, dump
+from .llama.tokens import detokenize, tokenize
+from .metrics import Metrics
+from .openai.outputs import CompletionOutput
+from .openai.schema_chat import ChatCompletionRequest
+from .openai.schema_completion import CompletionRequest
+from .openai.tool_chat import chat_prompt, tool_grammar_field, with_tool_grammar
+from .schema import GenerationRequest, ModelCard, ModelList, dump
+from .shape import ResponseShape
 from .streaming import SSE_HEADERS, Job, Reply, Stream
-from .tokens import detokenize, tokenize
-from .tools import chat_prompt, tool_grammar_field, with_tool_grammar
 
 log = logging.getLogger("specrt.serve")
 
@@ -56,11 +58,10 @@ class EngineClient(Protocol):
     async def health(self) -> tuple[int, dict]:
         """(status, body) of GET /health."""
 
-    async def respond(self, req: GenerationRequest, ids: list[int], prompt_param: str, out,
+    async def respond(self, req: GenerationRequest, ids: list[int], prompt_param: str, out: ResponseShape,
                       request: Request | None) -> Response:
         """Run the request (prompt token ids `ids`; `prompt_param`: the field a too-long prompt
-        is blamed on; `out`: the response shapes of responses.py, or infill.py's, which also
-        makes each choice's text stream: `out.text_stream(tokenizer, stop)`) -> JSON or SSE."""
+        is blamed on; `out`: its response shape, shape.py) -> JSON or SSE."""
 
     def close(self) -> None: ...
 
@@ -103,10 +104,10 @@ class OpenAIServing:
         ids, out = self.render(req, shape)
         return await self.client.respond(req, ids, "messages", out, request)
 
-    def render(self, req: ChatCompletionRequest, shape=None) -> tuple[list[int], object]:
+    def render(self, req: ChatCompletionRequest, shape=None) -> tuple[list[int], ResponseShape]:
         """A chat request -> (prompt ids, response shape). Raises APIError (400)."""
         front = self._served(req.model)
-        try:  # tools go through the template (serve/tools.py); the response shape follows them
+        try:  # tools go through the template (serve/openai/tool_chat.py); the response shape follows them
             return chat_prompt(req, front.tokenizer, shape)
         except ToolError as e:  # tools this bundle's template cannot render, malformed tools
             raise APIError(400, str(e), param=e.param, code=e.code) from None
@@ -116,9 +117,9 @@ class OpenAIServing:
     async def complete(self, req: CompletionRequest, request: Request) -> Response:
         front = self._served(req.model)
         ids, heal = completion_prompt(front, req, self.cfg.fim_window)  # a FIM prompt when the request has a suffix
-        out = CompletionOutput(req.model)
-        out.fim = bool(req.suffix)  # the server's drafter for editors (ServerConfig.fim_draft)
-        out.heal = heal  # the text the output must begin with (infill.py)
+        # fim: the server's drafter for editors (ServerConfig.fim_draft); heal: the text the
+        # output must begin with (infill.py)
+        out = CompletionOutput(req.model, fim=bool(req.suffix), heal=heal)
         return await self.client.respond(req, ids, "prompt", out, request)
 
     async def infill(self, req: InfillRequest, request: Request) -> Response:
@@ -126,7 +127,7 @@ class OpenAIServing:
         return await self.client.respond(req, ids, "input_prefix", out, request)
 
     def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
-        return tokenize(self._served(self._model(req.model)).tokenizer, req)  # llama.cpp's (serve/tokens.py)
+        return tokenize(self._served(self._model(req.model)).tokenizer, req)  # llama.cpp's (serve/llama/tokens.py)
 
     def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         return detokenize(self._served(self._model(req.model)).tokenizer, req)
@@ -180,21 +181,22 @@ class LocalClient:
             return 503, {"status": "error" if self.error else "loading", "error": self.error}
         return 200, {"status": "ok"}
 
-    async def respond(self, req, ids: list[int], prompt_param: str, out, request: Request | None) -> Response:
+    async def respond(self, req, ids: list[int], prompt_param: str, out: ResponseShape,
+                      request: Request | None) -> Response:
         reply = self.start(req, ids, prompt_param, out)
         if req.stream:
             return Stream(reply.sse(req.include_usage), reply.cancel, media_type="text/event-stream",
                           headers=SSE_HEADERS)
         return JSONResponse(dump(await reply.collect(request)))
 
-    def start(self, req: GenerationRequest, ids: list[int], prompt_param: str, out) -> Reply:
+    def start(self, req: GenerationRequest, ids: list[int], prompt_param: str, out: ResponseShape) -> Reply:
         """Submit the request's choices to the engine now. Raises APIError (400: the prompt or
         max_tokens does not fit, an option the runtime refuses, a grammar that cannot compile),
         EngineBusy or EngineClosed (503: errors.py)."""
         pipe = self.pipe
         try:  # choice i samples from its own stream derived from the seed (RequestOptions.stream_seed)
-            opts = with_tool_grammar(req.to_options(pipe.room(len(ids)), **self.cfg.server_options(getattr(out, "fim", False))), out)
-            if getattr(out, "heal", ""):  # a FIM prompt's healed last token (infill.py)
+            opts = with_tool_grammar(req.to_options(pipe.room(len(ids)), **self.cfg.server_options(out.fim)), out)
+            if out.heal:  # a FIM prompt's healed last token (infill.py)
                 opts = replace(opts, text_prefix=out.heal)
             rs = [pipe.request(ids, opts, sibling=i) for i in range(req.n or 1)]
         except GrammarError as e:  # a schema / regex / grammar (or the tools' schemas) the engine cannot compile
@@ -204,8 +206,7 @@ class LocalClient:
         jobs: list[Job] = []
         try:  # all choices go in together: the later ones wait for the first one's prefill and copy it
             for i, r in enumerate(rs):
-                editor = getattr(out, "text_stream", None)  # /infill's cuts more than stop strings
-                text = editor(pipe.tokenizer, list(opts.stop)) if editor is not None else None
+                text = out.text_stream(pipe.tokenizer, list(opts.stop))  # /infill's cuts more than stop strings
                 jobs.append(Job(pipe.astart(r, opts.stop, text), i))
         except Exception:  # EngineBusy / EngineClosed (503, errors.py): the choices already in stop
             for job in jobs:
@@ -217,7 +218,7 @@ class LocalClient:
 def _refused(e: ValueError, req: GenerationRequest, prompt_param: str, n_prompt: int, context: int) -> APIError:
     """A runtime refusal (runtime/errors.py InvalidRequest: its `param` names the option) -> a
     400 blaming the request's field; a prompt that leaves no room is the prompt's fault."""
-    param = getattr(e, "param", None)
+    param = e.param if isinstance(e, InvalidRequest) else None
     if param == "prompt":  # Pipeline.room
         return bad(str(e), prompt_param, "context_length_exceeded")
     return bad(f"{e} (prompt: {n_prompt} tokens, context: {context})", req.field_of(param))

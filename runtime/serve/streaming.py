@@ -3,40 +3,24 @@ choices fanned in to one SSE stream or collected into one body (`Reply`), and th
 response that cancels its requests however it ends (`Stream`).
 
 A choice's text comes from `Pipeline.astart` (runtime/text/output.py `TextOutput`: stop strings,
-finish reason, logprobs); its chunks are built by an output object of responses.py. A client that disconnects
+finish reason, logprobs); its chunks are built by a response shape (shape.py). A client that disconnects
 cancels the requests: a stream by closing, a collected body through `watch_disconnect`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from .errors import stream_error
-from .protocol import ErrorResponse, PromptTokensDetails, UsageInfo
-from .responses import dump
+from .schema import PromptTokensDetails, UsageInfo
+from .shape import ResponseShape, sse_event
 
 log = logging.getLogger("specrt.serve")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-SSE_DONE = "data: [DONE]\n\n"
-
-
-def sse_event(model) -> str:
-    """One response model as an SSE `data:` line (a str: SSE text an output of another wire
-    format built, translate.py)."""
-    if isinstance(model, str):
-        return model
-    return f"data: {json.dumps(dump(model), ensure_ascii=False)}\n\n"
-
-
-def sse_error(e: Exception) -> str:
-    """The end of a stream that failed after its status was sent: an error chunk, then [DONE]."""
-    return sse_event(ErrorResponse(error=stream_error(e))) + SSE_DONE
 
 
 class Stream(StreamingResponse):
@@ -91,7 +75,7 @@ class Reply:
     come, each chunk naming its `index`) or collected into one body. The prompt counts once in
     usage; its cached tokens are the first choice's (the others copy its rows)."""
 
-    def __init__(self, jobs: list[Job], out, n_prompt: int, record=None):
+    def __init__(self, jobs: list[Job], out: ResponseShape, n_prompt: int, record=None):
         """record(prompt_tokens, new_tokens, finish_reason, ttft_s, tpot_s, e2e_s): called once
         per choice that ends normally (`Metrics.finished`); None records nothing."""
         self.jobs, self.out, self.n_prompt, self.record = jobs, out, n_prompt, record
@@ -105,11 +89,10 @@ class Reply:
             self.record(*rec)
 
     def _stop_sequence(self, job: Job) -> None:
-        """Tell an output that names the matched stop string (Anthropic's `stop_sequence`,
-        messages_api.py) which one ended this choice; OpenAI's shapes say only "stop"."""
-        hit, note = job.out.stop_sequence, getattr(self.out, "stopped_by", None)
-        if hit is not None and note is not None:
-            note(job.index, hit)
+        """Tell the shape which stop string ended this choice (Anthropic's `stop_sequence`,
+        messages_api.py; OpenAI's shapes say only "stop")."""
+        if job.out.stop_sequence is not None:
+            self.out.stopped_by(job.index, job.out.stop_sequence)
 
     def usage(self) -> UsageInfo:
         n = sum(len(j.out.ids) for j in self.jobs)
@@ -127,11 +110,11 @@ class Reply:
             yield chunk
         async for piece in job.pieces():
             chunk = out.piece(i, piece, job.out.new_logprobs())
-            if chunk is not None:  # None: nothing to say yet (tool calls: a tag held back, serve/tools.py)
+            if chunk is not None:  # None: nothing to say yet (tool calls: a tag held back, serve/openai/tool_chat.py)
                 yield chunk
         lp = job.out.new_logprobs()  # tokens whose text is still empty (held by the detokenizer)
         tail = out.piece(i, "", lp) if lp else None
-        if tail is not None:  # None here too: a tool chat's held piece (serve/tools.py)
+        if tail is not None:  # None here too: a tool chat's held piece (serve/openai/tool_chat.py)
             yield tail
         self._stop_sequence(job)
         yield out.last(i, job.out.finish_reason())
@@ -181,10 +164,10 @@ class Reply:
                 yield sse_event(chunk)
             if include_usage:
                 yield sse_event(self.out.usage(self.usage()))
-            yield getattr(self.out, "done", SSE_DONE)  # other wire formats end with their own event
+            yield self.out.done  # other wire formats end with their own event
         except Exception as e:  # noqa: BLE001 - mid-stream: the status is sent; say it in the stream
             log.error("specrt: request %s failed mid-stream: %s", self.out.id, e)
-            yield getattr(self.out, "sse_error", sse_error)(e)
+            yield self.out.sse_error(e)
         finally:  # a client that went away cancels its requests; each pump ends with its request
             await self._close(tasks)
 

@@ -1,7 +1,7 @@
 """What the APIs translated onto chat completions share (llama.cpp's and vLLM's shape: one engine
 path, one module per wire format): the translated request, and the output base class.
 
-A wire format (protocol_responses.py + responses_api.py, protocol_messages.py + messages_api.py)
+A wire format (schema_responses.py + responses_api.py, schema_messages.py + messages_api.py)
 turns its request into a `ChatCompletionRequest` (`to_chat`: the messages, tools, tool_choice and
 sampling fields the chat endpoint reads) and hands it to `OpenAIServing.chat` with its own output
 class: the same template rendering, tool grammar, engine request, streaming, cancellation and
@@ -21,8 +21,9 @@ from pydantic import ValidationError
 
 from .blocks import Block, Blocks
 from .errors import APIError, openai_error
-from .protocol import UsageInfo
-from .protocol_chat import ChatCompletionRequest
+from .openai.schema_chat import ChatCompletionRequest
+from .schema import UsageInfo
+from .shape import ResponseShape
 
 
 def to_chat(cls: type[ChatCompletionRequest], body: dict, rename=lambda p: p) -> ChatCompletionRequest:
@@ -37,7 +38,7 @@ def to_chat(cls: type[ChatCompletionRequest], body: dict, rename=lambda p: p) ->
 
 
 class Body(dict):
-    """A whole response built as a dict, dumped as chat's pydantic models are (`responses.dump`)."""
+    """A whole response built as a dict, dumped as chat's pydantic models are (`schema.dump`)."""
 
     def model_dump(self, mode: str = "json") -> dict:
         return dict(self)
@@ -48,7 +49,7 @@ def sse(name: str, data: dict) -> str:
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-class BlockOutput:
+class BlockOutput(ResponseShape):
     """Output of a translated API: n = 1 choice as blocks (text runs, tool calls), streamed as
     named SSE events or collected whole. Subclasses render: `_start` (the events before any
     block), `_render(event)` (one block event), `_finish(finish, usage)` (the events after the

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..engine import Stats
-from .toolcalls import ToolError, ToolPlan, plan, tags_are_tokens, template_messages
+from .toolcalls import ToolError, ToolPlan, plan, renders_tools, tags_are_tokens, template_messages
 from .toolstream import CallParser, Delta, ToolCall
 
 NO_TOOLS = "'tools' is not supported by this server: the bundle's chat template has no tool calling"
@@ -32,7 +32,7 @@ def prepare(tokenizer, messages: list[dict], tools: list[dict] | None = None, to
     """-> (prompt ids, ToolPlan). Raises ToolError (with the param to blame) for tools or tool
     history the bundle's template cannot render, and for malformed tools / tool_choice."""
     p = plan(tools, tool_choice, parallel_tool_calls, tool_grammar, tags_are_tokens(tokenizer))
-    has = tokenizer.has_tools
+    has = renders_tools(tokenizer)
     if p.tools is not None and not has:
         raise ToolError(NO_TOOLS, "tools", "unsupported_parameter")
     for i, m in enumerate(messages):
@@ -63,7 +63,7 @@ def stream_chat(pipe, messages: list[dict], *, tools: list[dict] | None = None, 
         yield d
     if result is not None:
         result.append(ChatResult((calls.content or None) if calls.calls else calls.content, calls.calls,
-                                 out.finish_reason(bool(calls.calls)), out.ids, stats))
+                                 out.finish_reason(bool(calls.calls)), out.ids, out.result().stats))
 
 
 def chat(pipe, messages: list[dict], **kw) -> ChatResult:

@@ -35,9 +35,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
+from ..bundle.pieces import pieces
 from ..bundle.tokenizer import Tokenizer
 from ..errors import InvalidRequest
-from .pieces import pieces
 from .textstream import TextStream
 
 PROJECT = "project"  # the repository name written after <|repo_name|> (no client sends one)

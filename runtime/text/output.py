@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 
 from ..engine import Request, Stats
 from .results import Result
@@ -58,10 +59,7 @@ class TextOutput:
         """-> the text a chunk releases ("" while held back); a stop string ends the output."""
         if self.t_first is None:
             self.t_first = time.perf_counter()
-        piece = self.text.push(chunk)
-        if self.text.stopped:
-            self._r.stats.stop_reason = "stop"
-        return piece
+        return self.text.push(chunk)
 
     def __iter__(self) -> Iterator[str]:
         return self._pieces()
@@ -121,6 +119,12 @@ class TextOutput:
             await self._ait.aclose()
         await self._chunks.aclose()
 
+    @property
+    def stop_reason(self) -> str:
+        """The output's stop reason: "stop" where a stop string ended it (the request is then
+        cancelled, or it had ended in the same chunk), else the engine's (`Stats.stop_reason`)."""
+        return "stop" if self.text.stopped else self._r.stats.stop_reason
+
     def finish_reason(self, calls: bool = False) -> str:
         """OpenAI's finish_reason; calls: the reply held tool calls."""
         return finish_reason(self._r.stats.stop_reason, self.text.stopped, calls)
@@ -144,4 +148,6 @@ class TextOutput:
         """The Result so far (final once iterated: logprobs cut where its ids end)."""
         r = self._r
         lp = None if r.logprobs is None else r.token_logprobs[: len(self.text.ids)]
-        return Result(self.text.full, self.text.ids, r.stats, lp)
+        # the request's stats are the engine's: the output's own stop reason goes on a copy
+        stats = r.stats if r.stats.stop_reason == self.stop_reason else replace(r.stats, stop_reason=self.stop_reason)
+        return Result(self.text.full, self.text.ids, stats, lp)

@@ -24,7 +24,7 @@ class Result:
         return d
 
 
-DONE = object()
+END = object()  # what `Events.take` returns once a request's events are over (its state is then engine/request.py DONE)
 
 
 class Events:
@@ -34,7 +34,7 @@ class Events:
         self.r, self.finished = r, False  # finished: "done" or "error" was read
 
     def take(self, kind: str, value):
-        """-> a chunk; None ("logprobs": kept in r.token_logprobs); DONE; or raises the error."""
+        """-> a chunk; None ("logprobs": kept in r.token_logprobs); END; or raises the error."""
         if kind == "tokens":
             return value
         if kind == "logprobs":
@@ -42,5 +42,5 @@ class Events:
             return None
         self.finished = True
         if kind == "done":
-            return DONE
+            return END
         raise value

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
 from dataclasses import dataclass, field
 
 from ..sampling.grammar import Constraint
@@ -250,6 +251,19 @@ def template_has_tools(source: str | None) -> bool:
         return "tools" in meta.find_undeclared_variables(jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(source))
     except jinja2.TemplateError:
         return False
+
+
+_RENDERS_TOOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> renders_tools
+
+
+def renders_tools(tokenizer) -> bool:
+    """Whether a runtime Tokenizer's chat template renders tools and writes calls this runtime
+    parses (`template_has_tools`), and the tag survives decoding. Kept per tokenizer (the
+    template is parsed once)."""
+    if tokenizer not in _RENDERS_TOOLS:
+        _RENDERS_TOOLS[tokenizer] = template_has_tools(tokenizer.info.chat_template) and tokenizer.decode(
+            tokenizer.tk.encode(OPEN, add_special_tokens=False).ids) == OPEN
+    return _RENDERS_TOOLS[tokenizer]
 
 
 def tags_are_tokens(tokenizer) -> bool:

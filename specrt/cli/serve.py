@@ -1,5 +1,5 @@
 """`specrt serve`: the OpenAI-compatible server over one engine (uvicorn), or over N engine
-replicas on Ray Serve (`--replicas`, runtime/serve/ray_deploy.py)."""
+replicas on Ray Serve (`--replicas`, runtime/serve/ray/deploy.py)."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def _serve_ray(host: str, port: int, ray_address: str | None, args: dict) -> Non
         import ray
         from ray import serve as rserve
 
-        from specrt.runtime.serve.ray_deploy import APP_NAME, RayOptions, build
+        from specrt.runtime.serve.ray.deploy import APP_NAME, RayOptions, build
     except ImportError as e:
         fail(f"--replicas needs the ray extra (pip install 'specrt[ray]'): {e}")
     from specrt.runtime import USER_ERRORS

@@ -187,7 +187,7 @@ def test_a_failing_request_does_not_disturb_the_others(int8, monkeypatch):
     # ... and one whose model call fails mid-run ends alone, with its error
     target = int8.parts.target
     bad = int8.request(prompts[0], max_new_tokens=25, k=3)
-    if getattr(target, "packs", False):  # every row of a step in one call: the call fails for all,
+    if target.packs:  # every row of a step in one call: the call fails for all,
         real = target.run_packed  # each row is retried alone, and only the bad one fails again
 
         def failing(seqs):
@@ -468,7 +468,7 @@ def test_policy_mode_drafts_nothing_under_load(tiny_bundles, plan_batches, packe
                       rows_ms={1: 10.0, 2: 10.3, 4: 11.0}, draft_rows_ms={1: 1.0, 2: 1.1, 4: 1.2})
         pipe.store._costs = costs  # the probe's place: a probe on this machine measures its own
         costs.packed = packed
-        pipe.scheduler.costs = costs  # the pipeline took the probe's at load
+        pipe.use_costs(costs)  # the pipeline took the probe's at load
         # a draft accepted at 0.6 a position (at the tiny int8 draft's measured agreement even a
         # verification call per row pays: ~7 tokens a call at 0.95)
         pipe.store.draft_prior = lambda: 0.6

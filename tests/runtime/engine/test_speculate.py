@@ -327,7 +327,7 @@ class _Widths:
         run, rows = model.run, model.run_rows
         monkeypatch.setattr(model, "run", lambda slot, t, *a, **k: (self.widths.append(len(t)), run(slot, t, *a, **k))[1])
         monkeypatch.setattr(model, "run_rows", lambda lo, t, *a, **k: (self.widths.append(1), rows(lo, t, *a, **k))[1])
-        if getattr(model, "packs", False):  # a packed model: each sequence of the call
+        if model.packs:  # a packed model: each sequence of the call
             packed = model.run_packed
             monkeypatch.setattr(model, "run_packed",
                                 lambda seqs: (self.widths.extend(len(t) for _, t, _, _ in seqs), packed(seqs))[1])

@@ -91,7 +91,9 @@ def _store(base: Costs, monkeypatch) -> PolicyStore:
     from specrt.runtime.policy import store as policies
 
     pool = KVPool(KVLayout(layers=1, kv_heads=1, head_dim=1, dtype="float32", max_seq_len=8), 1, allocate=False)
-    parts = SimpleNamespace(draft=SimpleNamespace(pool=pool), target=SimpleNamespace(pool=pool))
+    model = dict(pool=pool, packs=False, graph=None, kernels=False)  # what the store reads of a PoolModel
+    parts = SimpleNamespace(draft=SimpleNamespace(**model), target=SimpleNamespace(**model),
+                            manifest=SimpleNamespace(draft=None))
     monkeypatch.setattr(policies, "measure_costs", lambda *a, **k: base)
     return PolicyStore(parts, 8, threads=None, device="cpu", global_pool=False, hugepages=False, cost_cache=False)
 

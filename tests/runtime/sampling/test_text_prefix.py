@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from specrt.runtime.bundle.manifest import load_manifest
+from specrt.runtime.bundle.pieces import pieces
 from specrt.runtime.bundle.tokenizer import Tokenizer
 from specrt.runtime.sampling.text_prefix import TextPrefix, prefix_index
-from specrt.runtime.text.pieces import pieces
 from specrt.runtime.text.textstream import TextStream
 
 

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
-from test_serve_protocol import REFUSED, chat  # the model tests' table of refused bodies
+from test_serve_schema import REFUSED, chat  # the model tests' table of refused bodies
 
 import specrt
 from specrt.runtime.serve.app import ServerConfig, build_app

@@ -1,10 +1,10 @@
-"""The prefix-affinity table and policy (runtime/serve/affinity.py), without Ray."""
+"""The prefix-affinity table and policy (runtime/serve/ray/affinity.py), without Ray."""
 
 from __future__ import annotations
 
 import threading
 
-from specrt.runtime.serve.affinity import AffinityTable, block_hashes, rank
+from specrt.runtime.serve.ray.affinity import AffinityTable, block_hashes, rank
 
 
 def test_block_hashes_chain_full_blocks_only():

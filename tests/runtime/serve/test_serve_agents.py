@@ -286,13 +286,13 @@ def test_messages_max_tokens_beyond_the_context_runs_to_its_end(srv):
 
 
 def test_the_outputs_travel_to_an_engine_replica(srv):
-    """The Ray path pickles the chat request and the output shape (ray_deploy.EngineRequest)."""
+    """The Ray path pickles the chat request and the output shape (ray/deploy.py EngineRequest)."""
     import pickle
 
-    from specrt.runtime.serve.messages_api import MessagesOutput
-    from specrt.runtime.serve.protocol_messages import MessagesChat, MessagesRequest
-    from specrt.runtime.serve.protocol_responses import ResponsesChat, ResponsesRequest
-    from specrt.runtime.serve.responses_api import ResponsesOutput
+    from specrt.runtime.serve.anthropic.messages_api import MessagesOutput
+    from specrt.runtime.serve.anthropic.schema_messages import MessagesChat, MessagesRequest
+    from specrt.runtime.serve.openai.responses_api import ResponsesOutput
+    from specrt.runtime.serve.openai.schema_responses import ResponsesChat, ResponsesRequest
     from specrt.runtime.serve.translate import to_chat
 
     m = MessagesRequest(model="fake", max_tokens=9, messages=MSGS, tools=A_TOOLS)

@@ -9,9 +9,9 @@ from fakes import VOCAB, fake_pipeline
 from specrt.runtime.engine import EngineBusy, EngineClosed
 from specrt.runtime.serve.config import ServeOptions, ServerConfig
 from specrt.runtime.serve.errors import APIError, ReplicaFailed, as_api_error, stream_error
-from specrt.runtime.serve.protocol_chat import ChatCompletionRequest
-from specrt.runtime.serve.protocol_completion import CompletionRequest
-from specrt.runtime.serve.responses import ChatOutput
+from specrt.runtime.serve.openai.outputs import ChatOutput
+from specrt.runtime.serve.openai.schema_chat import ChatCompletionRequest
+from specrt.runtime.serve.openai.schema_completion import CompletionRequest
 from specrt.runtime.serve.serving import LocalClient
 
 

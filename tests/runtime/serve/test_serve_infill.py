@@ -1,4 +1,4 @@
-"""Fill-in-the-middle over HTTP (serve/infill.py): `/v1/completions` with `suffix` through the
+"""Fill-in-the-middle over HTTP (serve/llama/infill.py): `/v1/completions` with `suffix` through the
 official openai client and llama.cpp's `/infill` through httpx, on a real server over a tiny
 bundle whose vocabulary has Qwen's FIM tokens (and over one without: 400)."""
 

@@ -24,7 +24,7 @@ from test_serve import _free_port, _serve_proc, _solo, _streams_through_sigterm,
 
 import specrt
 from paths import ROOT
-from specrt.runtime.serve.ray_deploy import APP_NAME, REPLICA_HEADER, build
+from specrt.runtime.serve.ray.deploy import APP_NAME, REPLICA_HEADER, build
 
 pytestmark = pytest.mark.ray
 

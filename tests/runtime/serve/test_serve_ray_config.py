@@ -12,7 +12,7 @@ from paths import ROOT
 from specrt.runtime.options import LoadOptions
 from specrt.runtime.serve.config import SERVE_LOADING, ServeOptions
 from specrt.runtime.serve.metrics import Metrics
-from specrt.runtime.serve.ray_deploy import APP_NAME, RayOptions, sum_counters
+from specrt.runtime.serve.ray.deploy import APP_NAME, RayOptions, sum_counters
 
 
 def test_kuberay_manifest_embeds_the_config_file():
@@ -21,7 +21,7 @@ def test_kuberay_manifest_embeds_the_config_file():
     assert manifest["kind"] == "RayService"
     assert yaml.safe_load(manifest["spec"]["serveConfigV2"]) == config
     app = config["applications"][0]
-    assert app["name"] == APP_NAME and app["import_path"] == "specrt.runtime.serve.ray_deploy:build"
+    assert app["name"] == APP_NAME and app["import_path"] == "specrt.runtime.serve.ray.deploy:build"
     assert set(app["args"]) <= set(RayOptions().args())
     o = RayOptions.from_args(**app["args"])  # valid values
     assert (o.loading.threads, o.loading.max_batch, o.replicas) == (1, 4, 2)
@@ -62,8 +62,8 @@ def test_replica_counters_sum_kv_bytes_and_metrics_report_them():
 def test_the_routers_use_rays_public_api_only():
     """router.py is shipped by value into every routing process and must survive Ray upgrades:
     nothing from `ray.*._private`."""
-    for name in ("router.py", "ray_deploy.py", "affinity.py"):
-        tree = ast.parse((ROOT / "runtime" / "serve" / name).read_text())
+    for name in ("router.py", "deploy.py", "affinity.py"):
+        tree = ast.parse((ROOT / "runtime" / "serve" / "ray" / name).read_text())
         mods = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
         mods += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         assert not [m for m in mods if "_private" in m.split(".")], (name, mods)

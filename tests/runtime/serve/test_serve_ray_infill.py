@@ -13,7 +13,7 @@ from test_serve_ray import RaySrv
 
 import specrt
 from specrt.runtime.options import RequestOptions
-from specrt.runtime.serve.ray_deploy import REPLICA_HEADER
+from specrt.runtime.serve.ray.deploy import REPLICA_HEADER
 from specrt.runtime.text.fim import ExtraFile, fim_parts
 
 pytestmark = pytest.mark.ray

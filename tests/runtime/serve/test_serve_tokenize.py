@@ -1,4 +1,4 @@
-"""llama.cpp's /tokenize and /detokenize (serve/tokens.py): over HTTP on a real server over the
+"""llama.cpp's /tokenize and /detokenize (serve/llama/tokens.py): over HTTP on a real server over the
 tiny FIM bundle (llama.vscode's body, pieces, mixed content, errors), and the tokenizer rules on
 the default bundle's byte-level BPE and on a tokenizer that adds BOS and EOS."""
 
@@ -11,8 +11,8 @@ from test_serve_infill import fim_bundle  # noqa: F401 - the module's bundle fix
 
 from specrt.runtime.bundle.manifest import TokenizerInfo, load_manifest
 from specrt.runtime.bundle.tokenizer import Tokenizer
-from specrt.runtime.serve.protocol_tokenize import DetokenizeRequest, TokenizeRequest
-from specrt.runtime.serve.tokens import detokenize, tokenize
+from specrt.runtime.serve.llama.schema_tokenize import DetokenizeRequest, TokenizeRequest
+from specrt.runtime.serve.llama.tokens import detokenize, tokenize
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 FIM_PREFIX = 122  # the tiny FIM tokenizer's <|fim_prefix|>

@@ -1,4 +1,4 @@
-"""Tool calls over HTTP (runtime/serve/tools.py) through the official `openai` client, against a
+"""Tool calls over HTTP (runtime/serve/openai/tool_chat.py) through the official `openai` client, against a
 real server on 127.0.0.1 over fake pipelines (tests/toolfakes.py: a template with a tool
 section, a tokenizer with the tags): calls come back as `message.tool_calls` with schema-valid
 arguments and finish_reason "tool_calls", equal to target-only decoding through `Pipeline.chat`;
@@ -203,9 +203,9 @@ def test_through_an_engine_replica_as_through_one_process(srv):
     import asyncio
     import pickle
 
-    from specrt.runtime.serve.protocol_chat import ChatCompletionRequest
-    from specrt.runtime.serve.ray_deploy import EngineRequest, EngineServer, Head
-    from specrt.runtime.serve.tools import chat_prompt
+    from specrt.runtime.serve.openai.schema_chat import ChatCompletionRequest
+    from specrt.runtime.serve.openai.tool_chat import chat_prompt
+    from specrt.runtime.serve.ray.deploy import EngineRequest, EngineServer, Head
 
     kw = dict(model="fake", messages=MSGS, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
               max_tokens=60, temperature=0)

@@ -19,6 +19,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from test_structured import _masked_margin
 
 from specrt.runtime.text.chat import prepare
+from specrt.runtime.text.toolcalls import renders_tools
 from toolfakes import tool_bundle
 
 pytestmark = pytest.mark.slow
@@ -43,7 +44,7 @@ def srv(default_bundle, tmp_path_factory):
     own = os.environ.get("SPECRT_TOOLS_BUNDLE")
     folder = Path(own) if own else tool_bundle(default_bundle, tmp_path_factory.mktemp("b") / "tools")
     s = Server(folder, max_batch=2, adaptive=False, hugepages=False)
-    assert s.pipe.tokenizer.has_tools, f"{folder}: its chat template has no tool calling"
+    assert renders_tools(s.pipe.tokenizer), f"{folder}: its chat template has no tool calling"
     s.model = folder.name
     yield s
     s.stop()

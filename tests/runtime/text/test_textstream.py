@@ -143,3 +143,23 @@ def test_text_of_a_finished_request_is_its_tokens(tmp_path):
         assert res.stats.stop_reason == "length"
     finally:
         pipe.close()
+
+
+def test_a_stop_string_in_a_finished_requests_last_chunk_is_the_outputs_stop_reason_not_the_engines(words):
+    """The engine ended the request by length, and its last chunk holds a stop string: the
+    output (finish reason, Result) says "stop"; the request's own stats, which the engine owns,
+    keep "length" (the text layer writes nothing into the request)."""
+    from specrt.runtime.engine import Request, Stats
+    from specrt.runtime.sampling.draws import SamplingConfig
+    from specrt.runtime.text.output import TextOutput
+
+    def chunks(*cs):  # a generator: TextOutput closes its chunk iterator
+        yield from cs
+
+    r = Request([1, 5], SamplingConfig(0.0), max_new_tokens=4, eos_ids=frozenset(), k=0, stats=Stats(stop_reason="length"))
+    out = TextOutput(r, chunks([5, 9], [7, 8]), words, stop=["w7"])
+    assert "".join(out) == "w5 w9 "
+    assert out.stop_reason == "stop" and out.finish_reason() == "stop" and out.stop_sequence == "w7"
+    assert out.result().stats.stop_reason == "stop" and r.stats.stop_reason == "length"
+    plain = TextOutput(r, chunks([5, 9]), words)
+    assert "".join(plain) == "w5 w9" and plain.result().stats is r.stats  # nothing to copy

@@ -20,6 +20,7 @@ from specrt.runtime.text.toolcalls import (
     Function,
     ToolError,
     plan,
+    renders_tools,
     template_has_tools,
     template_messages,
     tool_grammar,
@@ -89,7 +90,7 @@ QWEN_RENDERED = (
 def test_tools_and_tool_history_render_as_transformers_does(make):
     pipe = make(draft=None)
     tok = pipe.tokenizer
-    assert tok.has_tools and template_has_tools(QWEN25_TEMPLATE)
+    assert renders_tools(tok) and template_has_tools(QWEN25_TEMPLATE)
     p = plan(QWEN_TOOLS, "auto")
     assert tok.render_messages(template_messages(QWEN_MESSAGES), p.tools) == QWEN_RENDERED
     assert QWEN_MESSAGES[2]["tool_calls"][0]["function"]["arguments"].startswith("{")  # the input is left as is
@@ -104,7 +105,7 @@ def test_tools_and_tool_history_render_as_transformers_does(make):
 
 def test_a_template_without_tools_refuses_them(make):
     pipe = make(template="{% for m in messages %}{{ m['content'] }}{% endfor %}", draft=None)
-    assert not pipe.tokenizer.has_tools
+    assert not renders_tools(pipe.tokenizer)
     for kw, param in [(dict(tools=TOOLS), "tools"), (dict(tools=TOOLS, tool_choice="required"), "tools")]:
         with pytest.raises(ToolError, match="no tool calling") as e:
             pipe.chat([{"role": "user", "content": "hi"}], max_new_tokens=4, **kw)

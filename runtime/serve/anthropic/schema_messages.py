@@ -25,8 +25,8 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
-from .protocol import OpenAIBaseModel, integer, number
-from .protocol_chat import ChatCompletionRequest
+from ..openai.schema_chat import ChatCompletionRequest
+from ..schema import OpenAIBaseModel, integer, number
 
 
 class ContentBlock(OpenAIBaseModel):

@@ -9,8 +9,9 @@ from __future__ import annotations
 import time
 import uuid
 
-from .protocol import UsageInfo
-from .protocol_chat import (
+from ..schema import UsageInfo
+from ..shape import ResponseShape
+from .schema_chat import (
     AssistantMessage,
     ChatCompletionChoice,
     ChatCompletionResponse,
@@ -21,20 +22,14 @@ from .protocol_chat import (
     DeltaMessage,
     TopLogprob,
 )
-from .protocol_completion import CompletionChoice, CompletionLogprobs, CompletionResponse
-
-
-def dump(model) -> dict:
-    """A response as the JSON clients read: null fields kept (`"logprobs": null`), fields
-    marked `exclude_if` dropped."""
-    return model.model_dump(mode="json")
+from .schema_completion import CompletionChoice, CompletionLogprobs, CompletionResponse
 
 
 def _token(text: str, logprob: float) -> dict:
     return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
 
-class ChatOutput:
+class ChatOutput(ResponseShape):
     """Chat's response shapes. Plain data (the Ray ingress sends it to an engine replica): token
     logprobs arrive as text already (`streaming.Job.new_logprobs`)."""
 
@@ -76,13 +71,15 @@ class ChatOutput:
             for i, (text, finish, lp, _) in enumerate(choices)])
 
 
-class CompletionOutput:
+class CompletionOutput(ResponseShape):
     """Completions' response shapes (plain data, as `ChatOutput`)."""
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, fim: bool = False, heal: str = ""):
+        """fim: a fill-in-the-middle completion (a suffix); heal: the text its output must begin
+        with (infill.py `completion_prompt`)."""
         self.id, self.model, self.created = "cmpl-" + uuid.uuid4().hex[:24], model, int(time.time())
         self.offsets: dict[int, int] = {}  # per choice: characters its logprobs' text_offset has passed
-        self.fim = False  # a fill-in-the-middle completion (a suffix): serving.py sets it
+        self.fim, self.heal = fim, heal
 
     def first(self, index: int) -> list[CompletionResponse]:
         return []  # completions have no role chunk

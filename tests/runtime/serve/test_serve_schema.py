@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from specrt.runtime.options import RequestOptions
 from specrt.runtime.serve.errors import openai_error
-from specrt.runtime.serve.protocol_chat import ChatCompletionRequest
-from specrt.runtime.serve.protocol_completion import CompletionRequest
+from specrt.runtime.serve.openai.schema_chat import ChatCompletionRequest
+from specrt.runtime.serve.openai.schema_completion import CompletionRequest
 from specrt.runtime.serve.refusals import UNSUPPORTED
 
 
@@ -216,7 +216,7 @@ def test_a_failing_choice_stops_its_siblings_and_surfaces_its_own_error():
     import asyncio
     from types import SimpleNamespace
 
-    from specrt.runtime.serve.responses import CompletionOutput
+    from specrt.runtime.serve.openai.outputs import CompletionOutput
     from specrt.runtime.serve.streaming import Job, Reply
     from specrt.runtime.text.output import TextOutput
 

@@ -18,7 +18,7 @@ import functools
 import json
 import re
 
-from ..bundle.tokenizer import Tokenizer
+from .tokenizer import Tokenizer
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")  # SentencePiece's byte fallback
 

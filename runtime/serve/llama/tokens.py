@@ -6,7 +6,7 @@ text (and every other added token's) as those tokens, as a plain prompt is read;
 all of it as text, as FIM user text is read (`Tokenizer.encode_text`). `add_special` puts the
 tokens the tokenizer's post-processor writes around one text (BOS, EOS: none for Qwen or
 SmolLM) around the first text part, as llama.cpp's `tokenize_mixed` does. Pieces and
-`/detokenize` are llama.cpp's too: each token's own bytes (runtime/text/pieces.py), special
+`/detokenize` are llama.cpp's too: each token's own bytes (runtime/bundle/pieces.py), special
 tokens written out; `/detokenize` joins them (bytes that are not UTF-8 read as U+FFFD).
 """
 
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import functools
 
-from ..bundle.tokenizer import Tokenizer
-from ..text.pieces import piece_json, pieces
-from .errors import bad
-from .protocol_tokenize import (
+from ...bundle.pieces import piece_json, pieces
+from ...bundle.tokenizer import Tokenizer
+from ..errors import bad
+from .schema_tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,

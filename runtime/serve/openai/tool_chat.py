@@ -1,4 +1,4 @@
-"""Tool calls over the OpenAI API: the protocol's tools and messages <-> runtime/text/chat.py and
+"""Tool calls over the OpenAI API: the wire format's tools and messages <-> runtime/text/chat.py and
 runtime/text/toolstream.py.
 
 `chat_prompt(req, tokenizer)` renders a chat request (its tools through the bundle's template,
@@ -17,14 +17,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..options import RequestOptions
-from ..text.chat import prepare
-from ..text.output import finish_reason
-from ..text.toolcalls import ToolPlan
-from ..text.toolstream import CallParser, Delta, parse
-from .protocol import UsageInfo
-from .protocol_chat import (
+from ...options import RequestOptions
+from ...text.chat import prepare
+from ...text.output import finish_reason
+from ...text.toolcalls import ToolPlan
+from ...text.toolstream import CallParser, Delta, parse
+from ..schema import UsageInfo
+from .outputs import ChatOutput
+from .schema_chat import (
     AssistantMessage,
+    AssistantToolCall,
     ChatCompletionChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -32,16 +34,14 @@ from .protocol_chat import (
     DeltaMessage,
     DeltaToolCall,
     FunctionCall,
-    ToolCall,
 )
-from .responses import ChatOutput
 
 
 def chat_prompt(req: ChatCompletionRequest, tokenizer, shape=None) -> tuple[list[int], ChatOutput]:
     """-> (prompt ids, response shape; shape(model, plan, prompt tokens) builds it for an API
     translated onto chat). Raises ToolError (a 400 naming its param)."""
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-    choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
+    choice = req.tool_choice if isinstance(req.tool_choice, str | None) else req.tool_choice.model_dump()
     parallel = req.parallel_tool_calls is True  # unset: one call (docs/design.md "Tool calls")
     ids, plan = prepare(tokenizer, req.chat_messages(), tools, choice, parallel)
     if shape is not None:
@@ -58,8 +58,7 @@ def with_tool_grammar(opts: RequestOptions, out) -> RequestOptions:
 
 def tool_grammar_field(out) -> str | None:
     """"tools" when the response shape carries a tool grammar (the field a compile error names)."""
-    plan = getattr(out, "plan", None)
-    return "tools" if plan is not None and plan.constraint is not None else None
+    return "tools" if out.plan is not None and out.plan.constraint is not None else None
 
 
 def _tool_deltas(d: Delta) -> list[DeltaToolCall] | None:
@@ -99,7 +98,7 @@ class ToolChatOutput(ChatOutput):
         for i, (text, finish, lp, _) in enumerate(choices):
             content, calls = parse(text, self.plan.names, self.plan.constrained)
             msg = AssistantMessage(content=content, tool_calls=[
-                ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls] or None)
+                AssistantToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls] or None)
             out.append(ChatCompletionChoice(index=i, message=msg, logprobs=self.logprobs(i, lp),
                                             finish_reason=finish_reason(finish, False, bool(calls))))
         return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, usage=usage, choices=out)

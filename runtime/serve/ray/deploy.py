@@ -34,21 +34,21 @@ from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
-from ..bundle.manifest import load_manifest
-from ..bundle.memory import AUTO
-from ..bundle.tokenizer import Tokenizer
-from ..engine import EngineBusy
-from ..engine.counters import Counters
+from ...bundle.manifest import load_manifest
+from ...bundle.memory import AUTO
+from ...bundle.tokenizer import Tokenizer
+from ...engine import EngineBusy
+from ...engine.counters import Counters
+from ..app import make_app
+from ..config import ServeOptions, ServerConfig
+from ..errors import APIError, ReplicaFailed, as_api_error
+from ..metrics import Metrics
+from ..schema import ErrorInfo, dump
+from ..serving import LocalClient, OpenAIServing
+from ..shape import sse_error
+from ..streaming import SSE_HEADERS, Stream, watch_disconnect
 from .affinity import BLOCK, block_hashes, replica_stats
-from .app import make_app
-from .config import ServeOptions, ServerConfig
-from .errors import APIError, ReplicaFailed, as_api_error
-from .metrics import Metrics
-from .protocol import ErrorInfo
-from .responses import dump
 from .router import PowerOfTwoRouter, PrefixAffinityRouter
-from .serving import LocalClient, OpenAIServing
-from .streaming import SSE_HEADERS, Stream, sse_error, watch_disconnect
 
 log = logging.getLogger("specrt.serve")
 REPLICA_HEADER = "x-specrt-replica"  # names the engine replica that served a request
@@ -96,7 +96,7 @@ class RayOptions(ServeOptions):
 class EngineRequest:
     """One generation call: the validated body, its prompt's token ids (the router hashes
     them), the field a too-long prompt is blamed on, and the response shape (`ChatOutput` /
-    `CompletionOutput` of responses.py, whose id the ingress chose)."""
+    `CompletionOutput` of outputs.py, whose id the ingress chose)."""
 
     body: object
     ids: list[int]
@@ -371,7 +371,7 @@ def engine_options(o: RayOptions) -> dict:
 
 
 def build(args: dict):
-    """Ray Serve application builder (`import_path: specrt.runtime.serve.ray_deploy:build`):
+    """Ray Serve application builder (`import_path: specrt.runtime.serve.ray.deploy:build`):
     `args` are `RayOptions.from_args`'s (flat: the CLI's names). The bundle is checked here,
     before any replica starts."""
     o = RayOptions.from_args(**args)

@@ -1,7 +1,7 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API as a translation onto
 chat completions.
 
-The request becomes a chat request (protocol_messages.py `to_chat`) that `OpenAIServing.chat`
+The request becomes a chat request (schema_messages.py `to_chat`) that `OpenAIServing.chat`
 runs like any other; `MessagesOutput` renders the reply as Anthropic's message: `content` blocks
 (`text`, and `tool_use` with id, name and the input object), `stop_reason` ("end_turn",
 "max_tokens", "tool_use", "stop_sequence" with `stop_sequence` the matched string of
@@ -21,11 +21,11 @@ import json
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from .blocks import Block
-from .errors import APIError
-from .protocol import UsageInfo
-from .protocol_messages import CountTokensRequest, MessagesChat, MessagesRequest, rename
-from .translate import BlockOutput, Body, sse, to_chat
+from ..blocks import Block
+from ..errors import APIError
+from ..schema import UsageInfo
+from ..translate import BlockOutput, Body, sse, to_chat
+from .schema_messages import CountTokensRequest, MessagesChat, MessagesRequest, rename
 
 PATH = "/v1/messages"
 # the finish of a reply -> Anthropic's stop_reason (a timeout cut the reply short, as max_tokens does)

@@ -13,17 +13,18 @@ prefix's start, then the suffix's end); /infill reports either cut as `truncated
 from __future__ import annotations
 
 import time
+import uuid
 
 from pydantic import RootModel
 
-from ..errors import InvalidRequest
-from ..text.fim import EditorText, FimParts, FimWindow, fim_parts
-from ..text.textstream import TextStream
-from .errors import bad
-from .protocol import UsageInfo
-from .protocol_completion import CompletionRequest
-from .protocol_infill import InfillRequest, InfillResponse, InfillTimings
-from .responses import dump
+from ...errors import InvalidRequest
+from ...text.fim import EditorText, FimParts, FimWindow, fim_parts
+from ...text.textstream import TextStream
+from ..errors import bad
+from ..openai.schema_completion import CompletionRequest
+from ..schema import UsageInfo, dump
+from ..shape import ResponseShape
+from .schema_infill import InfillRequest, InfillResponse, InfillTimings
 
 RESERVE = 128  # tokens kept free for a completion that names no length (llama.vscode's n_predict)
 
@@ -62,13 +63,14 @@ def infill_prompt(front, req: InfillRequest, window: FimWindow | None = None) ->
     return parts.ids, InfillOutput(req, truncated=parts.left_out > 0, heal=parts.heal)
 
 
-class InfillOutput:
+class InfillOutput(ResponseShape):
     """/infill's response shapes (llama.cpp's non-OpenAI form; plain data like the other
-    outputs of responses.py), and the text stream its editor stops cut."""
+    outputs of outputs.py), and the text stream its editor stops cut."""
 
     fim = True  # the server's drafter for editors (ServerConfig.fim_draft)
 
     def __init__(self, req: InfillRequest, truncated: bool = False, heal: str = ""):
+        self.id = "infill-" + uuid.uuid4().hex[:24]  # the log's name for it (llama.cpp's answer has no id)
         self.model, self.warmup, self.truncated, self.heal = req.model, req.warmup, truncated, heal
         self.n_indent, self.t_max_s, self.fields = req.n_indent, req.t_max_s, req.response_fields
         self.t0 = time.time()  # wall clock: under Ray a replica, maybe on another node, finishes the timing

@@ -4,7 +4,7 @@ Honoured, as llama.cpp defines them: `input_prefix`, `input_suffix`, `input_extr
 ([{filename, text}], laid out before the prefix), `prompt` (the text typed on the cursor's line:
 appended to the prefix), `n_predict` (-1: to the end of the context; 0: a warm-up that only reads
 the prompt into the cache), `temperature` / `top_k` / `top_p` (llama.cpp's defaults 0.8 / 40 /
-0.95), `samplers` (which of those apply, and llama.cpp's `infill` sampler: serve/samplers.py),
+0.95), `samplers` (which of those apply, and llama.cpp's `infill` sampler: serve/llama/samplers.py),
 `n_cmpl` (alias `n`: that many completions, a list of answers), `seed` (-1: random), `stop`,
 `stream`, `cache_prompt` (the prefix cache is always on and never changes output, so either
 value is honoured), `n_indent`, `t_max_predict_ms`, `ignore_eos`, `response_fields`, and
@@ -26,9 +26,9 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, BaseModel, BeforeValidator, Field, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
-from ..options import RequestOptions
-from ..text.fim import ExtraFile
-from .protocol import GenerationRequest, OpenAIBaseModel, integer, none, number
+from ...options import RequestOptions
+from ...text.fim import ExtraFile
+from ..schema import GenerationRequest, OpenAIBaseModel, integer, none, number
 from .samplers import SamplerChain, chain_options
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool
 from pydantic_core import PydanticCustomError
 
-from .protocol import FinishReason, GenerationRequest, UsageInfo, integer, none
+from ..schema import FinishReason, GenerationRequest, UsageInfo, integer, none
 
 
 def _one_prompt(v):

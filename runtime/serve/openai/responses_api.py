@@ -1,6 +1,6 @@
 """POST /v1/responses: OpenAI's Responses API as a translation onto chat completions.
 
-The request becomes a chat request (protocol_responses.py `to_chat`) that `OpenAIServing.chat`
+The request becomes a chat request (schema_responses.py `to_chat`) that `OpenAIServing.chat`
 runs like any other; `ResponsesOutput` renders the reply: `output` items (a `message` with
 `output_text` for each run of text, a `function_call` for each call: `call_id`, `name`,
 `arguments`), `status` "completed", or "incomplete" with `incomplete_details.reason`
@@ -19,11 +19,11 @@ import uuid
 
 from fastapi import Request
 
-from .blocks import Block
-from .errors import APIError
-from .protocol import UsageInfo
-from .protocol_responses import ResponsesChat, ResponsesRequest, rename
-from .translate import BlockOutput, Body, sse, to_chat
+from ..blocks import Block
+from ..errors import APIError
+from ..schema import UsageInfo
+from ..translate import BlockOutput, Body, sse, to_chat
+from .schema_responses import ResponsesChat, ResponsesRequest, rename
 
 
 async def create(serving, req: ResponsesRequest, request: Request):

@@ -1,4 +1,4 @@
-"""Each token's bytes (runtime/text/pieces.py), as llama.cpp's token_to_piece gives them: on the
+"""Each token's bytes (runtime/bundle/pieces.py), as llama.cpp's token_to_piece gives them: on the
 default bundle's byte-level BPE (SmolLM2), on a SentencePiece-style tokenizer made by code
 (Llama's decoder: ▁ for a space, byte fallback), and on the tiny word-level FIM tokenizer."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from specrt.runtime.bundle.manifest import TokenizerInfo, load_manifest
+from specrt.runtime.bundle.pieces import piece_json, pieces
 from specrt.runtime.bundle.tokenizer import Tokenizer
-from specrt.runtime.text.pieces import piece_json, pieces
 from tiny import tiny_tokenizer
 
 TEXT = "def naïve(x):\n    return 'café — 日本語 🙂'  # <|im_end|>\n"

@@ -21,8 +21,8 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
-from .protocol import OpenAIBaseModel, integer, number
-from .protocol_chat import ChatCompletionRequest
+from ..schema import OpenAIBaseModel, integer, number
+from .schema_chat import ChatCompletionRequest
 
 
 class InputPart(OpenAIBaseModel):

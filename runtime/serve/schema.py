@@ -1,7 +1,8 @@
 """OpenAI's request and response bodies as pydantic models (the `serve` extra only): the types
-both endpoints share. Each endpoint's own models are in `protocol_chat.py` and
-`protocol_completion.py`, the fields parsed but refused in `refusals.py` (vLLM's layout:
-engine/protocol.py shared, one protocol module per endpoint).
+both endpoints share. Each endpoint's own models are in `schema_chat.py` and
+`schema_completion.py`, the fields parsed but refused in `refusals.py` (vLLM's layout:
+engine/protocol.py shared, one module per endpoint; named schema here, since `protocol` means a
+`typing.Protocol` in specrt: runtime/backends/protocol.py, serve/shape.py).
 
 Models hold data, validation and conversion, nothing else: FastAPI validates a body against
 `ChatCompletionRequest` / `CompletionRequest` before a route runs, and `to_options` turns a
@@ -272,3 +273,8 @@ class ErrorInfo(BaseModel):
 class ErrorResponse(BaseModel):
     error: ErrorInfo
 
+
+def dump(model) -> dict:
+    """A response as the JSON clients read: null fields kept (`"logprobs": null`), fields
+    marked `exclude_if` dropped."""
+    return model.model_dump(mode="json")

@@ -14,7 +14,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field, StrictBool
 
-from .protocol import OpenAIBaseModel, integer
+from ..schema import OpenAIBaseModel, integer
 
 TokenId = integer(ge=0, le=2**31 - 1)
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, StrictBool, model_validator
 from pydantic_core import PydanticCustomError
 
-from .protocol import (
+from ..schema import (
     FinishReason,
     GenerationRequest,
     OpenAIBaseModel,
@@ -111,7 +111,7 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: integer(ge=1, le=10**12) | None = None
     logprobs: StrictBool | None = False
     top_logprobs: integer(ge=0, le=20) | None = None
-    # tool calls (serve/tools.py): honoured where the bundle's template renders tools, else a 400
+    # tool calls (serve/openai/tool_chat.py): honoured where the bundle's template renders tools, else a 400
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None  # unset or false: at most one call; true: several
@@ -177,7 +177,9 @@ class FunctionCall(BaseModel):
     arguments: str  # JSON text
 
 
-class ToolCall(BaseModel):
+class AssistantToolCall(BaseModel):
+    """A call the reply makes (runtime/text/toolstream.py `ToolCall` on the wire)."""
+
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
@@ -186,7 +188,7 @@ class ToolCall(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None  # None: the reply is only tool calls
-    tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=none)
+    tool_calls: list[AssistantToolCall] | None = Field(default=None, exclude_if=none)
 
 
 class DeltaFunctionCall(BaseModel):
