@@ -11,7 +11,7 @@ PROMPT ?= Explain KV caches in two sentences.
 # 2 cores: corpus generation + training), then `make export-eagle`.
 HEAD := .cache/heads/smollm2-135m-instruct.eagle.safetensors
 
-.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels clean
+.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels cpp clean
 
 LOCK := locks/dev.txt
 RUNTIME_LOCK := locks/runtime.txt
@@ -45,7 +45,7 @@ serve: export
 
 # Unit + end-to-end tests (tiny models and the real default bundle), then the runtime from a
 # virtual environment holding only the runtime's own dependencies (no torch).
-test: export kernels
+test: export kernels cpp
 	$(VENV)/bin/pytest -q tests
 	$(MAKE) runtime-only
 
@@ -124,6 +124,40 @@ $(KERNELS): $(KERNEL_SOURCES) $(ORT_HEADERS)/onnxruntime_c_api.h
 	g++ -shared -o $@ $(patsubst %,.cache/kernels/%.o,$(PORTABLE) $(X86))
 
 kernels: $(KERNELS)
+
+# --- the C API and specrt-cpp (cpp/, docs/cpp.md) ------------------------------------------------
+# libspecrt.so (include: cpp/include/specrt.h) and the specrt-cpp program, in $(CPP_BUILD), linked
+# against the onnxruntime the venv's wheel ships (a link to it sits beside them: rpath $ORIGIN).
+# Headers: onnxruntime's (as for `make kernels`) and nlohmann-json, both from pinned Debian
+# packages (tools/deb_headers.sh). Skipped when built.
+CPP_BUILD := .cache/cpp
+JSON_DEB := pool/main/n/nlohmann-json3/nlohmann-json3-dev_3.11.2-2_all.deb
+JSON_DEB_SHA256 := ec57940def6b6186c30be0e0ee81d1e58f86d11a54a145b28686a1e3e4aae801
+JSON_HEADERS := .cache/nlohmann-json-3.11.2/usr/include
+CPP_FLAGS := -O2 -std=c++17 -fPIC -fvisibility=hidden -Wall -Wextra -Icpp/include -Icpp/src -I$(ORT_HEADERS) -I$(JSON_HEADERS)
+CPP_OBJECTS := $(patsubst cpp/src/%.cc,$(CPP_BUILD)/%.o,$(wildcard cpp/src/*.cc))
+CPP_LIB := $(CPP_BUILD)/libspecrt.so.1
+SPECRT_CPP := $(CPP_BUILD)/specrt-cpp
+
+$(JSON_HEADERS)/nlohmann/json.hpp:
+	tools/deb_headers.sh $(JSON_DEB) $(JSON_DEB_SHA256) .cache/nlohmann-json-3.11.2
+
+$(CPP_BUILD)/libonnxruntime.so.1: $(VENV)/.stamp
+	mkdir -p $(CPP_BUILD)
+	ln -sf "$$($(PY) -c 'import onnxruntime, glob, os; print(sorted(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so.*")))[-1])')" $@
+
+$(CPP_BUILD)/%.o: cpp/src/%.cc $(wildcard cpp/src/*.h) cpp/include/specrt.h $(ORT_HEADERS)/onnxruntime_c_api.h $(JSON_HEADERS)/nlohmann/json.hpp
+	mkdir -p $(CPP_BUILD)
+	g++ $(CPP_FLAGS) -c $< -o $@
+
+$(CPP_LIB): $(CPP_OBJECTS) $(CPP_BUILD)/libonnxruntime.so.1
+	g++ -shared -o $@ $(CPP_OBJECTS) -Wl,-soname,libspecrt.so.1 -L$(CPP_BUILD) -l:libonnxruntime.so.1 -Wl,-rpath,'$$ORIGIN'
+	ln -sf libspecrt.so.1 $(CPP_BUILD)/libspecrt.so
+
+$(SPECRT_CPP): cpp/tools/specrt_cpp.cc cpp/include/specrt.h $(CPP_LIB)
+	g++ $(CPP_FLAGS) -o $@ $< -L$(CPP_BUILD) -lspecrt -Wl,-rpath,'$$ORIGIN'
+
+cpp: $(SPECRT_CPP)
 
 lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check .
