@@ -130,6 +130,7 @@ kernels: $(KERNELS)
 # against the onnxruntime the venv's wheel ships (a link to it sits beside them: rpath $ORIGIN).
 # Headers: onnxruntime's (as for `make kernels`) and nlohmann-json, both from pinned Debian
 # packages (tools/deb_headers.sh). Skipped when built.
+# (specrt's kernel library, `make kernels`, is linked in beside them for the kernel graphs.)
 CPP_BUILD := .cache/cpp
 JSON_DEB := pool/main/n/nlohmann-json3/nlohmann-json3-dev_3.11.2-2_all.deb
 JSON_DEB_SHA256 := ec57940def6b6186c30be0e0ee81d1e58f86d11a54a145b28686a1e3e4aae801
@@ -157,7 +158,12 @@ $(CPP_LIB): $(CPP_OBJECTS) $(CPP_BUILD)/libonnxruntime.so.1
 $(SPECRT_CPP): cpp/tools/specrt_cpp.cc cpp/include/specrt.h $(CPP_LIB)
 	g++ $(CPP_FLAGS) -o $@ $< -L$(CPP_BUILD) -lspecrt -Wl,-rpath,'$$ORIGIN'
 
-cpp: $(SPECRT_CPP)
+# the packed graphs on specrt's own operators find the kernel library beside libspecrt.so
+$(CPP_BUILD)/libspecrt_kernels.so: $(KERNELS)
+	mkdir -p $(CPP_BUILD)
+	ln -sf $(CURDIR)/$(KERNELS) $@
+
+cpp: $(SPECRT_CPP) $(CPP_BUILD)/libspecrt_kernels.so
 
 lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check .

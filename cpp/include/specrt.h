@@ -91,7 +91,13 @@ typedef struct specrt_open_options {
   int k;              /* draft tokens per round; -1: the bundle's default_k, else 4 */
   int max_seq_len;    /* context: KV rows allocated; 0: the bundle's max_seq_len */
   int hugepages;      /* move the sessions' memory onto 2 MiB pages after loading (Linux >= 6.1) */
-  int packed;         /* reserved: the bundle's packed graphs (not yet run: the bundle graph is) */
+  int packed;         /* 1: the entries' packed graphs where the bundle has them (as the Python runtime
+                         does by default); 0: their plain graphs */
+  int kernels;        /* the packed graphs on specrt's own operators where the bundle has them:
+                         -1: when the kernel library is found and this CPU runs its fast form
+                         (AVX-512 VNNI or AMX); 1: required (else SPECRT_ERR_UNSUPPORTED); 0: never */
+  const char *kernels_library; /* libspecrt_kernels.so; NULL: $SPECRT_KERNELS, else the one beside
+                                  libspecrt.so */
 } specrt_open_options;
 
 SPECRT_EXPORT void specrt_open_options_init(specrt_open_options *options);
@@ -113,6 +119,8 @@ typedef struct specrt_model_info {
   int has_draft_model; /* the draft model was loaded */
   const int32_t *eog_ids; /* the bundle's end-of-generation token ids (owned by the handle) */
   size_t n_eog_ids;
+  const char *target_graph; /* the graph file the target runs, relative to the bundle (owned by the handle) */
+  const char *draft_graph;  /* the draft model's ("" when not loaded) */
 } specrt_model_info;
 
 SPECRT_EXPORT void specrt_model_info_init(specrt_model_info *info);

@@ -62,6 +62,7 @@ void check_open(const specrt_open_options& o) {
   if (o.draft < SPECRT_DRAFT_DEFAULT || o.draft > SPECRT_DRAFT_NONE) bad("draft is not a specrt_draft value");
   if (o.k < -1) bad("k must be >= 0, or -1 for the bundle's default, got " + std::to_string(o.k));
   if (o.max_seq_len < 0) bad("max_seq_len must be >= 0 (0: the bundle's), got " + std::to_string(o.max_seq_len));
+  if (o.kernels < -1 || o.kernels > 1) bad("kernels must be -1 (auto), 0 or 1, got " + std::to_string(o.kernels));
 }
 
 void check_params(const specrt_generate_params& p) {
@@ -110,7 +111,9 @@ void specrt_open_options_init(specrt_open_options* o) {
   o->k = -1;
   o->max_seq_len = 0;
   o->hugepages = 1;
-  o->packed = 0;
+  o->packed = 1;
+  o->kernels = -1;
+  o->kernels_library = nullptr;
 }
 
 void specrt_generate_params_init(specrt_generate_params* p) {

@@ -4,6 +4,8 @@
 #include <filesystem>
 
 #include "error.h"
+#include "kernels.h"
+#include "packed.h"
 #include "session.h"
 
 namespace specrt {
@@ -18,18 +20,9 @@ bool self_draft(const Manifest& m) {
   return (d.recipe == "self-int8" || d.recipe == "self-int4") && d.io.hidden_in.empty() && d.kv == m.target.kv;
 }
 
-std::unique_ptr<Model> build(const std::string& folder, const ModelEntry& entry, std::shared_ptr<KvCache> kv,
-                             const SessionConfig& config, const std::string& name) {
-  try {
-    return std::make_unique<Model>(path_in(folder, entry.graph), entry, std::move(kv), config, name);
-  } catch (const Ort::Exception& e) {
-    fail(SPECRT_ERR_BAD_BUNDLE, "cannot load the " + name + " graph " + path_in(folder, entry.graph) + ": " +
-                                    std::string(e.what()).substr(0, 300));
-  }
-}
 }  // namespace
 
-Engine::Engine(const std::string& folder, const specrt_open_options& o) : manifest_(load_manifest(folder)) {
+Engine::Engine(const std::string& folder, const specrt_open_options& o) : folder_(folder), manifest_(load_manifest(folder)) {
   const ModelEntry& t = manifest_.target;
   int s_max = t.kv.max_seq_len;
   context_ = o.max_seq_len > 0 ? o.max_seq_len : s_max;
@@ -53,10 +46,12 @@ Engine::Engine(const std::string& folder, const specrt_open_options& o) : manife
   for (int64_t id : manifest_.tokenizer.eog_token_ids) eog_.push_back(int32_t(id));
 
   auto before = o.hugepages ? anonymous_pages() : std::set<uintptr_t>();
-  SessionConfig config{o.threads, ""};
+  config_.threads = o.threads;
+  packed_ = o.packed != 0 && !eagle;  // the packed graphs on the CPU, without an EAGLE pair (as Python)
+  if (packed_) choose_kernels(o);
   target_kv_ = std::make_shared<KvCache>(t.kv, context_);
-  models_.push_back(build(folder, t, target_kv_, config, "target"));
-  if (want_draft) load_draft(folder, config);
+  models_.push_back(build(t, target_kv_, "target", true, target_graph_));
+  if (want_draft) load_draft();
   ngram_ = std::make_unique<NgramDrafter>(max_k_);
   generator_ = std::make_unique<Generator>(*models_[0]);
   if (o.hugepages) {
@@ -67,7 +62,47 @@ Engine::Engine(const std::string& folder, const specrt_open_options& o) : manife
   }
 }
 
-void Engine::load_draft(const std::string& folder, const SessionConfig& config) {
+void Engine::choose_kernels(const specrt_open_options& o) {
+  if (o.kernels == 0) return;
+  std::string lib = find_kernels_library(o.kernels_library ? o.kernels_library : "");
+  if (lib.empty()) {
+    if (o.kernels == 1)
+      fail(SPECRT_ERR_UNSUPPORTED, "specrt's kernel library was not found (libspecrt_kernels.so beside libspecrt.so, "
+                                   "or $SPECRT_KERNELS): run `make kernels`, or open with kernels 0");
+    return;
+  }
+  std::string isa = kernels_isa(lib);
+  if (isa == "ref") {  // the portable form is the kernels' definition, far slower than onnxruntime's own
+    if (o.kernels == 1)
+      fail(SPECRT_ERR_UNSUPPORTED, "this CPU has neither AVX-512 VNNI nor AMX, which specrt's kernels need to run "
+                                   "at speed; open with kernels 0 or -1 (onnxruntime's operators)");
+    return;
+  }
+  kernels_ = lib;
+}
+
+// The entry's model over `kv`: its packed graph of one lane (on specrt's kernels where chosen)
+// when the load packs and the bundle has one, else its graph. exact: a target (filler rows).
+std::unique_ptr<Model> Engine::build(const ModelEntry& e, std::shared_ptr<KvCache> kv, const std::string& name,
+                                     bool exact, std::string& graph) {
+  const PackedGraph& p = e.packed;
+  bool packs = packed_ && !p.graph.empty() && std::count(p.lanes.begin(), p.lanes.end(), 1);
+  bool own = packs && !kernels_.empty() && !p.kernels.empty();
+  graph = !packs ? e.graph : own ? lanes_file(p.kernels, 1) : lanes_file(p.graph, 1);
+  std::string path = path_in(folder_, graph);
+  if (!fs::is_regular_file(path) || (own && !fs::is_regular_file(path_in(folder_, p.kernel_data))))
+    fail(SPECRT_ERR_NOT_FOUND, "bundle " + folder_ + " is incomplete: " + name + " file " + graph + " (or its data) is missing");
+  SessionConfig config = config_;
+  if (own) config.kernels_library = kernels_;
+  try {
+    if (packs) return std::make_unique<PackedModel>(path, e, std::move(kv), config, name, exact);
+    return std::make_unique<BundleModel>(path, e, std::move(kv), config, name);
+  } catch (const Ort::Exception& x) {
+    fail(SPECRT_ERR_BAD_BUNDLE, "cannot load the " + name + " graph " + path + ": " + std::string(x.what()).substr(0, 300));
+  }
+}
+
+void Engine::load_draft() {
   const ModelEntry& d = *manifest_.draft;
   Model& target = *models_[0];
   bool shared = self_draft(manifest_);
@@ -75,7 +110,7 @@ void Engine::load_draft(const std::string& folder, const SessionConfig& config) 
     fail(SPECRT_ERR_UNSUPPORTED, "the draft's vocabulary (" + std::to_string(d.vocab_size) + ") is not the target's (" +
                                      std::to_string(target.vocab) + "); use draft none or ngram");
   auto kv = shared ? target_kv_ : std::make_shared<KvCache>(d.kv, std::min(context_, d.kv.max_seq_len));
-  models_.push_back(build(folder, d, kv, config, "draft"));
+  models_.push_back(build(d, kv, "draft", false, draft_graph_));
   model_drafter_ = std::make_unique<ModelDrafter>(*models_[1], shared ? &target : nullptr, kDefaultDraftWindow);
 }
 
@@ -141,6 +176,8 @@ void Engine::info(specrt_model_info& out) const {
   out.has_draft_model = model_drafter_ != nullptr;
   out.eog_ids = eog_.data();
   out.n_eog_ids = eog_.size();
+  out.target_graph = target_graph_.c_str();
+  out.draft_graph = draft_graph_.c_str();
 }
 
 }  // namespace specrt

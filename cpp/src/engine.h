@@ -32,11 +32,19 @@ class Engine {
   void info(specrt_model_info& out) const;
 
  private:
-  void load_draft(const std::string& folder, const SessionConfig& config);
+  void choose_kernels(const specrt_open_options& o);
+  std::unique_ptr<Model> build(const ModelEntry& entry, std::shared_ptr<KvCache> kv, const std::string& name,
+                               bool exact, std::string& graph);
+  void load_draft();
   Drafter* drafter_for(specrt_draft draft);
   GenerateRequest request(const int32_t* prompt, size_t n_prompt, const specrt_generate_params& params);
 
+  std::string folder_;
   Manifest manifest_;
+  SessionConfig config_;
+  bool packed_ = false;
+  std::string kernels_;  // the kernel library the packed kernel graphs register ("": none)
+  std::string target_graph_, draft_graph_;
   int context_ = 0;  // KV rows per sequence (the open's max_seq_len)
   int max_k_ = 0, k_ = 0;
   specrt_draft draft_ = SPECRT_DRAFT_NONE;

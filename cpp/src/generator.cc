@@ -32,34 +32,38 @@ void Generator::run(const GenerateRequest& req, std::vector<int32_t>& out, specr
   stats.total_ms = ms_since(t0);
 }
 
-// A target call of n tokens at its length (runtime/engine/calls.py `one`): a target narrower
-// than its min_t runs widened, a filler after the tokens (its row lies past the track: stale,
-// overwritten by the next call) or, at the end of the buffer, the row before recomputed; only
+// A target call of n tokens at its length (runtime/engine/calls.py `one`). A call narrower than
+// the target's min_t runs widened, with a filler after the tokens (its row lies past the track:
+// stale, overwritten by the next call); a lone token of a filler-writing target at the buffer's
+// last row has no row for its filler. Either, at the end of the buffer, runs with the rows
+// before it recomputed (the same bits: every row of such a target comes from wide calls). Only
 // the rows of `tokens` come back. -> logits [*rows, V] (keep 0: all n rows).
 const float* Generator::target_call(const int64_t* tokens, int n, int keep, int* rows) {
   Model& m = target_;
   int pos = m.length, V = m.vocab;
   if (pos + n > m.capacity()) fail(SPECRT_ERR_INTERNAL, "target call past the KV buffers");
   ++stats_->target_calls;
-  if (n >= m.min_t) {
+  int width = n < m.min_t ? m.min_t : (m.filler && n == 1 && pos + 2 > m.capacity()) ? 2 : n;
+  if (width == n) {
     const float* logits = m.run(tokens, n, pos, keep, rows);
     m.length += n;
     return logits;
   }
-  int pad = m.min_t - n, start = pos, before = 0;
+  int pad = width - n, start = pos, before = 0;
   wide_.clear();
-  if (pos + n + pad <= m.capacity()) {
+  if (pos + width <= m.capacity()) {
     wide_.insert(wide_.end(), tokens, tokens + n);
     wide_.insert(wide_.end(), pad, tokens[n - 1]);
   } else {
+    if (pos < pad) fail(SPECRT_ERR_INTERNAL, "no room for a widened target call");
     start = pos - pad, before = pad;
     wide_.insert(wide_.end(), seq_.begin() + start, seq_.begin() + pos);
     wide_.insert(wide_.end(), tokens, tokens + n);
   }
-  int wide = int(wide_.size()), got = 0;
-  const float* logits = m.run(wide_.data(), wide, start, keep > 0 ? std::min(n, keep) + wide - n - before : 0, &got);
-  int w = (keep <= 0 || got == wide) ? n : std::min(n, keep);
-  int lo = before + n - w - (wide - got);
+  int got = 0;
+  const float* logits = m.run(wide_.data(), width, start, keep > 0 ? std::min(n, keep) + width - n - before : 0, &got);
+  int w = (keep <= 0 || got == width) ? n : std::min(n, keep);
+  int lo = before + n - w - (width - got);
   m.length += n;
   *rows = w;
   return logits + size_t(lo) * V;

@@ -60,6 +60,17 @@ ModelEntry read_entry(const json& j) {
     read(*p, "lanes", e.packed.lanes);
     read(*p, "kernels", e.packed.kernels);
     read(*p, "kernel_data", e.packed.kernel_data);
+    if (auto io = p->find("io"); io != p->end() && io->is_object()) {
+      PackedIO& n = e.packed.io;
+      read(*io, "lane_index", n.lane_index);
+      read(*io, "lane_seqlens", n.lane_seqlens);
+      read(*io, "unpack_index", n.unpack_index);
+      read(*io, "logits_index", n.logits_index);
+      read(*io, "past_key", n.past_key);
+      read(*io, "past_value", n.past_value);
+      read(*io, "present_key", n.present_key);
+      read(*io, "present_value", n.present_value);
+    }
   }
   return e;
 }
@@ -109,12 +120,18 @@ void check_files(const fs::path& folder, const Manifest& m) {
 
 }  // namespace
 
-std::string layer_name(const std::string& pattern, int layer) {
-  std::string out = pattern;
-  auto at = out.find("{i}");
-  if (at != std::string::npos) out.replace(at, 3, std::to_string(layer));
-  return out;
+namespace {
+std::string fill(std::string text, const std::string& key, int value) {
+  for (auto at = text.find(key); at != std::string::npos; at = text.find(key)) text.replace(at, key.size(), std::to_string(value));
+  return text;
 }
+}  // namespace
+
+std::string layer_name(const std::string& pattern, int layer, int lane) {
+  return fill(fill(pattern, "{i}", layer), "{r}", lane);
+}
+
+std::string lanes_file(const std::string& pattern, int lanes) { return fill(pattern, "{lanes}", lanes); }
 
 Manifest load_manifest(const std::string& folder_name) {
   fs::path folder(folder_name);

@@ -39,9 +39,21 @@ struct KVLayout {
   }
 };
 
+struct PackedIO {  // "{i}": the layer, "{r}": the lane
+  std::string lane_index = "lane_index.{r}";  // int64 [T_r]: lane r's tokens, indices into the call's N
+  std::string lane_seqlens = "lane_seqlens";  // int32 [lanes]: per lane, total length - 1
+  std::string unpack_index = "unpack_index";  // int64 [N]: token i's row in the lanes' outputs
+  std::string logits_index = "logits_index";  // int64 [n]: the tokens that get logits
+  std::string past_key = "past_key_values.{i}.key.lane{r}";
+  std::string past_value = "past_key_values.{i}.value.lane{r}";
+  std::string present_key = "present.{i}.key.lane{r}";
+  std::string present_value = "present.{i}.value.lane{r}";
+};
+
 struct PackedGraph {  // the entry's packed graphs (docs/bundle.md "Packed calls"); "" = none
   std::string graph;  // "{lanes}" in the name
   std::vector<int> lanes;
+  PackedIO io;
   std::string kernels;      // the same on specrt's own operators ("" = none)
   std::string kernel_data;  // the weights file those add
 };
@@ -80,7 +92,9 @@ struct Manifest {
 // every file it names exists. Throws Error (NOT_FOUND, BAD_BUNDLE, SCHEMA_VERSION).
 Manifest load_manifest(const std::string& folder);
 
-// The "{i}" (layer) of an IO name template filled in.
-std::string layer_name(const std::string& pattern, int layer);
+// An IO name template with "{i}" (the layer) and "{r}" (the lane) filled in.
+std::string layer_name(const std::string& pattern, int layer, int lane = 0);
+// A packed graph's file name with "{lanes}" filled in.
+std::string lanes_file(const std::string& pattern, int lanes);
 
 }  // namespace specrt

@@ -20,71 +20,82 @@ int prefill_width(const ModelEntry& e) {
 }
 }  // namespace
 
-Model::Model(const std::string& graph, const ModelEntry& entry, std::shared_ptr<KvCache> kv,
-             const SessionConfig& config, const std::string& model_name)
+Model::Model(const std::string& model_name, const ModelEntry& entry, std::shared_ptr<KvCache> kv, int min_t_,
+             bool filler_)
     : name(model_name),
       vocab(entry.vocab_size),
       max_t(entry.max_tokens_per_call),
       max_prefill_t(prefill_width(entry)),
-      // MatMulNBits at accuracy_level 4: one-token calls take other kernels (runtime/backends/ort.py numerics_min_t)
-      min_t(entry.accuracy_level == 4 ? 2 : 1),
+      min_t(min_t_),
+      filler(filler_),
       entry_(entry),
       kv_(std::move(kv)),
-      session_(ort_env(), graph.c_str(), session_options(config)),
-      binding_(session_),
       cpu_(Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault)) {
   const KVLayout& have = kv_->layout();
   if (have.layers != entry.kv.layers || have.kv_heads != entry.kv.kv_heads || have.head_dim != entry.kv.head_dim ||
       have.dtype != entry.kv.dtype || capacity() > entry.kv.max_seq_len)
     fail(SPECRT_ERR_BAD_BUNDLE, name + ": its KV layout does not match the buffers it is given");
-  ids_.assign(max_prefill_t, 0);
-  mask_.assign(capacity(), 1);
-  keep_.assign(1, 0);
-  logits_.assign(size_t(max_prefill_t) * vocab, 0.0f);  // committed now: RSS stays flat
-  ids_values_.resize(max_prefill_t + 1);
-  mask_values_.resize(capacity() + 1);
-  logits_values_.resize(max_prefill_t + 1);
+}
+
+Ort::Value& Model::tensor(std::vector<Ort::Value>& cache, size_t i, void* data, size_t bytes,
+                          const std::vector<int64_t>& shape, ONNXTensorElementDataType type) {
+  if (cache.size() <= i) cache.resize(i + 1);
+  if (!cache[i]) cache[i] = Ort::Value::CreateTensor(cpu_, data, bytes, shape.data(), shape.size(), type);
+  return cache[i];
+}
+
+void Model::bind_kv(Ort::IoBinding& io, const std::string& past_key, const std::string& past_value,
+                    const std::string& present_key, const std::string& present_value) {
   const KVLayout& L = kv_->layout();
   auto type = L.dtype == "float16" ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   std::vector<int64_t> shape = {1, L.kv_heads, capacity(), L.head_dim};
   for (int i = 0; i < L.layers; ++i) {
     for (int j = 0; j < 2; ++j) {
-      kv_values_.push_back(Ort::Value::CreateTensor(cpu_, kv_->buffer(2 * i + j), size_t(kv_->buffer_bytes()),
-                                                    shape.data(), shape.size(), type));
-      const Ort::Value& v = kv_values_.back();
-      binding_.BindInput(layer_name(j ? entry.io.past_value : entry.io.past_key, i).c_str(), v);
-      binding_.BindOutput(layer_name(j ? entry.io.present_value : entry.io.present_key, i).c_str(), v);
+      kv_values_.push_back(Ort::Value::CreateTensor(cpu_, kv_->buffer(2 * i + j), kv_->buffer_bytes(), shape.data(),
+                                                    shape.size(), type));
+      io.BindInput(layer_name(j ? past_value : past_key, i).c_str(), kv_values_.back());
+      io.BindOutput(layer_name(j ? present_value : present_key, i).c_str(), kv_values_.back());
     }
   }
+}
+
+void Model::check_call(int T, int past, int width) const {
+  if (T < 1 || T > max_prefill_t || past < 0 || past + width > capacity())
+    fail(SPECRT_ERR_INTERNAL, name + ": " + std::to_string(T) + " tokens at " + std::to_string(past) +
+                                  " do not fit a call (1.." + std::to_string(max_prefill_t) + " tokens, max_seq_len " +
+                                  std::to_string(capacity()) + ")");
+}
+
+BundleModel::BundleModel(const std::string& graph, const ModelEntry& entry, std::shared_ptr<KvCache> kv,
+                         const SessionConfig& config, const std::string& model_name)
+    // MatMulNBits at accuracy_level 4: one-token calls take other kernels (runtime/backends/ort.py numerics_min_t)
+    : Model(model_name, entry, std::move(kv), entry.accuracy_level == 4 ? 2 : 1, false),
+      session_(ort_env(), graph.c_str(), session_options(config)),
+      binding_(session_) {
+  ids_.assign(max_prefill_t, 0);
+  mask_.assign(capacity(), 1);
+  keep_.assign(1, 0);
+  logits_.assign(size_t(max_prefill_t) * vocab, 0.0f);  // committed now: RSS stays flat
+  bind_kv(binding_, entry.io.past_key, entry.io.past_value, entry.io.present_key, entry.io.present_value);
   if (!entry.io.logits_to_keep.empty()) {
     std::vector<int64_t> one = {1};
     keep_value_.push_back(Ort::Value::CreateTensor<int64_t>(cpu_, keep_.data(), 1, one.data(), 1));
   }
 }
 
-Ort::Value& Model::cached(std::vector<Ort::Value>& cache, size_t i, void* data, size_t bytes,
-                          const std::vector<int64_t>& shape, ONNXTensorElementDataType type) {
-  if (!cache[i]) cache[i] = Ort::Value::CreateTensor(cpu_, data, bytes, shape.data(), shape.size(), type);
-  return cache[i];
-}
-
-const float* Model::run(const int64_t* tokens, int T, int past, int keep, int* n_rows) {
-  if (T < 1 || T > max_prefill_t || past < 0 || past + T > capacity())
-    fail(SPECRT_ERR_INTERNAL, name + ": " + std::to_string(T) + " tokens at " + std::to_string(past) +
-                                  " do not fit a call (1.." + std::to_string(max_prefill_t) + " tokens, max_seq_len " +
-                                  std::to_string(capacity()) + ")");
+const float* BundleModel::run(const int64_t* tokens, int T, int past, int keep, int* n_rows) {
+  check_call(T, past, T);
   std::copy(tokens, tokens + T, ids_.begin());
   int n = (keep_value_.empty() || keep <= 0) ? T : std::min(keep, T);
+  const auto i64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
   if (!keep_value_.empty()) {
     keep_[0] = n;
     binding_.BindInput(entry_.io.logits_to_keep.c_str(), keep_value_[0]);
   }
-  const auto i64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
-  binding_.BindInput(entry_.io.input_ids.c_str(),
-                     cached(ids_values_, T, ids_.data(), sizeof(int64_t) * T, {1, T}, i64));
+  binding_.BindInput(entry_.io.input_ids.c_str(), tensor(ids_values_, T, ids_.data(), sizeof(int64_t) * T, {1, T}, i64));
   binding_.BindInput(entry_.io.attention_mask.c_str(),
-                     cached(mask_values_, past + T, mask_.data(), sizeof(int64_t) * (past + T), {1, past + T}, i64));
-  binding_.BindOutput(entry_.io.logits.c_str(), cached(logits_values_, n, logits_.data(), sizeof(float) * n * vocab,
+                     tensor(mask_values_, past + T, mask_.data(), sizeof(int64_t) * (past + T), {1, past + T}, i64));
+  binding_.BindOutput(entry_.io.logits.c_str(), tensor(logits_values_, n, logits_.data(), sizeof(float) * n * vocab,
                                                        {1, n, vocab}, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
   session_.Run(Ort::RunOptions{nullptr}, binding_);
   *n_rows = n;

@@ -19,7 +19,8 @@ using nlohmann::json;
 const char* kUsage =
     "usage: specrt-cpp BUNDLE (--prompt-ids 1,2,3 | --prompt-file IDS.json) [--max-new-tokens N]\n"
     "       [--draft model|ngram|none] [--k K] [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
-    "       [--stop-ids 2,3] [--ignore-eos] [--threads N] [--max-seq-len N] [--no-hugepages] [--repeat N]\n";
+    "       [--stop-ids 2,3] [--ignore-eos] [--threads N] [--max-seq-len N] [--no-hugepages]\n"
+    "       [--graphs packed|kernels|bundle] [--repeat N]\n";
 
 struct Args {
   std::string bundle;
@@ -77,6 +78,15 @@ specrt_draft draft_kind(const std::string& name) {
   bad("--draft must be model, ngram or none, got " + name);
 }
 
+// packed: the packed graphs, on specrt's kernels where they run fast (the default); kernels:
+// those required; bundle: the entries' plain graphs
+void graphs(specrt_open_options& o, const std::string& name) {
+  if (name == "packed") o.packed = 1, o.kernels = -1;
+  else if (name == "kernels") o.packed = 1, o.kernels = 1;
+  else if (name == "bundle") o.packed = 0, o.kernels = 0;
+  else bad("--graphs must be packed, kernels or bundle, got " + name);
+}
+
 double number(const std::string& flag, const std::string& text) {
   try {
     size_t used = 0;
@@ -115,6 +125,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--max-seq-len") a.open.max_seq_len = int(integer());
     else if (f == "--no-hugepages") a.open.hugepages = 0;
     else if (f == "--repeat") a.repeat = int(integer());
+    else if (f == "--graphs") graphs(a.open, value());
     else if (!f.empty() && f[0] == '-') bad("unknown option " + f);
     else if (a.bundle.empty()) a.bundle = f;
     else bad("one bundle only (got " + a.bundle + " and " + f + ")");
@@ -167,6 +178,7 @@ int main(int argc, char** argv) {
                  {"stats", stats_json(stats)},
                  {"draft", drafts[info.draft]},
                  {"k", info.k},
+                 {"graphs", {{"target", info.target_graph}, {"draft", info.draft_graph}}},
                  {"load_ms", load_ms}};
   if (a.repeat > 1) result["ms_per_token_runs"] = runs;
   std::printf("%s\n", result.dump().c_str());

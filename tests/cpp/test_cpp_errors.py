@@ -64,7 +64,7 @@ def test_missing_graph(tmp_path):
 def test_graph_onnxruntime_cannot_load(tmp_path):
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "model.onnx").write_bytes(b"not a model")
-    bundle = copy_bundle(tmp_path, lambda m: m["target"].update(graph="../broken/model.onnx", data=None))
+    bundle = copy_bundle(tmp_path, lambda m: m["target"].update(graph="../broken/model.onnx", data=None, packed={}))
     assert "cannot load the target graph" in assert_fails("SPECRT_ERR_BAD_BUNDLE", bundle)
 
 

@@ -38,11 +38,15 @@ def reference(default_bundle, prompts) -> list[list[int]]:
         return [[t for chunk in pipe.stream_ids(ids, max_new_tokens=NEW) for t in chunk] for ids in prompts]
 
 
-@pytest.mark.parametrize("draft", ["none", "model", "ngram"])
-def test_specrt_cpp_greedy_is_target_only(default_bundle, prompts, reference, draft):
-    code, out = run_cpp(default_bundle, prompts[0], "--max-new-tokens", str(NEW), "--draft", draft)
+@pytest.mark.parametrize(("draft", "graphs"), [("none", "packed"), ("model", "packed"), ("ngram", "packed"),
+                                               ("none", "bundle"), ("model", "bundle")])
+def test_specrt_cpp_greedy_is_target_only(default_bundle, prompts, reference, draft, graphs):
+    """graphs: packed (the packed graphs, on specrt's kernels where this CPU runs them fast: what
+    the Python runtime takes by default) or bundle (the entries' own graphs)."""
+    code, out = run_cpp(default_bundle, prompts[0], "--max-new-tokens", str(NEW), "--draft", draft, "--graphs", graphs)
     assert code == 0, out
     assert out["token_ids"] == reference[0]
+    assert out["graphs"]["target"].startswith("target/packed1." if graphs == "packed" else "target/model.onnx")
     s = out["stats"]
     assert s["new_tokens"] == len(reference[0]) and s["prompt_tokens"] == len(prompts[0])
     assert s["rounds"] == s["target_calls"] - 1  # the prompt's call, then one per round
