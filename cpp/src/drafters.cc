@@ -22,7 +22,10 @@ void NgramDrafter::propose(const std::vector<int64_t>& seq, int k, const Samplin
 }
 
 ModelDrafter::ModelDrafter(Model& draft, Model* target, int window)
-    : model_(draft), target_(target), window_(target ? 0 : window) {}
+    : model_(draft), target_(target), window_(target ? 0 : window) {
+  scratch_.order.reserve(draft.vocab);
+  scratch_.values.reserve(draft.vocab);
+}
 
 void ModelDrafter::reset() {
   model_.length = 0;

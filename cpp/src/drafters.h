@@ -65,7 +65,6 @@ class ModelDrafter : public Drafter {
   Model* target_;
   int window_;
   int offset_ = 0;  // the committed token at row 0 (> 0 once windowed)
-  std::vector<double> row_;
   ProbScratch scratch_;
 };
 

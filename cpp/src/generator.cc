@@ -12,7 +12,20 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 }  // namespace
 
-Generator::Generator(Model& target) : target_(target) {}
+Generator::Generator(Model& target) : target_(target) {
+  // every buffer a request can need, sized now: memory does not grow after the first request
+  size_t V = size_t(target.vocab), T = size_t(target.max_t);
+  seq_.reserve(target.capacity() + 1);
+  call_.reserve(T);
+  wide_.reserve(target.max_prefill_t + 2);
+  prop_.tokens.reserve(T);
+  prop_.q.reserve(T * V);
+  p_.reserve(T * V);
+  u_.reserve(T);
+  residual_.reserve(V);
+  scratch_.order.reserve(V);
+  scratch_.values.reserve(V);
+}
 
 void Generator::run(const GenerateRequest& req, std::vector<int32_t>& out, specrt_stats& stats) {
   auto t0 = Clock::now();
@@ -21,7 +34,6 @@ void Generator::run(const GenerateRequest& req, std::vector<int32_t>& out, specr
   out.reserve(req.max_new_tokens);
   rng_ = Rng(req.seed);
   seq_.assign(req.prompt.begin(), req.prompt.end());
-  seq_.reserve(req.prompt.size() + req.max_new_tokens + 1);
   target_.length = 0;
   if (req.drafter) req.drafter->reset();
   stats.prompt_tokens = int(req.prompt.size());

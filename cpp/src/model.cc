@@ -77,6 +77,12 @@ BundleModel::BundleModel(const std::string& graph, const ModelEntry& entry, std:
   keep_.assign(1, 0);
   logits_.assign(size_t(max_prefill_t) * vocab, 0.0f);  // committed now: RSS stays flat
   bind_kv(binding_, entry.io.past_key, entry.io.past_value, entry.io.present_key, entry.io.present_value);
+  const auto i64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+  for (int64_t t = 1; t <= max_prefill_t; ++t) {  // every shape a call can bind, made now
+    tensor(ids_values_, t, ids_.data(), sizeof(int64_t) * t, {1, t}, i64);
+    tensor(logits_values_, t, logits_.data(), sizeof(float) * t * vocab, {1, t, vocab}, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
+  }
+  for (int64_t w = 1; w <= capacity(); ++w) tensor(mask_values_, w, mask_.data(), sizeof(int64_t) * w, {1, w}, i64);
   if (!entry.io.logits_to_keep.empty()) {
     std::vector<int64_t> one = {1};
     keep_value_.push_back(Ort::Value::CreateTensor<int64_t>(cpu_, keep_.data(), 1, one.data(), 1));

@@ -5,8 +5,8 @@
 // Buffers, never reallocated: the KV buffers (KvCache: 2 * layers of [1, Hkv, S, D], bound at
 // construction as both past and present: the graph writes a call's rows in place; a self-draft
 // is built over its target's KvCache), and each model's host buffers for ids, indices and
-// logits. A call binds prefixes of these, through a tensor per shape made on first use and kept:
-// nothing is allocated per step once the shapes have been seen.
+// logits. A call binds prefixes of these, through a tensor per shape, all made at construction:
+// nothing of ours is allocated per step.
 #pragma once
 
 #include <onnxruntime_cxx_api.h>
@@ -58,7 +58,7 @@ class Model {
 
  protected:
   Model(const std::string& name, const ModelEntry& entry, std::shared_ptr<KvCache> kv, int min_t, bool filler);
-  // the tensor cache[i]: `shape` over `data`, made on first use and kept
+  // the tensor cache[i]: `shape` over `data`, made on first use (the constructors make them all)
   Ort::Value& tensor(std::vector<Ort::Value>& cache, size_t i, void* data, size_t bytes,
                      const std::vector<int64_t>& shape, ONNXTensorElementDataType type);
   // binds every layer's K/V buffer as both the past input and the present output

@@ -25,6 +25,14 @@ PackedModel::PackedModel(const std::string& graph, const ModelEntry& entry, std:
   std::vector<int64_t> one = {1};
   seqlens_value_.push_back(Ort::Value::CreateTensor<int32_t>(cpu_, seqlens_.data(), 1, one.data(), 1));
   binding_.BindInput(io.lane_seqlens.c_str(), seqlens_value_[0]);
+  const auto i64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+  for (int64_t n = 1; n <= cap; ++n) {  // every shape a call can bind, made now
+    tensor(ids_values_, n, ids_.data(), sizeof(int64_t) * n, {1, n}, i64);
+    tensor(lane_values_, n, lane_.data(), sizeof(int64_t) * n, {n}, i64);
+    tensor(unpack_values_, n, unpack_.data(), sizeof(int64_t) * n, {n}, i64);
+    tensor(keep_values_, n, keep_.data(), sizeof(int64_t) * n, {n}, i64);
+    tensor(logits_values_, n, logits_.data(), sizeof(float) * n * vocab, {1, n, vocab}, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
+  }
 }
 
 const float* PackedModel::run(const int64_t* tokens, int T, int past, int keep, int* n_rows) {
