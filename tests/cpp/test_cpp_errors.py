@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cpp_build import compile_program, run_cpp
 
+from cpp_build import compile_program, run_cpp
 from paths import DEFAULT_BUNDLE
 
 HERE = Path(__file__).resolve().parent

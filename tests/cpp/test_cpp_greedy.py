@@ -8,9 +8,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from cpp_build import EXAMPLES, compile_program, run_cpp
 
 import specrt
+from cpp_build import EXAMPLES, compile_program, run_cpp
 from specrt.runtime.bundle.manifest import load_manifest
 from specrt.runtime.bundle.tokenizer import Tokenizer
 
@@ -66,7 +66,7 @@ def test_one_open_bundle_every_drafter(default_bundle, prompts, reference, tmp_p
     assert r.returncode == 0, r.stderr
     lines = [line.split(" ") for line in r.stdout.splitlines()]
     assert len(lines) == 3 * len(prompts)
-    for index, draft, counts, ids in lines:
+    for index, draft, _, ids in lines:
         assert [int(t) for t in ids.split(",")] == reference[int(index)], (index, draft)
     accepted = {(i, d): tuple(map(int, c.split("/"))) for i, d, c, _ in lines}
     assert accepted[("1", "ngram")][0] > 0  # the repetitive prompt: lookup proposals are kept

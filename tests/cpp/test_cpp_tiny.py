@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cpp_build import compile_program, run_cpp
 from scipy.stats import chisquare
-from tiny import save_tiny
 
 import specrt
+from cpp_build import compile_program, run_cpp
 from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.ort import OrtBackend
 from specrt.runtime.sampling.draws import SamplingConfig, probs
+from tiny import save_tiny
 
 HERE = Path(__file__).resolve().parent
 PROMPT = [1, 5, 9, 33, 7, 5, 9]  # ends in a repeat: n-gram lookup proposes
