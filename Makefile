@@ -143,7 +143,7 @@ SPECRT_CPP := $(CPP_BUILD)/specrt-cpp
 $(JSON_HEADERS)/nlohmann/json.hpp:
 	tools/deb_headers.sh $(JSON_DEB) $(JSON_DEB_SHA256) .cache/nlohmann-json-3.11.2
 
-$(CPP_BUILD)/libonnxruntime.so.1: $(VENV)/.stamp
+$(CPP_BUILD)/libonnxruntime.so.1: | $(VENV)/.stamp
 	mkdir -p $(CPP_BUILD)
 	ln -sf "$$($(PY) -c 'import onnxruntime, glob, os; print(sorted(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so.*")))[-1])')" $@
 

@@ -176,7 +176,9 @@ specrt_status specrt_generate(specrt_model* model, const int32_t* prompt, size_t
   specrt_status status = guard([&] {
     if (!model || !out_tokens || !n_out) specrt::fail(SPECRT_ERR_INVALID_ARGUMENT, "model, out_tokens or n_out is NULL");
     if (!prompt && n_prompt) specrt::fail(SPECRT_ERR_INVALID_ARGUMENT, "prompt is NULL");
-    if (stats) read_struct(stats, s, "specrt_stats");
+    if (stats && (stats->struct_size < sizeof(size_t) || stats->struct_size > sizeof(s)))
+      specrt::fail(SPECRT_ERR_INVALID_ARGUMENT, "specrt_stats.struct_size is " + std::to_string(stats->struct_size) +
+                                                    ": call specrt_stats_init first");
     specrt_generate_params p;
     specrt_generate_params_init(&p);
     read_struct(params, p, "specrt_generate_params");
