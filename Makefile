@@ -135,7 +135,18 @@ CPP_BUILD := .cache/cpp
 JSON_DEB := pool/main/n/nlohmann-json3/nlohmann-json3-dev_3.11.2-2_all.deb
 JSON_DEB_SHA256 := ec57940def6b6186c30be0e0ee81d1e58f86d11a54a145b28686a1e3e4aae801
 JSON_HEADERS := .cache/nlohmann-json-3.11.2/usr/include
-CPP_FLAGS := -O2 -std=c++17 -fPIC -fvisibility=hidden -Wall -Wextra -Icpp/include -Icpp/src -I$(ORT_HEADERS) -I$(JSON_HEADERS)
+# the tokenizer: PCRE2 (Unicode regular expressions) and libunistring (NFC), headers from their
+# -dev packages, linked against the shared libraries every Debian system has (libselinux1 and apt
+# depend on them)
+PCRE2_DEB := pool/main/p/pcre2/libpcre2-dev_10.42-1_amd64.deb
+PCRE2_DEB_SHA256 := f0ff485a26daae8f742a1566426f0d98f06cdaf19ee0cc24764e09eff1c99257
+PCRE2_HEADERS := .cache/pcre2-10.42/usr/include
+UNISTRING_DEB := pool/main/libu/libunistring/libunistring-dev_1.0-2_amd64.deb
+UNISTRING_DEB_SHA256 := df35c1dcc9881de67b4d618fcc1c4e677e3e49d1017aab75aebcf8f9935c508d
+UNISTRING_HEADERS := .cache/libunistring-1.0/usr/include
+CPP_FLAGS := -O2 -std=c++17 -fPIC -fvisibility=hidden -Wall -Wextra -Icpp/include -Icpp/src -I$(ORT_HEADERS) -I$(JSON_HEADERS) \
+	-I$(PCRE2_HEADERS) -I$(UNISTRING_HEADERS)
+CPP_HEADER_DEPS := $(ORT_HEADERS)/onnxruntime_c_api.h $(JSON_HEADERS)/nlohmann/json.hpp $(PCRE2_HEADERS)/pcre2.h $(UNISTRING_HEADERS)/uninorm.h
 CPP_OBJECTS := $(patsubst cpp/src/%.cc,$(CPP_BUILD)/%.o,$(wildcard cpp/src/*.cc))
 CPP_LIB := $(CPP_BUILD)/libspecrt.so.1
 SPECRT_CPP := $(CPP_BUILD)/specrt-cpp
@@ -143,16 +154,23 @@ SPECRT_CPP := $(CPP_BUILD)/specrt-cpp
 $(JSON_HEADERS)/nlohmann/json.hpp:
 	tools/deb_headers.sh $(JSON_DEB) $(JSON_DEB_SHA256) .cache/nlohmann-json-3.11.2
 
+$(PCRE2_HEADERS)/pcre2.h:
+	tools/deb_headers.sh $(PCRE2_DEB) $(PCRE2_DEB_SHA256) .cache/pcre2-10.42
+
+$(UNISTRING_HEADERS)/uninorm.h:
+	tools/deb_headers.sh $(UNISTRING_DEB) $(UNISTRING_DEB_SHA256) .cache/libunistring-1.0
+
 $(CPP_BUILD)/libonnxruntime.so.1: | $(VENV)/.stamp
 	mkdir -p $(CPP_BUILD)
 	ln -sf "$$($(PY) -c 'import onnxruntime, glob, os; print(sorted(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so.*")))[-1])')" $@
 
-$(CPP_BUILD)/%.o: cpp/src/%.cc $(wildcard cpp/src/*.h) cpp/include/specrt.h $(ORT_HEADERS)/onnxruntime_c_api.h $(JSON_HEADERS)/nlohmann/json.hpp
+$(CPP_BUILD)/%.o: cpp/src/%.cc $(wildcard cpp/src/*.h) cpp/include/specrt.h $(CPP_HEADER_DEPS)
 	mkdir -p $(CPP_BUILD)
 	g++ $(CPP_FLAGS) -c $< -o $@
 
 $(CPP_LIB): $(CPP_OBJECTS) $(CPP_BUILD)/libonnxruntime.so.1
-	g++ -shared -o $@ $(CPP_OBJECTS) -Wl,-soname,libspecrt.so.1 -L$(CPP_BUILD) -l:libonnxruntime.so.1 -Wl,-rpath,'$$ORIGIN'
+	g++ -shared -o $@ $(CPP_OBJECTS) -Wl,-soname,libspecrt.so.1 -L$(CPP_BUILD) -l:libonnxruntime.so.1 \
+	  -l:libpcre2-8.so.0 -l:libunistring.so.2 -Wl,-rpath,'$$ORIGIN'
 	ln -sf libspecrt.so.1 $(CPP_BUILD)/libspecrt.so
 
 $(SPECRT_CPP): cpp/tools/specrt_cpp.cc cpp/include/specrt.h $(CPP_LIB)

@@ -176,6 +176,48 @@ SPECRT_EXPORT specrt_status specrt_generate(specrt_model *model, const int32_t *
                                             const specrt_generate_params *params, int32_t *out_tokens,
                                             size_t out_capacity, size_t *n_out, specrt_stats *stats);
 
+/* ---- text: the bundle's tokenizer.json ----------------------------------------------------
+   Byte-level BPE tokenizers (GPT-2, Qwen2 and Llama-3 styles), as Hugging Face tokenizers
+   encodes and decodes them. Other kinds are refused with SPECRT_ERR_UNSUPPORTED at open: give
+   token ids instead. Chat templates stay with the caller: render the template (specrt.json's
+   tokenizer.chat_template, Jinja) and tokenize the result with PARSE_SPECIAL. A tokenizer is
+   independent of any model handle; it may be used from any thread. */
+
+typedef struct specrt_tokenizer specrt_tokenizer;
+
+/* path: a bundle folder (its specrt.json names the file) or a tokenizer.json. */
+SPECRT_EXPORT specrt_status specrt_tokenizer_open(const char *path, specrt_tokenizer **out);
+SPECRT_EXPORT void specrt_tokenizer_close(specrt_tokenizer *tokenizer);
+
+#define SPECRT_TOKENIZE_PARSE_SPECIAL 1 /* added tokens written in the text become their ids (a
+                                           rendered chat template's <|im_start|> ...); without it
+                                           the text stays text */
+#define SPECRT_TOKENIZE_ADD_SPECIAL 2   /* the tokenizer's post-processor tokens (e.g. Llama-3's BOS) */
+
+/* text (text_len bytes of UTF-8) -> token ids. *n_out is the number of ids; they are written
+   when out_capacity holds them, else SPECRT_ERR_INVALID_ARGUMENT (call again with a larger
+   buffer; out_ids may be NULL to ask for the count). */
+SPECRT_EXPORT specrt_status specrt_tokenize(specrt_tokenizer *tokenizer, const char *text, size_t text_len, int flags,
+                                            int32_t *out_ids, size_t out_capacity, size_t *n_out);
+/* token ids -> UTF-8 text, NUL-terminated. skip_special: leave out special tokens. *n_out is the
+   text's length in bytes (without the NUL); written when out_capacity > *n_out, else
+   SPECRT_ERR_INVALID_ARGUMENT. Bytes that are not valid UTF-8 (a character cut between byte
+   tokens) read as U+FFFD. */
+SPECRT_EXPORT specrt_status specrt_detokenize(specrt_tokenizer *tokenizer, const int32_t *ids, size_t n_ids,
+                                              int skip_special, char *out_text, size_t out_capacity, size_t *n_out);
+
+/* A streaming decoder: push each committed chunk of ids, get the text they complete (never half a
+   character: a character cut between byte tokens waits for the next ids). It uses its tokenizer,
+   which must outlive it. */
+typedef struct specrt_decoder specrt_decoder;
+SPECRT_EXPORT specrt_status specrt_decoder_new(specrt_tokenizer *tokenizer, int skip_special, specrt_decoder **out);
+/* *text (NUL-terminated, *text_len bytes) is valid until the next call on this decoder. */
+SPECRT_EXPORT specrt_status specrt_decoder_push(specrt_decoder *decoder, const int32_t *ids, size_t n_ids,
+                                                const char **text, size_t *text_len);
+/* What is still held back (an incomplete character reads as U+FFFD); the decoder starts over. */
+SPECRT_EXPORT specrt_status specrt_decoder_flush(specrt_decoder *decoder, const char **text, size_t *text_len);
+SPECRT_EXPORT void specrt_decoder_free(specrt_decoder *decoder);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "api_guard.h"
 #include "engine.h"
 #include "error.h"
 #include "specrt.h"
@@ -15,33 +16,10 @@ struct specrt_model {
   specrt::Engine engine;
 };
 
+
+using specrt::guard;
+
 namespace {
-
-thread_local std::string last_error;
-
-specrt_status set_error(specrt_status status, const std::string& message) {
-  last_error = message;
-  return status;
-}
-
-template <typename F>
-specrt_status guard(F&& body) {
-  last_error.clear();
-  try {
-    body();
-    return SPECRT_OK;
-  } catch (const specrt::Error& e) {
-    return set_error(e.status(), e.what());
-  } catch (const Ort::Exception& e) {
-    return set_error(SPECRT_ERR_RUNTIME, std::string("onnxruntime: ") + e.what());
-  } catch (const std::bad_alloc&) {
-    return set_error(SPECRT_ERR_NO_MEMORY, "out of memory");
-  } catch (const std::exception& e) {
-    return set_error(SPECRT_ERR_INTERNAL, e.what());
-  } catch (...) {
-    return set_error(SPECRT_ERR_INTERNAL, "unknown exception");
-  }
-}
 
 // The caller's struct read over our defaults: only the bytes its struct_size covers (a caller
 // built against an older header has a smaller struct). Larger than ours: a newer header.
@@ -83,7 +61,7 @@ extern "C" {
 
 const char* specrt_version(void) { return "0.1.0"; }
 int specrt_api_version(void) { return SPECRT_API_VERSION; }
-const char* specrt_last_error(void) { return last_error.c_str(); }
+const char* specrt_last_error(void) { return specrt::last_error().c_str(); }
 
 const char* specrt_status_name(specrt_status status) {
   switch (status) {

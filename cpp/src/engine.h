@@ -31,6 +31,7 @@ class Engine {
 
   void info(specrt_model_info& out) const;
 
+
  private:
   void choose_kernels(const specrt_open_options& o);
   std::unique_ptr<Model> build(const ModelEntry& entry, std::shared_ptr<KvCache> kv, const std::string& name,
@@ -55,6 +56,7 @@ class Engine {
   std::unique_ptr<NgramDrafter> ngram_;
   std::unique_ptr<Generator> generator_;
   std::mutex mutex_;
+
 };
 
 }  // namespace specrt

@@ -17,7 +17,8 @@ namespace {
 using nlohmann::json;
 
 const char* kUsage =
-    "usage: specrt-cpp BUNDLE (--prompt-ids 1,2,3 | --prompt-file IDS.json) [--max-new-tokens N]\n"
+    "usage: specrt-cpp BUNDLE (--prompt-ids 1,2,3 | --prompt-file IDS.json | --prompt TEXT [--add-special])\n"
+    "       [--max-new-tokens N]\n"
     "       [--draft model|ngram|none] [--k K] [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
     "       [--stop-ids 2,3] [--ignore-eos] [--threads N] [--max-seq-len N] [--no-hugepages]\n"
     "       [--graphs packed|kernels|bundle] [--repeat N]\n";
@@ -25,6 +26,8 @@ const char* kUsage =
 struct Args {
   std::string bundle;
   std::vector<int32_t> prompt;
+  std::string text;  // --prompt: tokenized with the bundle's tokenizer (special tokens parsed)
+  bool have_text = false, add_special = false;
   specrt_open_options open;
   specrt_generate_params gen;
   std::vector<int32_t> stop;
@@ -112,6 +115,8 @@ Args parse(int argc, char** argv) {
     if (f == "--help" || f == "-h") { std::fputs(kUsage, stdout); std::exit(0); }
     else if (f == "--prompt-ids") a.prompt = ids(value()), have_prompt = true;
     else if (f == "--prompt-file") a.prompt = ids_file(value()), have_prompt = true;
+    else if (f == "--prompt") a.text = value(), a.have_text = have_prompt = true;
+    else if (f == "--add-special") a.add_special = true;
     else if (f == "--max-new-tokens") a.gen.max_new_tokens = int(integer());
     else if (f == "--draft") a.open.draft = draft_kind(value());
     else if (f == "--k") a.open.k = int(integer());
@@ -131,7 +136,7 @@ Args parse(int argc, char** argv) {
     else bad("one bundle only (got " + a.bundle + " and " + f + ")");
   }
   if (a.bundle.empty()) bad("no BUNDLE given");
-  if (!have_prompt) bad("no prompt: give --prompt-ids or --prompt-file");
+  if (!have_prompt) bad("no prompt: give --prompt-ids, --prompt-file or --prompt");
   if (a.repeat < 1) bad("--repeat must be >= 1");
   return a;
 }
@@ -145,12 +150,42 @@ json stats_json(const specrt_stats& s) {
           {"ms_per_token", s.new_tokens > 1 ? (s.total_ms - s.prefill_ms) / (s.new_tokens - 1) : 0.0}};
 }
 
+// The prompt's ids: --prompt TEXT through the bundle's tokenizer (the text as the model sees
+// it: a chat template is the caller's to render; special-token strings become their ids).
+void tokenize(specrt_tokenizer* tok, Args& a) {
+  int flags = SPECRT_TOKENIZE_PARSE_SPECIAL | (a.add_special ? SPECRT_TOKENIZE_ADD_SPECIAL : 0);
+  size_t n = 0;
+  specrt_tokenize(tok, a.text.data(), a.text.size(), flags, nullptr, 0, &n);
+  a.prompt.resize(n);
+  specrt_status st = specrt_tokenize(tok, a.text.data(), a.text.size(), flags, a.prompt.data(), n, &n);
+  if (st != SPECRT_OK) die(st, specrt_last_error());
+}
+
+// The output's text (special tokens skipped); null without a tokenizer this library reads.
+json detokenize(specrt_tokenizer* tok, const std::vector<int32_t>& ids) {
+  if (!tok) return nullptr;
+  size_t n = 0;
+  specrt_detokenize(tok, ids.data(), ids.size(), 1, nullptr, 0, &n);
+  std::string text(n + 1, '\0');
+  if (specrt_detokenize(tok, ids.data(), ids.size(), 1, text.data(), text.size(), &n) != SPECRT_OK) return nullptr;
+  text.resize(n);
+  return text;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Args a = parse(argc, argv);
   a.gen.stop_ids = a.stop.data();
   a.gen.n_stop_ids = a.stop.size();
+  // the tokenizer: required for --prompt; else only for the output's text (null when the bundle's
+  // tokenizer is not one this library reads)
+  specrt_tokenizer* tok = nullptr;
+  specrt_status tst = specrt_tokenizer_open(a.bundle.c_str(), &tok);
+  if (a.have_text) {
+    if (tst != SPECRT_OK) die(tst, specrt_last_error());
+    tokenize(tok, a);
+  }
   auto t0 = std::chrono::steady_clock::now();
   specrt_model* model = nullptr;
   specrt_status st = specrt_open(a.bundle.c_str(), &a.open, &model);
@@ -174,14 +209,18 @@ int main(int argc, char** argv) {
   specrt_model_info_init(&info);
   specrt_model_get_info(model, &info);
   static const char* drafts[] = {"default", "model", "ngram", "none"};
-  json result = {{"token_ids", std::vector<int32_t>(out.begin(), out.begin() + n)},
+  std::vector<int32_t> ids(out.begin(), out.begin() + n);
+  json result = {{"token_ids", ids},
+                 {"text", detokenize(tok, ids)},
                  {"stats", stats_json(stats)},
                  {"draft", drafts[info.draft]},
                  {"k", info.k},
                  {"graphs", {{"target", info.target_graph}, {"draft", info.draft_graph}}},
                  {"load_ms", load_ms}};
   if (a.repeat > 1) result["ms_per_token_runs"] = runs;
+  if (a.have_text) result["prompt_ids"] = a.prompt;
   std::printf("%s\n", result.dump().c_str());
   specrt_close(model);
+  specrt_tokenizer_close(tok);
   return 0;
 }
