@@ -23,8 +23,10 @@ void NgramDrafter::propose(const std::vector<int64_t>& seq, int k, const Samplin
 
 ModelDrafter::ModelDrafter(Model& draft, Model* target, int window)
     : model_(draft), target_(target), window_(target ? 0 : window) {
-  scratch_.order.reserve(draft.vocab);
-  scratch_.values.reserve(draft.vocab);
+  scratch_.order.assign(draft.vocab, 0);  // committed now (see Generator)
+  scratch_.order.clear();
+  scratch_.values.assign(draft.vocab, 0.0);
+  scratch_.values.clear();
 }
 
 void ModelDrafter::reset() {

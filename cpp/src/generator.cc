@@ -12,19 +12,29 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 }  // namespace
 
+namespace {
+// n elements written once and dropped: the capacity stays, its pages committed (resident from
+// here on, not first touched by some later request)
+template <typename T>
+void commit(std::vector<T>& v, size_t n) {
+  v.assign(n, T{});
+  v.clear();
+}
+}  // namespace
+
 Generator::Generator(Model& target) : target_(target) {
   // every buffer a request can need, sized now: memory does not grow after the first request
   size_t V = size_t(target.vocab), T = size_t(target.max_t);
-  seq_.reserve(target.capacity() + 1);
-  call_.reserve(T);
-  wide_.reserve(target.max_prefill_t + 2);
-  prop_.tokens.reserve(T);
-  prop_.q.reserve(T * V);
-  p_.reserve(T * V);
-  u_.reserve(T);
-  residual_.reserve(V);
-  scratch_.order.reserve(V);
-  scratch_.values.reserve(V);
+  commit(seq_, target.capacity() + 1);
+  commit(call_, T);
+  commit(wide_, target.max_prefill_t + 2);
+  commit(prop_.tokens, T);
+  commit(prop_.q, T * V);
+  commit(p_, T * V);
+  commit(u_, T);
+  commit(residual_, V);
+  commit(scratch_.order, V);
+  commit(scratch_.values, V);
 }
 
 void Generator::run(const GenerateRequest& req, std::vector<int32_t>& out, specrt_stats& stats) {
