@@ -4,6 +4,7 @@ programs compiled against cpp/include/specrt.h as a user would (docs/cpp.md)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -23,12 +24,13 @@ def build() -> Path:
     return BUILD
 
 
-def run_cpp(bundle, prompt: list[int] | None, *flags: str, timeout: float = 600) -> tuple[int, dict]:
-    """specrt-cpp BUNDLE --prompt-ids ... FLAGS -> (exit status, its JSON object)."""
+def run_cpp(bundle, prompt: list[int] | None, *flags: str, timeout: float = 600, env: dict | None = None) -> tuple[int, dict]:
+    """specrt-cpp BUNDLE --prompt-ids ... FLAGS -> (exit status, its JSON object). env: variables
+    added to the environment."""
     args = [str(build() / "specrt-cpp"), str(bundle), *flags]
     if prompt is not None:
         args += ["--prompt-ids", ",".join(map(str, prompt))]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     assert r.stdout.strip(), f"specrt-cpp printed nothing (exit {r.returncode}):\n{r.stderr[-3000:]}"
     return r.returncode, json.loads(r.stdout)
 

@@ -14,7 +14,7 @@ from paths import DEFAULT_BUNDLE
 
 HERE = Path(__file__).resolve().parent
 STATUS = {"SPECRT_ERR_INVALID_ARGUMENT": 1, "SPECRT_ERR_NOT_FOUND": 2, "SPECRT_ERR_BAD_BUNDLE": 3,
-          "SPECRT_ERR_SCHEMA_VERSION": 4, "SPECRT_ERR_CONTEXT": 5, "SPECRT_ERR_NO_DRAFT": 7}
+          "SPECRT_ERR_SCHEMA_VERSION": 4, "SPECRT_ERR_CONTEXT": 5, "SPECRT_ERR_UNSUPPORTED": 6, "SPECRT_ERR_NO_DRAFT": 7}
 
 
 def copy_bundle(tmp_path: Path, edit=None, drop_draft: bool = False) -> Path:
@@ -33,8 +33,8 @@ def copy_bundle(tmp_path: Path, edit=None, drop_draft: bool = False) -> Path:
     return out
 
 
-def assert_fails(status: str, bundle, *flags, prompt=(1, 2, 3)):
-    code, out = run_cpp(bundle, list(prompt) if prompt is not None else None, *flags)
+def assert_fails(status: str, bundle, *flags, prompt=(1, 2, 3), env=None):
+    code, out = run_cpp(bundle, list(prompt) if prompt is not None else None, *flags, env=env)
     assert out["error"]["code"] == status, out
     assert code == STATUS[status] == out["error"]["status"]
     assert out["error"]["message"]
@@ -80,6 +80,27 @@ def test_bad_arguments(tmp_path):
     assert_fails("SPECRT_ERR_INVALID_ARGUMENT", DEFAULT_BUNDLE, "--draft", "eagle")
     assert_fails("SPECRT_ERR_INVALID_ARGUMENT", DEFAULT_BUNDLE, "--prompt-ids", "1,x")
     assert_fails("SPECRT_ERR_INVALID_ARGUMENT", DEFAULT_BUNDLE, prompt=None)
+
+
+def test_kernels_the_cpu_cannot_run():
+    """Kernels required (--graphs kernels) where the library runs only its portable form (a CPU
+    without AVX-512 VNNI or AMX, as SPECRT_KERNELS_ISA=ref makes it report), or is missing."""
+    message = assert_fails("SPECRT_ERR_UNSUPPORTED", DEFAULT_BUNDLE, "--graphs", "kernels", env={"SPECRT_KERNELS_ISA": "ref"})
+    assert "AVX-512 VNNI" in message
+    assert "make kernels" in assert_fails("SPECRT_ERR_UNSUPPORTED", DEFAULT_BUNDLE, "--graphs", "kernels",
+                                          env={"SPECRT_KERNELS": "/nonexistent/libspecrt_kernels.so"})
+
+
+@pytest.mark.slow
+def test_kernels_by_default_only_where_they_run_fast():
+    """Without kernels required, such a CPU runs the packed graphs on onnxruntime's operators."""
+    code, out = run_cpp(DEFAULT_BUNDLE, [1, 2, 3], "--max-new-tokens", "2", env={"SPECRT_KERNELS_ISA": "ref"})
+    assert code == 0 and out["graphs"] == {"target": "target/packed1.onnx", "draft": "draft/packed1.onnx"}, out
+    from specrt.runtime import kernels
+
+    code, out = run_cpp(DEFAULT_BUNDLE, [1, 2, 3], "--max-new-tokens", "2")
+    fast = "draft/packed1.kernels.onnx" if kernels.fast() else "draft/packed1.onnx"  # as the Python runtime picks
+    assert code == 0 and out["graphs"]["draft"] == fast, out
 
 
 @pytest.mark.slow
