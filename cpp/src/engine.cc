@@ -23,6 +23,28 @@ bool self_draft(const Manifest& m) {
 }  // namespace
 
 Engine::Engine(const std::string& folder, const specrt_open_options& o) : folder_(folder), manifest_(load_manifest(folder)) {
+  bool want_draft = settle(o);
+  auto before = o.hugepages ? anonymous_pages() : std::set<uintptr_t>();
+  config_.threads = o.threads;
+  bool eagle = manifest_.draft && !manifest_.draft->io.hidden_in.empty();
+  packed_ = o.packed != 0 && !eagle;  // the packed graphs, without an EAGLE pair (as the Python runtime)
+  if (packed_) choose_kernels(o);
+  target_kv_ = std::make_shared<KvCache>(manifest_.target.kv, context_);
+  models_.push_back(build(manifest_.target, target_kv_, "target", true, target_graph_));
+  if (want_draft) load_draft();
+  ngram_ = std::make_unique<NgramDrafter>(max_k_);
+  generator_ = std::make_unique<Generator>(*models_[0]);
+  if (o.hugepages) {  // what the load added, onto 2 MiB pages (runtime/bundle/hugepages.py)
+    auto after = anonymous_pages();
+    std::set<uintptr_t> added;
+    std::set_difference(after.begin(), after.end(), before.begin(), before.end(), std::inserter(added, added.end()));
+    collapse_pages(added);
+  }
+}
+
+// The open's context, default drafter, k and stop ids, checked against the bundle -> whether the
+// draft model is loaded.
+bool Engine::settle(const specrt_open_options& o) {
   const ModelEntry& t = manifest_.target;
   int s_max = t.kv.max_seq_len;
   context_ = o.max_seq_len > 0 ? o.max_seq_len : s_max;
@@ -30,36 +52,23 @@ Engine::Engine(const std::string& folder, const specrt_open_options& o) : folder
     fail(SPECRT_ERR_INVALID_ARGUMENT, "max_seq_len must be between " + std::to_string(t.max_tokens_per_call + 1) +
                                           " and the bundle's " + std::to_string(s_max) + ", got " + std::to_string(o.max_seq_len));
   max_k_ = t.max_tokens_per_call - 1;
-  bool eagle = manifest_.draft && !manifest_.draft->io.hidden_in.empty();
-  if (o.draft == SPECRT_DRAFT_MODEL && !manifest_.draft)
-    fail(SPECRT_ERR_NO_DRAFT, "bundle " + folder + " has no draft model; use draft none or ngram");
+  const auto& d = manifest_.draft;
+  bool eagle = d && !d->io.hidden_in.empty();
+  if (o.draft == SPECRT_DRAFT_MODEL && !d)
+    fail(SPECRT_ERR_NO_DRAFT, "bundle " + folder_ + " has no draft model; use draft none or ngram");
   if (o.draft == SPECRT_DRAFT_MODEL && eagle)
-    fail(SPECRT_ERR_UNSUPPORTED, "bundle " + folder + " has an EAGLE draft head, which this library does not run yet; "
+    fail(SPECRT_ERR_UNSUPPORTED, "bundle " + folder_ + " has an EAGLE draft head, which this library does not run yet; "
                                  "use draft none or ngram");
-  bool want_draft = manifest_.draft && !eagle && (o.draft == SPECRT_DRAFT_MODEL || o.draft == SPECRT_DRAFT_DEFAULT);
+  // DEFAULT: the bundle's draft model if it has one this library runs (an EAGLE head's bundle
+  // decodes without one: the same output)
+  bool want_draft = d && !eagle && (o.draft == SPECRT_DRAFT_MODEL || o.draft == SPECRT_DRAFT_DEFAULT);
   draft_ = o.draft == SPECRT_DRAFT_DEFAULT ? (want_draft ? SPECRT_DRAFT_MODEL : SPECRT_DRAFT_NONE) : o.draft;
-  int bundle_k = manifest_.draft && manifest_.draft->default_k > 0 ? manifest_.draft->default_k : kDefaultK;
-  k_ = o.k >= 0 ? o.k : std::min(bundle_k, max_k_);
+  k_ = o.k >= 0 ? o.k : std::min(d && d->default_k > 0 ? d->default_k : kDefaultK, max_k_);
   if (k_ > max_k_)
     fail(SPECRT_ERR_INVALID_ARGUMENT, "k must be between 0 and " + std::to_string(max_k_) +
                                           " (the bundle's max_tokens_per_call - 1), got " + std::to_string(k_));
   for (int64_t id : manifest_.tokenizer.eog_token_ids) eog_.push_back(int32_t(id));
-
-  auto before = o.hugepages ? anonymous_pages() : std::set<uintptr_t>();
-  config_.threads = o.threads;
-  packed_ = o.packed != 0 && !eagle;  // the packed graphs on the CPU, without an EAGLE pair (as Python)
-  if (packed_) choose_kernels(o);
-  target_kv_ = std::make_shared<KvCache>(t.kv, context_);
-  models_.push_back(build(t, target_kv_, "target", true, target_graph_));
-  if (want_draft) load_draft();
-  ngram_ = std::make_unique<NgramDrafter>(max_k_);
-  generator_ = std::make_unique<Generator>(*models_[0]);
-  if (o.hugepages) {
-    auto after = anonymous_pages();
-    std::set<uintptr_t> added;
-    std::set_difference(after.begin(), after.end(), before.begin(), before.end(), std::inserter(added, added.end()));
-    collapse_pages(added);
-  }
+  return want_draft;
 }
 
 void Engine::choose_kernels(const specrt_open_options& o) {

@@ -33,6 +33,7 @@ class Engine {
 
 
  private:
+  bool settle(const specrt_open_options& o);
   void choose_kernels(const specrt_open_options& o);
   std::unique_ptr<Model> build(const ModelEntry& entry, std::shared_ptr<KvCache> kv, const std::string& name,
                                bool exact, std::string& graph);

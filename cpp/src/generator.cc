@@ -16,7 +16,7 @@ namespace {
 // n elements written once and dropped: the capacity stays, its pages committed (resident from
 // here on, not first touched by some later request)
 template <typename T>
-void commit(std::vector<T>& v, size_t n) {
+void commit_pages(std::vector<T>& v, size_t n) {
   v.assign(n, T{});
   v.clear();
 }
@@ -25,16 +25,16 @@ void commit(std::vector<T>& v, size_t n) {
 Generator::Generator(Model& target) : target_(target) {
   // every buffer a request can need, sized now: memory does not grow after the first request
   size_t V = size_t(target.vocab), T = size_t(target.max_t);
-  commit(seq_, target.capacity() + 1);
-  commit(call_, T);
-  commit(wide_, target.max_prefill_t + 2);
-  commit(prop_.tokens, T);
-  commit(prop_.q, T * V);
-  commit(p_, T * V);
-  commit(u_, T);
-  commit(residual_, V);
-  commit(scratch_.order, V);
-  commit(scratch_.values, V);
+  commit_pages(seq_, target.capacity() + 1);
+  commit_pages(call_, T);
+  commit_pages(wide_, target.max_prefill_t + 2);
+  commit_pages(prop_.tokens, T);
+  commit_pages(prop_.q, T * V);
+  commit_pages(p_, T * V);
+  commit_pages(u_, T);
+  commit_pages(residual_, V);
+  commit_pages(scratch_.order, V);
+  commit_pages(scratch_.values, V);
 }
 
 void Generator::run(const GenerateRequest& req, std::vector<int32_t>& out, specrt_stats& stats) {
@@ -111,45 +111,62 @@ void Generator::prefill() {
   emit(&first, 1);
 }
 
+// One round: propose -> verify -> commit (with the rewind).
 void Generator::round() {
-  const GenerateRequest& r = *req_;
-  int V = target_.vocab, remaining = r.max_new_tokens - int(out_->size());
-  int k = r.drafter ? std::min(r.k, remaining - 1) : 0;
+  int remaining = req_->max_new_tokens - int(out_->size());
+  propose(req_->drafter ? std::min(req_->k, remaining - 1) : 0);  // the round's last token is the target's
+  auto [n_ok, next] = verify();
+  commit(n_ok, next);
+}
+
+// Up to k draft tokens into prop_ (none without a drafter, or where it finds none).
+void Generator::propose(int k) {
   prop_.tokens.clear();
   prop_.q.clear();
-  if (k > 0) {
-    auto t0 = Clock::now();
-    r.drafter->propose(seq_, k, r.cfg, rng_, prop_);
-    stats_->draft_ms += ms_since(t0);
-    stats_->draft_calls += prop_.calls;
-  }
+  if (k <= 0) return;
   auto t0 = Clock::now();
-  int kp = int(prop_.tokens.size()), rows = 0;
+  req_->drafter->propose(seq_, k, req_->cfg, rng_, prop_);
+  stats_->draft_ms += ms_since(t0);
+  stats_->draft_calls += prop_.calls;
+}
+
+// One target call of [last, d0 .. dk-1] -> k + 1 rows -> (n_ok, next): greedy, or exact
+// rejection sampling against the draft's q (one-hot for n-gram proposals).
+std::pair<int, int> Generator::verify() {
+  auto t0 = Clock::now();
+  const SamplingConfig& cfg = req_->cfg;
+  int V = target_.vocab, k = int(prop_.tokens.size()), rows = 0;
   call_.assign(1, seq_.back());
   call_.insert(call_.end(), prop_.tokens.begin(), prop_.tokens.end());
-  const float* logits = target_call(call_.data(), kp + 1, 0, &rows);
+  const float* logits = target_call(call_.data(), k + 1, 0, &rows);  // [k + 1, V]
   std::pair<int, int> verdict;
-  if (r.cfg.greedy()) {
-    verdict = verify_greedy(prop_.tokens.data(), kp, logits, V);
+  if (cfg.greedy()) {
+    verdict = verify_greedy(prop_.tokens.data(), k, logits, V);
   } else {
-    p_.resize(size_t(kp + 1) * V);
-    for (int i = 0; i <= kp; ++i) probs(logits + size_t(i) * V, V, r.cfg, p_.data() + size_t(i) * V, scratch_);
-    u_.resize(kp);
+    p_.resize(size_t(k + 1) * V);
+    for (int i = 0; i <= k; ++i) probs(logits + size_t(i) * V, V, cfg, p_.data() + size_t(i) * V, scratch_);
+    u_.resize(k);
     for (auto& u : u_) u = rng_.uniform();
     residual_.resize(V);
-    verdict = verify_sampling(prop_.tokens.data(), kp, prop_.q.empty() ? nullptr : prop_.q.data(), p_.data(), u_.data(),
+    verdict = verify_sampling(prop_.tokens.data(), k, prop_.q.empty() ? nullptr : prop_.q.data(), p_.data(), u_.data(),
                               rng_.uniform(), V, residual_.data());
   }
   stats_->verify_ms += ms_since(t0);
-  auto [n_ok, next] = verdict;
   ++stats_->rounds;
-  stats_->drafted += kp;
-  stats_->accepted += n_ok;
-  prop_.tokens.resize(n_ok);  // commit d[:n_ok] + [next]
+  stats_->drafted += k;
+  stats_->accepted += verdict.first;
+  return verdict;
+}
+
+// Keeps d[:n_ok] + [next]; the target's length goes back to n' - 1 (the rows of [last,
+// d0 .. d(n_ok-1)] are valid, the rest stale: the next call overwrites them); the drafter
+// follows; the tokens go out.
+void Generator::commit(int n_ok, int next) {
+  prop_.tokens.resize(n_ok);
   prop_.tokens.push_back(next);
   int n_after = int(seq_.size() + prop_.tokens.size());
-  target_.length = n_after - 1;  // rewind: [last, d0 .. d(n_ok-1)] are valid rows, the rest stale
-  if (r.drafter) r.drafter->commit(n_after);
+  target_.length = n_after - 1;
+  if (req_->drafter) req_->drafter->commit(n_after);
   emit(prop_.tokens.data(), int(prop_.tokens.size()));
 }
 

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "drafters.h"
@@ -48,6 +49,9 @@ class Generator {
   int pick(const float* row);
   void prefill();
   void round();
+  void propose(int k);
+  std::pair<int, int> verify();
+  void commit(int n_ok, int next);
   bool emit(const int64_t* tokens, int n);  // -> whether the request goes on
 
   Model& target_;
