@@ -11,6 +11,7 @@ import pytest
 
 import specrt
 from cpp_build import EXAMPLES, compile_program, run_cpp
+from paths import ROOT
 from specrt.runtime.bundle.manifest import load_manifest
 from specrt.runtime.bundle.tokenizer import Tokenizer
 
@@ -81,3 +82,19 @@ def test_c_example_streams_the_text(default_bundle, prompts, reference, tmp_path
     assert r.returncode == 0, r.stderr
     assert r.stdout.decode() == tok.decode(reference[0][:32]) + "\n"
     assert b"32 tokens" in r.stderr
+
+
+def test_a_long_prompt_to_the_context_s_last_row(default_bundle):
+    """A prompt of 32 chunks and a reply that fills the context to its last row (2048): the
+    packed target's lone token there has no row for its filler, and is sent with the token
+    before it, as the Python runtime does."""
+    tok = Tokenizer(default_bundle, load_manifest(default_bundle).tokenizer)
+    text = (ROOT / "docs" / "bundle.md").read_text()
+    ids = tok.encode("Summarize this document:\n" + text, chat=True)[:1990]
+    new = 2048 - len(ids)
+    with specrt.load(default_bundle, draft="none", max_batch=1, prefix_cache=False) as pipe:
+        want = [t for c in pipe.stream_ids(ids, max_new_tokens=new, ignore_eos=True) for t in c]
+    for draft in ("none", "model"):
+        code, out = run_cpp(default_bundle, ids, "--max-new-tokens", str(new), "--ignore-eos", "--draft", draft)
+        assert code == 0, out
+        assert out["token_ids"] == want and len(want) == new
