@@ -88,7 +88,10 @@ typedef struct specrt_open_options {
   size_t struct_size;
   int threads;        /* onnxruntime intra-op threads per session; 0: every core */
   specrt_draft draft; /* which drafter requests use by default; MODEL or DEFAULT loads the draft model */
-  int k;              /* draft tokens per round; -1: the bundle's default_k, else 4 */
+  int k;              /* draft tokens per round (the ceiling with adaptive); -1: the bundle's
+                         default_k, else 4 */
+  int adaptive;       /* 1: choose k each round (0 .. k) from the acceptance and call times this
+                         handle measures; 0: always k (default) */
   int max_seq_len;    /* context: KV rows allocated; 0: the bundle's max_seq_len */
   int hugepages;      /* move the sessions' memory onto 2 MiB pages after loading (Linux >= 6.1) */
   int packed;         /* 1: the entries' packed graphs where the bundle has them (as the Python runtime
@@ -144,6 +147,7 @@ typedef struct specrt_generate_params {
   int ignore_eos;          /* nonzero: the bundle's end-of-generation ids do not stop (stop_ids still do) */
   specrt_draft draft;      /* DEFAULT: the open's drafter */
   int k;                   /* -1: the open's k; 0 .. max_k */
+  int adaptive;            /* -1: the open's; 0: fixed k; 1: adaptive (k the ceiling) */
   specrt_token_callback on_token; /* NULL: none */
   void *user_data;
 } specrt_generate_params;

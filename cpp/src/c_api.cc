@@ -40,6 +40,7 @@ void check_open(const specrt_open_options& o) {
   if (o.draft < SPECRT_DRAFT_DEFAULT || o.draft > SPECRT_DRAFT_NONE) bad("draft is not a specrt_draft value");
   if (o.k < -1) bad("k must be >= 0, or -1 for the bundle's default, got " + std::to_string(o.k));
   if (o.max_seq_len < 0) bad("max_seq_len must be >= 0 (0: the bundle's), got " + std::to_string(o.max_seq_len));
+  if (o.adaptive < 0 || o.adaptive > 1) bad("adaptive must be 0 or 1, got " + std::to_string(o.adaptive));
   if (o.kernels < -1 || o.kernels > 1) bad("kernels must be -1 (auto), 0 or 1, got " + std::to_string(o.kernels));
 }
 
@@ -51,6 +52,7 @@ void check_params(const specrt_generate_params& p) {
   if (!(p.top_p > 0 && p.top_p <= 1)) bad("top_p must be in (0, 1], got " + std::to_string(p.top_p));
   if (p.top_k < 0) bad("top_k must be >= 0 (0 = off), got " + std::to_string(p.top_k));
   if (p.k < -1) bad("k must be >= 0, or -1 for the open's k, got " + std::to_string(p.k));
+  if (p.adaptive < -1 || p.adaptive > 1) bad("adaptive must be -1 (the open's), 0 or 1, got " + std::to_string(p.adaptive));
   if (p.draft < SPECRT_DRAFT_DEFAULT || p.draft > SPECRT_DRAFT_NONE) bad("draft is not a specrt_draft value");
   if (p.n_stop_ids && !p.stop_ids) bad("stop_ids is NULL but n_stop_ids is " + std::to_string(p.n_stop_ids));
 }
@@ -87,6 +89,7 @@ void specrt_open_options_init(specrt_open_options* o) {
   o->threads = 0;
   o->draft = SPECRT_DRAFT_DEFAULT;
   o->k = -1;
+  o->adaptive = 0;
   o->max_seq_len = 0;
   o->hugepages = 1;
   o->packed = 1;
@@ -104,6 +107,7 @@ void specrt_generate_params_init(specrt_generate_params* p) {
   p->top_k = 0;
   p->draft = SPECRT_DRAFT_DEFAULT;
   p->k = -1;
+  p->adaptive = -1;
 }
 
 void specrt_stats_init(specrt_stats* s) {

@@ -68,6 +68,9 @@ bool Engine::settle(const specrt_open_options& o) {
     fail(SPECRT_ERR_INVALID_ARGUMENT, "k must be between 0 and " + std::to_string(max_k_) +
                                           " (the bundle's max_tokens_per_call - 1), got " + std::to_string(k_));
   for (int64_t id : manifest_.tokenizer.eog_token_ids) eog_.push_back(int32_t(id));
+  adaptive_ = o.adaptive == 1;
+  model_policy_ = AdaptiveK(max_k_);
+  ngram_policy_ = AdaptiveK(max_k_);
   return want_draft;
 }
 
@@ -160,6 +163,8 @@ GenerateRequest Engine::request(const int32_t* prompt, size_t n_prompt, const sp
   std::sort(r.stop_ids.begin(), r.stop_ids.end());
   r.drafter = drafter_for(p.draft);
   r.k = r.drafter ? (p.k >= 0 ? p.k : k_) : 0;
+  if (r.drafter && (p.adaptive == 1 || (p.adaptive == -1 && adaptive_)))
+    r.policy = r.drafter == ngram_.get() ? &ngram_policy_ : &model_policy_;
   if (p.on_token) {
     auto cb = p.on_token;
     void* user = p.user_data;

@@ -55,6 +55,8 @@ class Engine {
   std::vector<std::unique_ptr<Model>> models_;  // target first
   std::unique_ptr<ModelDrafter> model_drafter_;
   std::unique_ptr<NgramDrafter> ngram_;
+  bool adaptive_ = false;
+  AdaptiveK model_policy_{0}, ngram_policy_{0};  // adaptive k per drafter: what earlier requests taught
   std::unique_ptr<Generator> generator_;
   std::mutex mutex_;
 

@@ -114,8 +114,11 @@ void Generator::prefill() {
 // One round: propose -> verify -> commit (with the rewind).
 void Generator::round() {
   int remaining = req_->max_new_tokens - int(out_->size());
-  propose(req_->drafter ? std::min(req_->k, remaining - 1) : 0);  // the round's last token is the target's
+  int k = req_->drafter ? std::min(req_->k, remaining - 1) : 0;  // the round's last token is the target's
+  if (req_->policy && k > 0) k = req_->policy->choose(k);
+  propose(k);
   auto [n_ok, next] = verify();
+  if (req_->policy && req_->drafter) req_->policy->observe(int(prop_.tokens.size()), n_ok, draft_ms_, verify_ms_);
   commit(n_ok, next);
 }
 
@@ -123,10 +126,12 @@ void Generator::round() {
 void Generator::propose(int k) {
   prop_.tokens.clear();
   prop_.q.clear();
+  draft_ms_ = 0;
   if (k <= 0) return;
   auto t0 = Clock::now();
   req_->drafter->propose(seq_, k, req_->cfg, rng_, prop_);
-  stats_->draft_ms += ms_since(t0);
+  draft_ms_ = ms_since(t0);
+  stats_->draft_ms += draft_ms_;
   stats_->draft_calls += prop_.calls;
 }
 
@@ -151,7 +156,8 @@ std::pair<int, int> Generator::verify() {
     verdict = verify_sampling(prop_.tokens.data(), k, prop_.q.empty() ? nullptr : prop_.q.data(), p_.data(), u_.data(),
                               rng_.uniform(), V, residual_.data());
   }
-  stats_->verify_ms += ms_since(t0);
+  verify_ms_ = ms_since(t0);
+  stats_->verify_ms += verify_ms_;
   ++stats_->rounds;
   stats_->drafted += k;
   stats_->accepted += verdict.first;

@@ -21,6 +21,7 @@
 
 #include "drafters.h"
 #include "model.h"
+#include "policy.h"
 #include "sampling.h"
 #include "specrt.h"
 
@@ -34,6 +35,7 @@ struct GenerateRequest {
   std::vector<int64_t> stop_ids;  // sorted: a committed one ends the output, itself not kept
   int k = 0;                      // draft tokens per round (0: no drafting)
   Drafter* drafter = nullptr;     // nullptr: none
+  AdaptiveK* policy = nullptr;    // chooses k (<= k) each round; nullptr: always k
   std::function<bool(int32_t)> on_token;  // returns false to stop after this token (may be empty)
 };
 
@@ -59,6 +61,7 @@ class Generator {
   std::vector<int32_t>* out_ = nullptr;
   specrt_stats* stats_ = nullptr;
   Rng rng_{0};
+  double draft_ms_ = 0, verify_ms_ = 0;  // the round's
   std::vector<int64_t> seq_, call_, wide_;
   Proposal prop_;
   std::vector<double> p_, u_, residual_;

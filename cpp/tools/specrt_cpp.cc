@@ -19,7 +19,7 @@ using nlohmann::json;
 const char* kUsage =
     "usage: specrt-cpp BUNDLE (--prompt-ids 1,2,3 | --prompt-file IDS.json | --prompt TEXT [--add-special])\n"
     "       [--max-new-tokens N]\n"
-    "       [--draft model|ngram|none] [--k K] [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
+    "       [--draft model|ngram|none] [--k K] [--adaptive] [--temperature T] [--top-p P] [--top-k K] [--seed S]\n"
     "       [--stop-ids 2,3] [--ignore-eos] [--threads N] [--max-seq-len N] [--no-hugepages]\n"
     "       [--graphs packed|kernels|bundle] [--repeat N]\n";
 
@@ -120,6 +120,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--max-new-tokens") a.gen.max_new_tokens = int(integer());
     else if (f == "--draft") a.open.draft = draft_kind(value());
     else if (f == "--k") a.open.k = int(integer());
+    else if (f == "--adaptive") a.open.adaptive = 1;
     else if (f == "--temperature") a.gen.temperature = float(number(f, value()));
     else if (f == "--top-p") a.gen.top_p = float(number(f, value()));
     else if (f == "--top-k") a.gen.top_k = int(integer());

@@ -54,6 +54,22 @@ def test_tiny_greedy_is_target_only(bundles, name):
                 assert out["token_ids"] == tokens, (name, draft, graphs, prompt)
 
 
+def test_adaptive_k_drafts_less_where_drafts_fail(bundles):
+    """Adaptive k (--adaptive; k the ceiling) changes how much is drafted, never the output: with
+    a random draft model (most proposals rejected) it drafts far less than a fixed k."""
+    prompt = list(range(3, 40))
+    runs = {}
+    for adaptive in ((), ("--adaptive",)):
+        code, out = run_cpp(bundles["bad"], prompt, "--max-new-tokens", "120", "--ignore-eos", "--draft", "model",
+                            "--k", "8", "--no-hugepages", *adaptive)
+        assert code == 0, out
+        runs[bool(adaptive)] = out
+    assert runs[True]["token_ids"] == runs[False]["token_ids"]
+    fixed, adaptive = runs[False]["stats"], runs[True]["stats"]
+    assert fixed["accepted"] < 0.5 * fixed["drafted"]  # the random draft is mostly wrong
+    assert adaptive["drafted"] < 0.5 * fixed["drafted"], (fixed, adaptive)
+
+
 CASES = [("bad", "model", SamplingConfig(1.0)), ("bad", "ngram", SamplingConfig(1.2, top_k=10)),
          ("bad", "model", SamplingConfig(0.8, top_p=0.9)), ("int8", "model", SamplingConfig(1.0))]
 
