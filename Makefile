@@ -128,9 +128,9 @@ kernels: $(KERNELS)
 # --- the C API and specrt-cpp (cpp/, docs/cpp.md) ------------------------------------------------
 # libspecrt.so (include: cpp/include/specrt.h) and the specrt-cpp program, in $(CPP_BUILD), linked
 # against the onnxruntime the venv's wheel ships (a link to it sits beside them: rpath $ORIGIN).
-# Headers: onnxruntime's (as for `make kernels`) and nlohmann-json, both from pinned Debian
-# packages (tools/deb_headers.sh). Skipped when built.
-# (specrt's kernel library, `make kernels`, is linked in beside them for the kernel graphs.)
+# Headers: onnxruntime's (as for `make kernels`), nlohmann-json, PCRE2's and libunistring's, all
+# from pinned Debian packages (tools/deb_headers.sh; no root). Skipped when built. specrt's kernel
+# library (`make kernels`) is linked in beside them for the kernel graphs.
 CPP_BUILD := .cache/cpp
 JSON_DEB := pool/main/n/nlohmann-json3/nlohmann-json3-dev_3.11.2-2_all.deb
 JSON_DEB_SHA256 := ec57940def6b6186c30be0e0ee81d1e58f86d11a54a145b28686a1e3e4aae801
