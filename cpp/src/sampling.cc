@@ -76,26 +76,30 @@ uint64_t Rng::next() {
 
 double Rng::uniform() { return double(next() >> 11) * 0x1.0p-53; }
 
+// As the Python runtime's check (runtime/backends/protocol.py): NaN anywhere, or a row whose
+// largest logit is infinite, is a broken model; -inf entries are masks (a draft's LM head over a
+// vocabulary subset writes -inf for the tokens outside it) and are kept.
 int argmax(const float* row, int V) {
   int best = 0;
   float top = row[0];
-  bool finite = std::isfinite(top);
+  bool nan = std::isnan(top);
   for (int i = 1; i < V; ++i) {
     float x = row[i];
-    finite &= std::isfinite(x);
+    nan |= std::isnan(x);
     if (x > top) top = x, best = i;
   }
-  if (!finite) non_finite();
+  if (nan || !std::isfinite(top)) non_finite();
   return best;
 }
 
 void probs(const float* logits, int V, const SamplingConfig& cfg, double* p, ProbScratch& s) {
   double top = -std::numeric_limits<double>::infinity();
-  for (int i = 0; i < V; ++i) {
-    if (!std::isfinite(logits[i])) non_finite();
+  for (int i = 0; i < V; ++i) {  // -inf: a masked token (probability 0); NaN or a +inf top: broken
+    if (std::isnan(logits[i])) non_finite();
     p[i] = double(logits[i]) / cfg.temperature;
     top = std::max(top, p[i]);
   }
+  if (!std::isfinite(top)) non_finite();
   double kth = -std::numeric_limits<double>::infinity();
   if (cfg.top_k > 0 && cfg.top_k < V) {
     s.values.assign(p, p + V);
