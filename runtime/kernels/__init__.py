@@ -53,17 +53,15 @@ def form_for(bundle_has_graphs: bool, wanted: bool = True) -> tuple[str, str]:
         return "none", "the bundle has no kernel graphs (python -m specrt.export.kernel_graph BUNDLE adds them)"
     if not wanted:
         return "none", "--no-kernels"
-    if not available():
-        return "none", f"the kernel library is not built (make kernels; looked for {library_path_name()})"
+    try:
+        library_path()
+    except KernelsMissing as e:  # its message names where it looked and how to build it
+        return "none", str(e)
     form = isa()
     if form == "ref":
         return "none", ("this CPU has no fast form (AVX-512 VNNI or AMX): onnxruntime's MatMulNBits and "
                         "attention run instead")
     return form, ""
-
-
-def library_path_name() -> str:
-    return os.environ.get("SPECRT_KERNELS") or str(LIBRARY)
 
 
 def register(options) -> None:
