@@ -34,6 +34,7 @@ Engine::Engine(const std::string& folder, const specrt_open_options& o) : folder
   if (want_draft) load_draft();
   ngram_ = std::make_unique<NgramDrafter>(max_k_);
   generator_ = std::make_unique<Generator>(*models_[0]);
+  for (auto& m : models_) m->warm();
   if (o.hugepages) {  // what the load added, onto 2 MiB pages (runtime/bundle/hugepages.py)
     auto after = anonymous_pages();
     std::set<uintptr_t> added;

@@ -59,6 +59,14 @@ void Model::bind_kv(Ort::IoBinding& io, const std::string& past_key, const std::
   }
 }
 
+void Model::warm() {
+  std::vector<int64_t> tokens(size_t(max_prefill_t), 0);
+  int rows = 0;
+  run(tokens.data(), max_prefill_t, 0, 0, &rows);
+  run(tokens.data(), std::min(min_t, max_prefill_t), 0, 1, &rows);
+  length = 0;
+}
+
 void Model::check_call(int T, int past, int width) const {
   if (T < 1 || T > max_prefill_t || past < 0 || past + width > capacity())
     fail(SPECRT_ERR_INTERNAL, name + ": " + std::to_string(T) + " tokens at " + std::to_string(past) +

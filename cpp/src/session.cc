@@ -20,6 +20,10 @@ Ort::SessionOptions session_options(const SessionConfig& config) {
   int threads = config.threads > 0 ? config.threads : static_cast<int>(std::thread::hardware_concurrency());
   so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
   so.SetExecutionMode(ExecutionMode::ORT_SEQUENTIAL);
+  // onnxruntime caches an allocation plan per distinct set of input shapes; the bundle graph's
+  // attention_mask grows with the context, so that cache would grow with every new length
+  // (docs/cpp.md, "Memory")
+  so.DisableMemPattern();
   so.SetLogSeverityLevel(3);
   so.SetIntraOpNumThreads(threads > 0 ? threads : 1);
   so.SetInterOpNumThreads(1);

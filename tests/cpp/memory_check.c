@@ -1,7 +1,7 @@
 /* Opens a bundle, generates 100 times (drafters, sampling and seeds varied; the same prompt and
    length), and prints the process's resident anonymous memory (RssAnon: the heap, onnxruntime's
    arena, the KV and other buffers; not the pages of mapped files and code) after the first and
-   after the last generation, in kB (tests/cpp/test_cpp_tiny.py).
+   after the 10th and after the last generation, in kB (tests/cpp/test_cpp_tiny.py).
      memory_check BUNDLE MAX_NEW_TOKENS */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +26,7 @@ int main(int argc, char **argv) {
   specrt_open_options options;
   specrt_generate_params params;
   specrt_model *model = NULL;
-  long first = 0, last = 0;
+  long first = 0, tenth = 0, last = 0;
   size_t n = 0;
   int i;
   if (argc != 3) return 2;
@@ -49,9 +49,10 @@ int main(int argc, char **argv) {
       return 1;
     }
     if (i == 0) first = rss_kb();
+    if (i == 9) tenth = rss_kb();
   }
   last = rss_kb();
   specrt_close(model);
-  printf("%ld %ld\n", first, last);
+  printf("%ld %ld %ld\n", first, tenth, last);
   return 0;
 }

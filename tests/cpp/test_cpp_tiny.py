@@ -116,13 +116,15 @@ def test_sampling_follows_the_target(bundles, name, draft, cfg, tmp_path):
 
 
 def test_memory_is_flat_over_100_generations(bundles, tmp_path):
-    """Every buffer of the library's own is allocated at open, so a generation allocates nothing
-    that stays: anonymous memory after the 100th generation (drafters, sampling and seeds varied)
-    is what it was after the first, but for onnxruntime's own caches and arena, which settle
-    within the first generations (measured: ~50 kB here, 0.6 MB on the default bundle,
-    reached by its 10th generation; a leak of 10 kB a generation would show as 1 MB)."""
+    """Every buffer of the library's own is allocated at open, and open runs each model's widest and
+    narrowest call once, so onnxruntime's arena reaches its high-water mark there: a generation
+    allocates nothing that stays. Anonymous memory (drafters, sampling and seeds varied) is the same
+    after the 100th generation as after the 10th, and within 256 kB of the first: what stays after
+    the first are onnxruntime's one-time marks when a request first takes another path (measured
+    150-180 kB, all by the 5th generation; its live heap is flat to 2 kB, docs/cpp.md "Memory").
+    A leak of 1 kB a generation fails the first check."""
     exe = compile_program(HERE / "memory_check.c", tmp_path / "memory_check")
     r = subprocess.run([str(exe), str(bundles["bad"]), "40"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    first, last = map(int, r.stdout.split())
-    assert 0 < first and last - first < 1024, (first, last)
+    first, tenth, last = map(int, r.stdout.split())
+    assert 0 < first and last - tenth <= 16 and last - first < 256, (first, tenth, last)
