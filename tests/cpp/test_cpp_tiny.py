@@ -27,7 +27,8 @@ PROMPT = [1, 5, 9, 33, 7, 5, 9]  # ends in a repeat: n-gram lookup proposes
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
     """bad: a separate random draft; int8: the target's int8 self-draft; kv16: a separate draft
-    (the target itself) with float16 KV buffers."""
+    (the target itself) with float16 KV buffers; vsub: a separate int4 draft (the target) whose head
+    keeps 40 tokens of the vocabulary (-inf logits elsewhere, as engines/coder's draft)."""
     from specrt.export import export_bundle
 
     base = tmp_path_factory.mktemp("cpp-tiny")
@@ -37,10 +38,11 @@ def bundles(tmp_path_factory):
     export_bundle(target, base / "bad", draft=bad, **kw)
     export_bundle(target, base / "int8", draft="self-int8", **kw)
     export_bundle(target, base / "kv16", draft=target, kv_dtype="fp16", **kw)
-    return {name: base / name for name in ("bad", "int8", "kv16")}
+    export_bundle(target, base / "vsub", draft=target, draft_precision="int4", draft_vocab=40, **kw)
+    return {name: base / name for name in ("bad", "int8", "kv16", "vsub")}
 
 
-@pytest.mark.parametrize("name", ["bad", "int8", "kv16"])
+@pytest.mark.parametrize("name", ["bad", "int8", "kv16", "vsub"])
 def test_tiny_greedy_is_target_only(bundles, name):
     prompts = [PROMPT, [1, 20, 21, 22, 23, 20, 21, 22], list(range(3, 90))]  # the last: two prompt chunks
     with specrt.load(bundles[name], draft="none", max_batch=1, prefix_cache=False) as pipe:
@@ -71,7 +73,8 @@ def test_adaptive_k_drafts_less_where_drafts_fail(bundles):
 
 
 CASES = [("bad", "model", SamplingConfig(1.0)), ("bad", "ngram", SamplingConfig(1.2, top_k=10)),
-         ("bad", "model", SamplingConfig(0.8, top_p=0.9)), ("int8", "model", SamplingConfig(1.0))]
+         ("bad", "model", SamplingConfig(0.8, top_p=0.9)), ("int8", "model", SamplingConfig(1.0)),
+         ("vsub", "model", SamplingConfig(0.9, top_p=0.95))]
 
 
 def _fits(samples: np.ndarray, p: np.ndarray) -> float:
