@@ -124,26 +124,31 @@ $(ORT_HEADERS)/onnxruntime_c_api.h:
 
 KERNEL_SOURCES := $(wildcard native/*.cc native/*.h)
 PORTABLE := ort_ops attention_op qmatmul_ref attention_ref qmatmul_ggml_op qmatmul_ggml_ref
+# Each fast form is compiled for its instruction set alone (per file) and called only where the
+# CPU has it (best_isa(), native/ort_ops.cc), so the library loads on any x86-64.
 X86 := qmatmul_x86 attention_x86 qmatmul_ggml_x86
+AVX2 := qmatmul_avx2 attention_avx2 qmatmul_ggml_avx2
+AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vnni -mamx-tile -mamx-int8 -Wno-maybe-uninitialized -Wno-uninitialized
+AVX2_FLAGS := -mavx2 -mfma -mf16c
 
 $(KERNELS): $(KERNEL_SOURCES) $(ORT_HEADERS)/onnxruntime_c_api.h
 	mkdir -p .cache/kernels
 	for f in $(PORTABLE); do g++ $(KERNEL_FLAGS) -c native/$$f.cc -o .cache/kernels/$$f.o || exit 1; done
-	for f in $(X86); do g++ $(KERNEL_FLAGS) -mavx512f -mavx512bw -mavx512vnni -mamx-tile -mamx-int8 \
-	  -Wno-maybe-uninitialized -Wno-uninitialized -c native/$$f.cc -o .cache/kernels/$$f.o || exit 1; done
-	g++ -shared -o $@ $(patsubst %,.cache/kernels/%.o,$(PORTABLE) $(X86))
+	for f in $(X86); do g++ $(KERNEL_FLAGS) $(AVX512_FLAGS) -c native/$$f.cc -o .cache/kernels/$$f.o || exit 1; done
+	for f in $(AVX2); do g++ $(KERNEL_FLAGS) $(AVX2_FLAGS) -c native/$$f.cc -o .cache/kernels/$$f.o || exit 1; done
+	g++ -shared -o $@ $(patsubst %,.cache/kernels/%.o,$(PORTABLE) $(X86) $(AVX2))
 
 kernels: $(KERNELS)
 
-# The library with a wrong VNNI form of QMatMulGGML (native/qmatmul_ggml_x86.cc SPECRT_MUTANT: one
-# sum reordered), which tests/runtime/kernels/test_qmatmul_ggml.py must catch.
+# The library with wrong VNNI and AVX2 forms of QMatMulGGML (native/qmatmul_ggml_{x86,avx2}.cc
+# SPECRT_MUTANT: one sum reordered), which tests/runtime/kernels/test_qmatmul_ggml.py must catch.
 MUTANT := .cache/kernels-mutant/libspecrt_kernels.so
 $(MUTANT): $(KERNELS)
 	mkdir -p .cache/kernels-mutant
-	g++ $(KERNEL_FLAGS) -mavx512f -mavx512bw -mavx512vnni -DSPECRT_MUTANT -c native/qmatmul_ggml_x86.cc \
-	  -o .cache/kernels-mutant/qmatmul_ggml_x86.o
-	g++ -shared -o $@ $(patsubst %,.cache/kernels/%.o,$(PORTABLE) $(filter-out qmatmul_ggml_x86,$(X86))) \
-	  .cache/kernels-mutant/qmatmul_ggml_x86.o
+	g++ $(KERNEL_FLAGS) $(AVX512_FLAGS) -DSPECRT_MUTANT -c native/qmatmul_ggml_x86.cc -o .cache/kernels-mutant/qmatmul_ggml_x86.o
+	g++ $(KERNEL_FLAGS) $(AVX2_FLAGS) -DSPECRT_MUTANT -c native/qmatmul_ggml_avx2.cc -o .cache/kernels-mutant/qmatmul_ggml_avx2.o
+	g++ -shared -o $@ $(patsubst %,.cache/kernels/%.o,$(PORTABLE) $(filter-out qmatmul_ggml_x86 qmatmul_ggml_avx2,$(X86) $(AVX2))) \
+	  .cache/kernels-mutant/qmatmul_ggml_x86.o .cache/kernels-mutant/qmatmul_ggml_avx2.o
 
 kernels-mutant: $(MUTANT)
 

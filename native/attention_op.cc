@@ -48,7 +48,7 @@ struct Job {
 void run_unit(void* p, size_t i) {
   const Job& j = *static_cast<Job*>(p);
   const Unit& u = (*j.units)[i];
-  (j.isa >= kVnni ? attend_avx512 : attend_ref)(*j.c, u.lane, u.g, u.e0, u.e1);
+  (j.isa >= kVnni ? attend_avx512 : j.isa == kAvx2 ? attend_avx2 : attend_ref)(*j.c, u.lane, u.g, u.e0, u.e1);
 }
 
 // The index inputs, checked: per lane its first position and first entry; per entry the packed

@@ -209,7 +209,7 @@ def kernel_model(graph) -> bytes:
     return m.SerializeToString()
 
 
-ISA_FORMS = ("ref", "vnni", "amx")  # specrt's operators' instruction-set forms, lowest first (native/ort_glue.h)
+ISA_FORMS = ("ref", "avx2", "vnni", "amx")  # specrt's operators' instruction-set forms, lowest first (native/ort_glue.h)
 
 
 def isa_forms(forms: tuple[str, ...] = ISA_FORMS) -> list:
@@ -227,7 +227,7 @@ def isa_forms(forms: tuple[str, ...] = ISA_FORMS) -> list:
 
 def kernel_session(blob: bytes, form: str, monkeypatch, threads: int = 2):
     """An onnxruntime session over `blob` with specrt's operators in instruction-set form `form`
-    (ref | vnni | amx; SPECRT_KERNELS_ISA is read when the session creates its kernels)."""
+    (ref | avx2 | vnni | amx; SPECRT_KERNELS_ISA is read when the session creates its kernels)."""
     import onnxruntime as ort
 
     from specrt.runtime import kernels
