@@ -11,9 +11,15 @@ namespace specrt {
 
 extern const OrtApi* g_api;
 
+// The forms of this architecture, lowest first. x86-64: kAvx2 is AVX2 with FMA and F16C
+// (x86-64-v3), kVnni AVX-512 F/BW with VNNI, kAmx that with AMX (QMatMul4/8's wide calls).
+// ARM64: kNeon is ARMv8-A's Advanced SIMD, kDotprod that with the dot-product extension (sdot).
+#if defined(__aarch64__)
+enum Isa { kRef = 0, kNeon = 1, kDotprod = 2 };
+#else
 enum Isa { kRef = 0, kAvx2 = 1, kVnni = 2, kAmx = 3 };
-// The best the CPU has, lowered by SPECRT_KERNELS_ISA=ref|avx2|vnni (tests compare the forms).
-// kAvx2 is AVX2 with FMA and F16C (x86-64-v3); kVnni AVX-512 F/BW/VL with VNNI.
+#endif
+// The best the CPU has, lowered by SPECRT_KERNELS_ISA=<a lower form's name> (tests compare the forms).
 int best_isa();
 
 // x -> its int8 blocks (qmatmul.h's quantize) in the form for `isa`: the same bits in each.

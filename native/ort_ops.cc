@@ -7,9 +7,14 @@
 //            bias float [N] (optional)
 //   attrs:   K, N; QMatMul8: block_size (16 or 32; QMatMul4's is 32);  output: y float [..., N]
 // Work is split over column tiles with onnxruntime's intra-op pool (KernelContext_ParallelFor).
+#if defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#else
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <cstdlib>
@@ -28,6 +33,13 @@ const OrtApi* g_api = nullptr;
 
 namespace {
 
+#if defined(__aarch64__)
+const char* const kIsaNames[] = {"ref", "neon", "dotprod"};
+
+int detect() {  // Advanced SIMD is part of ARMv8-A; sdot is the dot-product extension (ASIMDDP)
+  return getauxval(AT_HWCAP) & HWCAP_ASIMDDP ? kDotprod : kNeon;
+}
+#else
 const char* const kIsaNames[] = {"ref", "avx2", "vnni", "amx"};
 
 bool os_saves(uint64_t mask) {
@@ -48,10 +60,15 @@ int detect() {
                    syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
   return amx ? kAmx : kVnni;
 }
+#endif
 
 }  // namespace
 
+#if defined(__aarch64__)
+Quantizer quantizer(int) { return quantize; }
+#else
 Quantizer quantizer(int isa) { return isa >= kVnni ? quantize_avx512 : isa == kAvx2 ? quantize_avx2 : quantize; }
+#endif
 
 int best_isa() {
   static const int found = detect();
@@ -83,6 +100,9 @@ void run_chunk(void* p, size_t i) {
   const Job& j = *static_cast<Job*>(p);
   const int64_t t0 = static_cast<int64_t>(i) * j.tiles_per_chunk;
   const int64_t t1 = std::min(t0 + j.tiles_per_chunk, j.s.N / kTile);
+#if defined(__aarch64__)
+  (j.isa == kDotprod ? matmul_dotprod : j.isa == kNeon ? matmul_neon : matmul_ref)(*j.a, *j.w, j.s, j.y, t0, t1);
+#else
   if (j.isa == kAmx && j.s.M >= kAmxMinRows)
     matmul_amx(*j.a, *j.w, j.s, j.y, t0, t1);
   else if (j.isa >= kVnni)
@@ -91,6 +111,7 @@ void run_chunk(void* p, size_t i) {
     matmul_avx2(*j.a, *j.w, j.s, j.y, t0, t1);
   else
     matmul_ref(*j.a, *j.w, j.s, j.y, t0, t1);
+#endif
 }
 
 OrtStatus* fail(const std::string& msg) { return specrt::fail("QMatMul", msg); }
@@ -243,5 +264,5 @@ SPECRT_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* optio
   return api->AddCustomOpDomain(options, g_domain);
 }
 
-// The instruction set the operators run with here: "amx", "vnni", "avx2" or "ref".
+// The instruction set the operators run with here: "amx", "vnni", "avx2", "dotprod", "neon" or "ref".
 SPECRT_EXPORT const char* specrt_kernels_isa() { return kIsaNames[best_isa()]; }

@@ -52,5 +52,7 @@ void matmul_ref(const Activations& a, const Weights& w, const Shape& s, float* y
 void matmul_avx2(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
 void matmul_vnni(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
 void matmul_amx(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
+void matmul_neon(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
+void matmul_dotprod(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
 
 }  // namespace specrt

@@ -4,7 +4,7 @@
 //
 // Half tiles (8 of a tile's 16 columns): a 64-byte chunk's half is one register of 8 columns x
 // 4 codes. A chunk's dot is vpmaddubsw (u8 x s8 pairs -> s16) then vpmaddwd by ones (-> s32).
-// 4-bit codes (<= 15) keep 4 chunks' pairs within int16 (4 * 2 * 15 * 127 = 15240); 8-bit codes
+// 4-bit codes (<= 15) keep all 8 chunks' pairs within int16 (8 * 2 * 15 * 127 = 30480); 8-bit codes
 // (<= 255) would saturate a pair, so they are taken as code - 128 (|c| against q with c's sign,
 // a pair <= 2 * 128 * 127 = 32512) and 128 * sum(q) is added back.
 #include <immintrin.h>
@@ -40,11 +40,9 @@ inline __m256i block_dot(const __m256i* v, const int32_t* q) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i acc = _mm256_setzero_si256();
   if constexpr (BITS == 4) {
-    for (int h = 0; h < 2; ++h) {
-      __m256i s = _mm256_maddubs_epi16(v[4 * h], _mm256_set1_epi32(q[4 * h]));
-      for (int j = 1; j < 4; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[4 * h + j], _mm256_set1_epi32(q[4 * h + j])));
-      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, ones));
-    }
+    __m256i s = _mm256_maddubs_epi16(v[0], _mm256_set1_epi32(q[0]));
+    for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], _mm256_set1_epi32(q[j])));
+    acc = _mm256_madd_epi16(s, ones);
   } else {
     for (int j = 0; j < BLK / 4; ++j) {
       const __m256i qb = _mm256_set1_epi32(q[j]);

@@ -77,5 +77,7 @@ int64_t zero_sums_count(int64_t M, int64_t K, int type);  // zs's length
 void ggml_ref(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);
 void ggml_avx2(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);
 void ggml_vnni(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);
+void ggml_neon(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);
+void ggml_dotprod(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);
 
 }  // namespace specrt

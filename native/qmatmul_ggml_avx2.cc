@@ -55,6 +55,15 @@ inline __m256i dot16(const __m256i* v, const int32_t* q) {
   return acc;
 }
 
+// The 32-block's dot over all 32 codes of 4 bits (<= 15: the 8 chunks' pairs stay within int16,
+// 8 * 2 * 15 * 127 = 30480), one widening.
+inline __m256i dot32_nibbles(const __m256i* v, const int8_t* q8) {
+  const int32_t* q = reinterpret_cast<const int32_t*>(q8);
+  __m256i s = _mm256_maddubs_epi16(v[0], _mm256_set1_epi32(q[0]));
+  for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], _mm256_set1_epi32(q[j])));
+  return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+}
+
 // The 32-block's dots over its first and last 16 codes.
 template <int GROUP, bool SIGNED = false>
 inline void halves(const __m256i* v, const int8_t* q8, __m256i* lo, __m256i* hi) {
@@ -85,13 +94,13 @@ struct Legacy {
     k->d = hd.d;
   }
   static __m256 step(__m256 acc, const Blk& k, const Row& r, int64_t b) {
-    __m256i lo, hi, dot;
+    __m256i dot;
     if constexpr (TYPE == kQ8_0) {  // the weights are signed here: no zero point to take out
+      __m256i lo, hi;
       halves<1, true>(k.v, r.q + 32 * b, &lo, &hi);
       dot = _mm256_add_epi32(lo, hi);
     } else {
-      halves<4>(k.v, r.q + 32 * b, &lo, &hi);
-      dot = _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_set1_epi32(r.zs[b]));
+      dot = _mm256_sub_epi32(dot32_nibbles(k.v, r.q + 32 * b), _mm256_set1_epi32(r.zs[b]));
     }
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(k.d, _mm256_set1_ps(r.sa[b])), acc);
   }
@@ -140,10 +149,16 @@ struct KQuant {
     k->min = hd.min[j];
   }
   static __m256 step(__m256 acc, const Blk& k, const Row& r, int64_t b) {
-    __m256i lo, hi;
-    halves<4>(k.v, r.q + 32 * b, &lo, &hi);
+    __m256i dot;
+    if constexpr (FIFTH) {
+      __m256i lo, hi;
+      halves<4>(k.v, r.q + 32 * b, &lo, &hi);
+      dot = _mm256_add_epi32(lo, hi);
+    } else {
+      dot = dot32_nibbles(k.v, r.q + 32 * b);
+    }
     const __m256 scale = _mm256_mul_ps(_mm256_load_ps(k.scale), _mm256_set1_ps(r.sa[b]));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), scale, acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc);
     return _mm256_fmadd_ps(_mm256_load_ps(k.min), _mm256_set1_ps(r.qsa[b]), acc);
   }
 };

@@ -32,7 +32,11 @@ constexpr int64_t kChunkTiles = 8;
 void run_chunk(void* p, size_t i) {
   const Job& j = *static_cast<Job*>(p);
   const int64_t t0 = static_cast<int64_t>(i) * kChunkTiles, t1 = std::min(t0 + kChunkTiles, j.s.N / kTile);
+#if defined(__aarch64__)
+  (j.isa == kDotprod ? ggml_dotprod : j.isa == kNeon ? ggml_neon : ggml_ref)(*j.a, *j.w, j.s, j.y, t0, t1);
+#else
   (j.isa >= kVnni ? ggml_vnni : j.isa == kAvx2 ? ggml_avx2 : ggml_ref)(*j.a, *j.w, j.s, j.y, t0, t1);
+#endif
 }
 
 OrtStatus* fail(const std::string& msg) { return specrt::fail("QMatMulGGML", msg); }

@@ -16,7 +16,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from onnx import TensorProto, helper, numpy_helper
 
-from checks import isa_forms, kernel_model
+from checks import FAST_FORMS, isa_forms, kernel_model
 from checks import kernel_session as session
 from paths import ROOT
 from specrt.export.gguf_blocks import import_blocks
@@ -122,10 +122,10 @@ def test_a_row_is_the_same_bits_in_any_call(type_name, isa, monkeypatch):
     rows_any_call(blob, isa, monkeypatch, x, want)
 
 
-@pytest.mark.parametrize("isa", isa_forms(("avx2", "vnni")))
+@pytest.mark.parametrize("isa", isa_forms(FAST_FORMS))
 def test_a_form_that_reorders_one_sum_is_caught(isa, monkeypatch):
-    """The library built with SPECRT_MUTANT (its AVX2 and VNNI forms add each block's terms to
-    the accumulator last, in blocks of 4 rows) must fail the test above, in each form."""
+    """The library built with SPECRT_MUTANT (its fast forms add each block's terms to the
+    accumulator last, in blocks of 4 rows) must fail the test above, in each form."""
     if not (shutil.which("make") and shutil.which("g++")):
         pytest.skip("the mutant library needs make and g++")
     built = subprocess.run(["make", "-s", "kernels-mutant"], cwd=ROOT, capture_output=True, text=True, timeout=300)
