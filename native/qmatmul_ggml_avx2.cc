@@ -229,41 +229,48 @@ struct Call {
   const uint8_t* record(int64_t t, int64_t i) const { return w.blocks + (t * ns + i) * rb; }
 };
 
-// MR rows x one half tile (hf = 2 * tile + half) in registers over all of K: 8 code vectors and
-// MR accumulators of AVX2's 16 registers.
-template <class T, int MR>
-void rows_half(const Call& c, int64_t m0, int64_t hf) {
-  const int64_t t = hf / 2;
-  const int h = static_cast<int>(hf % 2);
-  __m256 acc[MR];
-  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+// MR rows x NH half tiles from hf (= 2 * tile + half) in registers over all of K: NH = 1 keeps a
+// half's 8 code vectors and MR accumulators within AVX2's 16 registers; one row takes both halves
+// of a tile (NH = 2: two independent accumulator chains, the codes used as they load).
+template <class T, int MR, int NH>
+void rows_halves(const Call& c, int64_t m0, int64_t hf) {
+  __m256 acc[MR][NH];
+  for (int i = 0; i < MR; ++i)
+    for (int u = 0; u < NH; ++u) acc[i][u] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < c.ns; ++sb) {
-    const uint8_t* rec = c.record(t, sb);
-    typename T::Head head;
-    T::head(rec, h, &head);
+    typename T::Head head[NH];
+    for (int u = 0; u < NH; ++u) T::head(c.record((hf + u) / 2, sb), static_cast<int>((hf + u) % 2), &head[u]);
     for (int j = 0; j < T::kSuper / 32; ++j) {
-      typename T::Blk blk;
-      T::load_blk(rec, j, h, head, &blk);
       const int64_t b = sb * (T::kSuper / 32) + j;
-      for (int i = 0; i < MR; ++i) acc[i] = apply<T, MR>(acc[i], blk, c.row(m0 + i), b);
+      for (int u = 0; u < NH; ++u) {
+        typename T::Blk blk;
+        T::load_blk(c.record((hf + u) / 2, sb), j, static_cast<int>((hf + u) % 2), head[u], &blk);
+        for (int i = 0; i < MR; ++i) acc[i][u] = apply<T, MR>(acc[i][u], blk, c.row(m0 + i), b);
+      }
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    const __m256 out = c.w.bias ? _mm256_add_ps(acc[i], _mm256_loadu_ps(c.w.bias + 8 * hf)) : acc[i];
-    _mm256_storeu_ps(c.y + (m0 + i) * c.s.N + 8 * hf, out);
-  }
+  for (int i = 0; i < MR; ++i)
+    for (int u = 0; u < NH; ++u) {
+      const int64_t o = 8 * (hf + u);
+      const __m256 out = c.w.bias ? _mm256_add_ps(acc[i][u], _mm256_loadu_ps(c.w.bias + o)) : acc[i][u];
+      _mm256_storeu_ps(c.y + (m0 + i) * c.s.N + o, out);
+    }
 }
 
 template <class T>
 void avx2(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
   const Call c = Call::make<T>(a, w, s, y);
+  if (s.M == 1) {
+    for (int64_t hf = 2 * t0; hf < 2 * t1; hf += 2) rows_halves<T, 1, 2>(c, 0, hf);
+    return;
+  }
   for (int64_t hf = 2 * t0; hf < 2 * t1; ++hf) {
     int64_t m = 0;
-    for (; m + 4 <= s.M; m += 4) rows_half<T, 4>(c, m, hf);
+    for (; m + 4 <= s.M; m += 4) rows_halves<T, 4, 1>(c, m, hf);
     switch (s.M - m) {
-      case 3: rows_half<T, 3>(c, m, hf); break;
-      case 2: rows_half<T, 2>(c, m, hf); break;
-      case 1: rows_half<T, 1>(c, m, hf); break;
+      case 3: rows_halves<T, 3, 1>(c, m, hf); break;
+      case 2: rows_halves<T, 2, 1>(c, m, hf); break;
+      case 1: rows_halves<T, 1, 1>(c, m, hf); break;
       default: break;
     }
   }
