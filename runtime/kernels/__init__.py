@@ -4,7 +4,8 @@ The library registers domain "specrt" with QMatMul4 and QMatMul8, 4-bit and 8-bi
 whose activations are quantized per row and 32-block to int8 (a block's dot product is an exact
 integer), and PackedAttention, attention over every lane of a packed call with fixed softmax
 chunks. Every output takes the same float steps whatever the call's rows, threads or instruction
-set (AMX, AVX-512 VNNI, AVX2, or portable C++). `runtime/kernels/layout.py` packs weights into its layout.
+set (AMX, AVX-512 VNNI, AVX2; NEON with or without sdot on ARM64; or portable C++).
+`runtime/kernels/layout.py` packs weights into its layout.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ LIBRARY = Path(__file__).with_name("libspecrt_kernels.so")
 
 
 # what a CPU needs for a fast form (native/ort_ops.cc best_isa)
-NEEDS = "x86-64 with AVX2, FMA and F16C, AVX-512 VNNI or AMX"
+NEEDS = "x86-64 with AVX2, FMA and F16C, AVX-512 VNNI or AMX; ARM64 NEON"
 
 
 class KernelsMissing(RuntimeError):
@@ -44,15 +45,15 @@ def available() -> bool:
 
 
 def fast() -> bool:
-    """Whether the library is built and this CPU runs it in a fast form (AMX, AVX-512 VNNI or
-    AVX2): the portable C++ form is the kernels' definition, far slower than onnxruntime's
+    """Whether the library is built and this CPU runs it in a fast form (AMX, AVX-512 VNNI,
+    AVX2, NEON): the portable C++ form is the kernels' definition, far slower than onnxruntime's
     MatMulNBits, so a load does not choose it."""
     return available() and isa() != "ref"
 
 
 def form_for(bundle_has_graphs: bool, wanted: bool = True) -> tuple[str, str]:
     """The form a CPU load of a bundle runs these operators in, and why not where it runs none:
-    ("amx" | "vnni" | "avx2", "") or ("none", reason naming what runs instead). The loader's
+    (a fast form's name, "") or ("none", reason naming what runs instead). The loader's
     choice (runtime/bundle/loader.py)."""
     if not bundle_has_graphs:
         return "none", "the bundle has no kernel graphs (python -m specrt.export.kernel_graph BUNDLE adds them)"
@@ -84,6 +85,7 @@ def _lib(path: str) -> ctypes.CDLL:
 
 
 def isa() -> str:
-    """The instruction set the operators run with on this CPU: "amx", "vnni", "avx2" or "ref"
-    (lowered by SPECRT_KERNELS_ISA=ref|avx2|vnni, read when a session creates its kernels)."""
+    """The instruction set the operators run with on this CPU: "amx", "vnni", "avx2" (x86-64),
+    "dotprod", "neon" (ARM64) or "ref", lowered by SPECRT_KERNELS_ISA=<a lower form's name>
+    (read when a session creates its kernels)."""
     return _lib(str(library_path())).specrt_kernels_isa().decode()
