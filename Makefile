@@ -11,7 +11,7 @@ PROMPT ?= Explain KV caches in two sentences.
 # 2 cores: corpus generation + training), then `make export-eagle`.
 HEAD := .cache/heads/smollm2-135m-instruct.eagle.safetensors
 
-.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant kernels-arm64 cpp lock drift clean
+.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant kernels-forms kernels-arm64 cpp lock drift clean
 
 LOCK := locks/dev.txt
 RUNTIME_LOCK := locks/runtime.txt
@@ -166,6 +166,16 @@ $(MUTANT): $(KERNELS)
 	  $(patsubst %,.cache/kernels-mutant/%.o,$(MUTANTS))
 
 kernels-mutant: $(MUTANT)
+
+# The same driver over this host's forms (tests/runtime/kernels/test_arm64.py), beside the
+# onnxruntime-level form tests: random shapes, each fast form against the portable one.
+HOST_FORMS_CHECK := .cache/kernels/kernel_forms
+$(HOST_FORMS_CHECK): tests/native/kernel_forms.cc $(KERNELS)
+	g++ -O2 -std=c++17 -Wall -Wextra -Inative -pthread $< \
+	  $(patsubst %,.cache/kernels/%.o,$(filter-out ort_ops attention_op qmatmul_ggml_op,$(PORTABLE)) $(FORMS)) -o $@
+
+kernels-forms: $(HOST_FORMS_CHECK)
+	$<
 
 # The ARM64 forms, checked from an x86-64 host (tests/runtime/kernels/test_arm64.py): the library
 # cross-compiled with Debian's aarch64 gcc, and tests/native/kernel_forms.cc (each form against
