@@ -11,7 +11,7 @@ PROMPT ?= Explain KV caches in two sentences.
 # 2 cores: corpus generation + training), then `make export-eagle`.
 HEAD := .cache/heads/smollm2-135m-instruct.eagle.safetensors
 
-.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant cpp lock drift clean
+.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant kernels-forms kernels-arm64 cpp lock drift clean
 
 LOCK := locks/dev.txt
 RUNTIME_LOCK := locks/runtime.txt
@@ -124,28 +124,89 @@ $(ORT_HEADERS)/onnxruntime_c_api.h:
 
 KERNEL_SOURCES := $(wildcard native/*.cc native/*.h)
 PORTABLE := ort_ops attention_op qmatmul_ref attention_ref qmatmul_ggml_op qmatmul_ggml_ref
-X86 := qmatmul_x86 attention_x86 qmatmul_ggml_x86
+# Each fast form is compiled for its instruction set alone (per object: FLAGS_x, from native/SRC_x
+# or native/x.cc) and called only where the CPU has it (best_isa(), native/ort_ops.cc), so the
+# library loads on any CPU of its architecture. x86-64: AVX-512 (VNNI, AMX) and AVX2 forms;
+# ARM64: NEON, and NEON with sdot (the same sources built with SPECRT_DOTPROD: native/arm_dot.h).
+# No x86 flag is ever passed on ARM64.
+X86_FORMS := qmatmul_x86 attention_x86 qmatmul_ggml_x86 qmatmul_avx2 attention_avx2 qmatmul_ggml_avx2
+ARM_FORMS := qmatmul_neon qmatmul_dotprod qmatmul_ggml_neon qmatmul_ggml_dotprod attention_neon
+AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vnni -mamx-tile -mamx-int8 -Wno-maybe-uninitialized -Wno-uninitialized
+AVX2_FLAGS := -mavx2 -mfma -mf16c
+NEON_FLAGS := -march=armv8-a
+DOTPROD_FLAGS := -march=armv8.2-a+dotprod -DSPECRT_DOTPROD
+$(foreach f,qmatmul_x86 attention_x86 qmatmul_ggml_x86,$(eval FLAGS_$(f) := $(AVX512_FLAGS)))
+$(foreach f,qmatmul_avx2 attention_avx2 qmatmul_ggml_avx2,$(eval FLAGS_$(f) := $(AVX2_FLAGS)))
+$(foreach f,qmatmul_neon qmatmul_ggml_neon attention_neon,$(eval FLAGS_$(f) := $(NEON_FLAGS)))
+$(foreach f,qmatmul qmatmul_ggml,$(eval FLAGS_$(f)_dotprod := $(DOTPROD_FLAGS))$(eval SRC_$(f)_dotprod := $(f)_neon))
+FORMS := $(if $(filter aarch64 arm64,$(shell uname -m)),$(ARM_FORMS),$(X86_FORMS))
+
+# $(call kernel_objects,COMPILER,DIR,FORMS): the portable objects and FORMS' into DIR
+define kernel_objects
+mkdir -p $(2)
+$(foreach f,$(PORTABLE),$(1) $(KERNEL_FLAGS) -c native/$(f).cc -o $(2)/$(f).o &&) true
+$(foreach f,$(3),$(1) $(KERNEL_FLAGS) $(FLAGS_$(f)) -c native/$(or $(SRC_$(f)),$(f)).cc -o $(2)/$(f).o &&) true
+endef
 
 $(KERNELS): $(KERNEL_SOURCES) $(ORT_HEADERS)/onnxruntime_c_api.h
-	mkdir -p .cache/kernels
-	for f in $(PORTABLE); do g++ $(KERNEL_FLAGS) -c native/$$f.cc -o .cache/kernels/$$f.o || exit 1; done
-	for f in $(X86); do g++ $(KERNEL_FLAGS) -mavx512f -mavx512bw -mavx512vnni -mamx-tile -mamx-int8 \
-	  -Wno-maybe-uninitialized -Wno-uninitialized -c native/$$f.cc -o .cache/kernels/$$f.o || exit 1; done
-	g++ -shared -o $@ $(patsubst %,.cache/kernels/%.o,$(PORTABLE) $(X86))
+	$(call kernel_objects,g++,.cache/kernels,$(FORMS))
+	g++ -shared -o $@ $(patsubst %,.cache/kernels/%.o,$(PORTABLE) $(FORMS))
 
 kernels: $(KERNELS)
 
-# The library with a wrong VNNI form of QMatMulGGML (native/qmatmul_ggml_x86.cc SPECRT_MUTANT: one
-# sum reordered), which tests/runtime/kernels/test_qmatmul_ggml.py must catch.
+# The library with wrong fast forms of QMatMulGGML (native/qmatmul_ggml_{x86,avx2,neon}.cc
+# SPECRT_MUTANT: one sum reordered), which tests/runtime/kernels/test_qmatmul_ggml.py must catch.
 MUTANT := .cache/kernels-mutant/libspecrt_kernels.so
+MUTANTS := $(filter qmatmul_ggml_%,$(FORMS))
 $(MUTANT): $(KERNELS)
 	mkdir -p .cache/kernels-mutant
-	g++ $(KERNEL_FLAGS) -mavx512f -mavx512bw -mavx512vnni -DSPECRT_MUTANT -c native/qmatmul_ggml_x86.cc \
-	  -o .cache/kernels-mutant/qmatmul_ggml_x86.o
-	g++ -shared -o $@ $(patsubst %,.cache/kernels/%.o,$(PORTABLE) $(filter-out qmatmul_ggml_x86,$(X86))) \
-	  .cache/kernels-mutant/qmatmul_ggml_x86.o
+	$(foreach f,$(MUTANTS),g++ $(KERNEL_FLAGS) $(FLAGS_$(f)) -DSPECRT_MUTANT -c native/$(or $(SRC_$(f)),$(f)).cc \
+	  -o .cache/kernels-mutant/$(f).o &&) true
+	g++ -shared -o $@ $(patsubst %,.cache/kernels/%.o,$(PORTABLE) $(filter-out $(MUTANTS),$(FORMS))) \
+	  $(patsubst %,.cache/kernels-mutant/%.o,$(MUTANTS))
 
 kernels-mutant: $(MUTANT)
+
+# The same driver over this host's forms (tests/runtime/kernels/test_arm64.py), beside the
+# onnxruntime-level form tests: random shapes, each fast form against the portable one.
+HOST_FORMS_CHECK := .cache/kernels/kernel_forms
+$(HOST_FORMS_CHECK): tests/native/kernel_forms.cc $(KERNELS)
+	g++ -O2 -std=c++17 -Wall -Wextra -Inative -pthread $< \
+	  $(patsubst %,.cache/kernels/%.o,$(filter-out ort_ops attention_op qmatmul_ggml_op,$(PORTABLE)) $(FORMS)) -o $@
+
+kernels-forms: $(HOST_FORMS_CHECK)
+	$<
+
+# The ARM64 forms, checked from an x86-64 host (tests/runtime/kernels/test_arm64.py): the library
+# cross-compiled with Debian's aarch64 gcc, and tests/native/kernel_forms.cc (each form against
+# the portable one, bit for bit) run under qemu-aarch64 as a CPU without the dot-product
+# extension (the NEON form) and as one with it (both forms); then the driver over a NEON form
+# built with SPECRT_MUTANT, which must differ. The toolchain and qemu-user-static come as pinned
+# Debian packages unpacked into .cache (tools/aarch64_cross.sh; no root, ~110 MB once).
+ARM_CROSS := .cache/aarch64-cross
+ARM_CXX := $(ARM_CROSS)/usr/bin/aarch64-linux-gnu-g++-12
+ARM_GXX := LD_LIBRARY_PATH=$(CURDIR)/$(ARM_CROSS)/usr/lib/x86_64-linux-gnu $(ARM_CXX) --sysroot=$(CURDIR)/$(ARM_CROSS)
+QEMU := $(ARM_CROSS)/usr/bin/qemu-aarch64-static
+ARM_BUILD := .cache/arm64
+ARM_KERNEL_OBJS := $(patsubst %,$(ARM_BUILD)/%.o,$(filter-out ort_ops attention_op qmatmul_ggml_op,$(PORTABLE)) $(ARM_FORMS))
+
+$(ARM_CXX):
+	tools/aarch64_cross.sh $(ARM_CROSS)
+
+$(ARM_BUILD)/libspecrt_kernels.so: $(KERNEL_SOURCES) $(ORT_HEADERS)/onnxruntime_c_api.h | $(ARM_CXX)
+	$(call kernel_objects,$(ARM_GXX),$(ARM_BUILD),$(ARM_FORMS))
+	$(ARM_GXX) -shared -o $@ $(patsubst %,$(ARM_BUILD)/%.o,$(PORTABLE) $(ARM_FORMS))
+
+$(ARM_BUILD)/kernel_forms: tests/native/kernel_forms.cc $(ARM_BUILD)/libspecrt_kernels.so
+	$(ARM_GXX) -O2 -std=c++17 -Wall -Wextra -Inative -static -pthread $< $(ARM_KERNEL_OBJS) -o $@
+	$(ARM_GXX) $(KERNEL_FLAGS) $(NEON_FLAGS) -DSPECRT_MUTANT -c native/qmatmul_ggml_neon.cc -o $(ARM_BUILD)/mutant.o
+	$(ARM_GXX) -O2 -std=c++17 -Inative -static -pthread $< $(filter-out %/qmatmul_ggml_neon.o,$(ARM_KERNEL_OBJS)) \
+	  $(ARM_BUILD)/mutant.o -o $@-mutant
+
+kernels-arm64: $(ARM_BUILD)/kernel_forms
+	$(QEMU) -cpu cortex-a53 $<
+	$(QEMU) -cpu max $<
+	$(QEMU) -cpu cortex-a53 $<-mutant --expect-mismatch 2>/dev/null
 
 # --- the C API and specrt-cpp (cpp/, docs/cpp.md) ------------------------------------------------
 # libspecrt.so (include: cpp/include/specrt.h) and the specrt-cpp program, in $(CPP_BUILD), linked

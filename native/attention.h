@@ -11,7 +11,7 @@
 //            acc = acc * alpha, acc += e_j * V_j (fma, j ascending); out = acc / l
 //   exp      one polynomial (exp_def), 0 below -80
 // So a row computes the same bits alone or beside any other rows, at any width, with any thread
-// split, in the portable form and the AVX-512 form (docs/design.md "Our own kernel").
+// split, in the portable form and the AVX2, AVX-512 and NEON forms (docs/design.md "Our own kernel").
 #pragma once
 #include <cstdint>
 
@@ -39,7 +39,7 @@ struct AttnCall {
   const int64_t* target;       // per lane entry: the packed token whose output it is, or -1
 };
 
-// exp as defined above (scalar; the AVX-512 form computes the same bits).
+// exp as defined above (scalar; the SIMD forms compute the same bits).
 float exp_def(float x);
 void rotate(const float* x, const float* cos, const float* sin, int64_t half, float* y);
 
@@ -48,6 +48,8 @@ void write_kv(const AttnCall& c, int64_t lane);
 
 // Lane `lane`, KV head `g`, entries [e0, e1): the outputs of those that have a target.
 void attend_ref(const AttnCall& c, int64_t lane, int64_t g, int64_t e0, int64_t e1);
+void attend_avx2(const AttnCall& c, int64_t lane, int64_t g, int64_t e0, int64_t e1);
 void attend_avx512(const AttnCall& c, int64_t lane, int64_t g, int64_t e0, int64_t e1);
+void attend_neon(const AttnCall& c, int64_t lane, int64_t g, int64_t e0, int64_t e1);
 
 }  // namespace specrt

@@ -48,7 +48,11 @@ struct Job {
 void run_unit(void* p, size_t i) {
   const Job& j = *static_cast<Job*>(p);
   const Unit& u = (*j.units)[i];
-  (j.isa >= kVnni ? attend_avx512 : attend_ref)(*j.c, u.lane, u.g, u.e0, u.e1);
+#if defined(__aarch64__)
+  (j.isa >= kNeon ? attend_neon : attend_ref)(*j.c, u.lane, u.g, u.e0, u.e1);
+#else
+  (j.isa >= kVnni ? attend_avx512 : j.isa == kAvx2 ? attend_avx2 : attend_ref)(*j.c, u.lane, u.g, u.e0, u.e1);
+#endif
 }
 
 // The index inputs, checked: per lane its first position and first entry; per entry the packed

@@ -11,9 +11,20 @@ namespace specrt {
 
 extern const OrtApi* g_api;
 
-enum Isa { kRef = 0, kVnni = 1, kAmx = 2 };
-// The best the CPU has, lowered by SPECRT_KERNELS_ISA=ref|vnni (tests compare the forms).
+// The forms of this architecture, lowest first. x86-64: kAvx2 is AVX2 with FMA and F16C
+// (x86-64-v3), kVnni AVX-512 F/BW with VNNI, kAmx that with AMX (QMatMul4/8's wide calls).
+// ARM64: kNeon is ARMv8-A's Advanced SIMD, kDotprod that with the dot-product extension (sdot).
+#if defined(__aarch64__)
+enum Isa { kRef = 0, kNeon = 1, kDotprod = 2 };
+#else
+enum Isa { kRef = 0, kAvx2 = 1, kVnni = 2, kAmx = 3 };
+#endif
+// The best the CPU has, lowered by SPECRT_KERNELS_ISA=<a lower form's name> (tests compare the forms).
 int best_isa();
+
+// x -> its int8 blocks (qmatmul.h's quantize) in the form for `isa`: the same bits in each.
+using Quantizer = void (*)(const float* x, int64_t M, int64_t K, int8_t* q, float* sa);
+Quantizer quantizer(int isa);
 
 #define SPECRT_TRY(expr)     \
   do {                       \

@@ -7,9 +7,14 @@
 //            bias float [N] (optional)
 //   attrs:   K, N; QMatMul8: block_size (16 or 32; QMatMul4's is 32);  output: y float [..., N]
 // Work is split over column tiles with onnxruntime's intra-op pool (KernelContext_ParallelFor).
+#if defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#else
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <cstdlib>
@@ -28,7 +33,14 @@ const OrtApi* g_api = nullptr;
 
 namespace {
 
-const char* const kIsaNames[] = {"ref", "vnni", "amx"};
+#if defined(__aarch64__)
+const char* const kIsaNames[] = {"ref", "neon", "dotprod"};
+
+int detect() {  // Advanced SIMD is part of ARMv8-A; sdot is the dot-product extension (ASIMDDP)
+  return getauxval(AT_HWCAP) & HWCAP_ASIMDDP ? kDotprod : kNeon;
+}
+#else
+const char* const kIsaNames[] = {"ref", "avx2", "vnni", "amx"};
 
 bool os_saves(uint64_t mask) {
   uint32_t lo, hi;
@@ -39,15 +51,24 @@ bool os_saves(uint64_t mask) {
 int detect() {
   unsigned a, b, c, d;
   if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || !(c & (1u << 27))) return kRef;  // OSXSAVE
+  const bool fma_f16c = (c & (1u << 12)) && (c & (1u << 28)) && (c & (1u << 29));  // FMA, AVX, F16C
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return kRef;
-  const bool avx512 = (b & (1u << 16)) && (b & (1u << 30)) && (c & (1u << 11)) && os_saves(0xE6);
-  if (!avx512) return kRef;
+  const bool avx2 = fma_f16c && (b & (1u << 5)) && os_saves(0x6);
+  const bool avx512 = avx2 && (b & (1u << 16)) && (b & (1u << 30)) && (c & (1u << 11)) && os_saves(0xE6);
+  if (!avx512) return avx2 ? kAvx2 : kRef;
   const bool amx = (d & (1u << 24)) && (d & (1u << 25)) && os_saves(0x60000) &&
                    syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
   return amx ? kAmx : kVnni;
 }
+#endif
 
 }  // namespace
+
+#if defined(__aarch64__)
+Quantizer quantizer(int) { return quantize; }
+#else
+Quantizer quantizer(int isa) { return isa >= kVnni ? quantize_avx512 : isa == kAvx2 ? quantize_avx2 : quantize; }
+#endif
 
 int best_isa() {
   static const int found = detect();
@@ -79,12 +100,18 @@ void run_chunk(void* p, size_t i) {
   const Job& j = *static_cast<Job*>(p);
   const int64_t t0 = static_cast<int64_t>(i) * j.tiles_per_chunk;
   const int64_t t1 = std::min(t0 + j.tiles_per_chunk, j.s.N / kTile);
+#if defined(__aarch64__)
+  (j.isa == kDotprod ? matmul_dotprod : j.isa == kNeon ? matmul_neon : matmul_ref)(*j.a, *j.w, j.s, j.y, t0, t1);
+#else
   if (j.isa == kAmx && j.s.M >= kAmxMinRows)
     matmul_amx(*j.a, *j.w, j.s, j.y, t0, t1);
   else if (j.isa >= kVnni)
     matmul_vnni(*j.a, *j.w, j.s, j.y, t0, t1);
+  else if (j.isa == kAvx2)
+    matmul_avx2(*j.a, *j.w, j.s, j.y, t0, t1);
   else
     matmul_ref(*j.a, *j.w, j.s, j.y, t0, t1);
+#endif
 }
 
 OrtStatus* fail(const std::string& msg) { return specrt::fail("QMatMul", msg); }
@@ -143,7 +170,7 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* ctx) {
   if (bias) TRY(data(bias, &w.bias));
   std::vector<int8_t> q(static_cast<size_t>(M * K));
   std::vector<float> sa(static_cast<size_t>(M * (K / kQBlock))), qsa(static_cast<size_t>(M * nb));
-  (k.isa >= kVnni ? quantize_avx512 : quantize)(xp, M, K, q.data(), sa.data());
+  quantizer(k.isa)(xp, M, K, q.data(), sa.data());
   if (min) block_sums(q.data(), sa.data(), M, K, k.block, qsa.data());
   const Activations a{q.data(), sa.data(), qsa.data()};
   Job job{&a, &w, {M, K, N, k.bits, k.block}, y, 8, k.isa};  // 8 tiles (128 columns) a chunk: tile pairs
@@ -237,5 +264,5 @@ SPECRT_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* optio
   return api->AddCustomOpDomain(options, g_domain);
 }
 
-// The instruction set the operators run with here: "amx", "vnni" or "ref".
+// The instruction set the operators run with here: "amx", "vnni", "avx2", "dotprod", "neon" or "ref".
 SPECRT_EXPORT const char* specrt_kernels_isa() { return kIsaNames[best_isa()]; }

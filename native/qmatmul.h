@@ -43,12 +43,16 @@ inline int64_t tile_bytes(const Shape& s) { return int64_t{kTile} * s.block * s.
 
 // x -> q, sa; then qsa at the weights' block.
 void quantize(const float* x, int64_t M, int64_t K, int8_t* q, float* sa);
+void quantize_avx2(const float* x, int64_t M, int64_t K, int8_t* q, float* sa);
 void quantize_avx512(const float* x, int64_t M, int64_t K, int8_t* q, float* sa);
 void block_sums(const int8_t* q, const float* sa, int64_t M, int64_t K, int block, float* qsa);
 
 // Column tiles [t0, t1) of y for every row. Each function computes the same bits.
 void matmul_ref(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
+void matmul_avx2(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
 void matmul_vnni(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
 void matmul_amx(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
+void matmul_neon(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
+void matmul_dotprod(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
 
 }  // namespace specrt

@@ -32,7 +32,11 @@ constexpr int64_t kChunkTiles = 8;
 void run_chunk(void* p, size_t i) {
   const Job& j = *static_cast<Job*>(p);
   const int64_t t0 = static_cast<int64_t>(i) * kChunkTiles, t1 = std::min(t0 + kChunkTiles, j.s.N / kTile);
-  (j.isa >= kVnni ? ggml_vnni : ggml_ref)(*j.a, *j.w, j.s, j.y, t0, t1);
+#if defined(__aarch64__)
+  (j.isa == kDotprod ? ggml_dotprod : j.isa == kNeon ? ggml_neon : ggml_ref)(*j.a, *j.w, j.s, j.y, t0, t1);
+#else
+  (j.isa >= kVnni ? ggml_vnni : j.isa == kAvx2 ? ggml_avx2 : ggml_ref)(*j.a, *j.w, j.s, j.y, t0, t1);
+#endif
 }
 
 OrtStatus* fail(const std::string& msg) { return specrt::fail("QMatMulGGML", msg); }
@@ -46,7 +50,7 @@ struct Quantized {
   BlockActs make(const float* x, int64_t M, int64_t K, int type, int isa) {
     q.resize(static_cast<size_t>(M * K));
     sa.resize(static_cast<size_t>(M * (K / kQBlock)));
-    (isa >= kVnni ? quantize_avx512 : quantize)(x, M, K, q.data(), sa.data());
+    quantizer(isa)(x, M, K, q.data(), sa.data());
     if (type == kQ4_K || type == kQ5_K) {
       qsa.resize(sa.size());
       block_sums(q.data(), sa.data(), M, K, kQBlock, qsa.data());

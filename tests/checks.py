@@ -209,7 +209,10 @@ def kernel_model(graph) -> bytes:
     return m.SerializeToString()
 
 
-ISA_FORMS = ("ref", "vnni", "amx")  # specrt's operators' instruction-set forms, lowest first (native/ort_glue.h)
+# specrt's operators' instruction-set forms on this architecture, lowest first (native/ort_glue.h)
+ARM64 = __import__("platform").machine() in ("aarch64", "arm64")
+ISA_FORMS = ("ref", "neon", "dotprod") if ARM64 else ("ref", "avx2", "vnni", "amx")
+FAST_FORMS = ISA_FORMS[1:3]  # the forms every operator has (AMX hosts run QMatMulGGML and attention in VNNI)
 
 
 def isa_forms(forms: tuple[str, ...] = ISA_FORMS) -> list:
@@ -227,7 +230,7 @@ def isa_forms(forms: tuple[str, ...] = ISA_FORMS) -> list:
 
 def kernel_session(blob: bytes, form: str, monkeypatch, threads: int = 2):
     """An onnxruntime session over `blob` with specrt's operators in instruction-set form `form`
-    (ref | vnni | amx; SPECRT_KERNELS_ISA is read when the session creates its kernels)."""
+    (one of ISA_FORMS; SPECRT_KERNELS_ISA is read when the session creates its kernels)."""
     import onnxruntime as ort
 
     from specrt.runtime import kernels

@@ -343,6 +343,28 @@ def test_serve_load_that_fails_after_the_port_opens_exits_2(tiny_bundles):
     r = _with_memory("10**12 if len(calls) == 1 else 100 * 2**20", "serve", "--engines", str(tiny_bundles["int8"]),
                      "--port", "0", "--max-batch", "4")
     assert r.returncode == 2 and "cannot load" in r.stderr and "not enough memory for 4 KV slots" in r.stderr, r.stderr
+    assert f"kernels={kernels.form_for(True)[0]}" in r.stderr.splitlines()[0], r.stderr  # the startup line
+
+
+def test_serve_says_once_what_runs_without_a_fast_kernel_form(tiny_bundles, monkeypatch):
+    """A load that runs none of specrt's operators (here forced: SPECRT_KERNELS_ISA=ref) says so in
+    the server's startup line, once, naming what runs instead."""
+    monkeypatch.setenv("SPECRT_KERNELS_ISA", "ref")
+    r = _with_memory("10**12 if len(calls) == 1 else 100 * 2**20", "serve", "--engines", str(tiny_bundles["int8"]),
+                     "--port", "0", "--max-batch", "4")
+    startup = r.stderr.splitlines()[0]
+    assert startup.startswith("specrt: serving ") and "kernels=none: SPECRT_KERNELS_ISA=ref" in startup, r.stderr
+    assert r.stderr.count("run instead") == 1 and "MatMulNBits and GroupQueryAttention run instead" in startup
+
+
+def test_a_cpu_without_a_fast_form_is_named(monkeypatch):
+    """Where the library runs only its portable form (an x86 CPU without AVX2, or ARM64 before
+    its form), the load's reason says what the CPU lacks and what runs instead."""
+    monkeypatch.delenv("SPECRT_KERNELS_ISA", raising=False)
+    monkeypatch.setattr(kernels, "isa", lambda: "ref")
+    form, why = kernels.form_for(True)
+    assert form == "none" and kernels.NEEDS in why and why.endswith("GroupQueryAttention run instead")
+    assert kernels.form_for(True, wanted=False) == ("none", "--no-kernels")
 
 
 def test_max_batch_takes_integers_or_auto(tiny_bundles):

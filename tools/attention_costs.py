@@ -4,11 +4,16 @@ beside it for the run, then removed), so only the attention differs. Median of -
 interleaved; prints markdown.
 
     python tools/attention_costs.py engines/coder [--max-seq-len 4608] [--reps 5]
+    python tools/attention_costs.py engines/coder --forms avx2,vnni
+
+--forms A,B: the kernel graph (PackedAttention and the projections' operators) in
+instruction-set forms A and B (SPECRT_KERNELS_ISA), interleaved, in place of the GQA comparison.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import numpy as np
@@ -39,15 +44,25 @@ def main() -> None:
     ap.add_argument("bundle", type=Path)
     ap.add_argument("--max-seq-len", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--forms", default=None, help="e.g. avx2,vnni: the kernel graph in these forms instead of GQA vs op")
     a = ap.parse_args()
     e = load_manifest(a.bundle).target
     pool = KVPool(e.kv, LANES, "cpu", max_seq_len=a.max_seq_len)
-    old_path = without_fusion(a.bundle, e)
+    forms = a.forms.split(",") if a.forms else None
+    old_path = None if forms else without_fusion(a.bundle, e)
     try:
-        new = PackedModel(a.bundle / e.packed.kernel_file(LANES), e, pool, lanes=LANES, track="n", kernels=True)
-        old = PackedModel(old_path, e, pool, lanes=LANES, track="o", kernels=True)
+        if forms:
+            arms = []
+            for f in forms:
+                os.environ["SPECRT_KERNELS_ISA"] = f  # read as each session creates its kernels
+                arms.append((f, PackedModel(a.bundle / e.packed.kernel_file(LANES), e, pool, lanes=LANES, track=f,
+                                            kernels=True)))
+        else:
+            arms = [("gqa", PackedModel(old_path, e, pool, lanes=LANES, track="o", kernels=True)),
+                    ("op", PackedModel(a.bundle / e.packed.kernel_file(LANES), e, pool, lanes=LANES, track="n",
+                                       kernels=True))]
         ids = np.arange(5, 5 + 600, dtype=np.int64)
-        pt = new.max_prefill_t
+        pt = arms[-1][1].max_prefill_t
         cases = [(1, 1, 512), (8, 1, 512), (8, 4, 512), (1, 1, 2000), (8, 1, 2000), (8, 4, 2000),
                  (1, pt, 0), (1, pt, 512), (1, pt, 1536)]
         if a.max_seq_len >= 4200:
@@ -56,15 +71,18 @@ def main() -> None:
         shapes = {}
         for rows, T, ctx in cases:
             seqs = [(s, ids[:T], ctx, 1 if T > 16 else None) for s in range(rows)]
-            for name, m in (("gqa", old), ("op", new)):
+            for name, m in arms:
                 shapes[(name, rows, T, ctx)] = lambda m=m, seqs=seqs: m.run_packed(seqs)
         med = interleaved_medians(shapes, a.reps)
     finally:
-        old_path.unlink()
+        if old_path:
+            old_path.unlink()
+    (g_name, _), (p_name, _) = arms[0], arms[-1]
+    heads = [f"kernel graph, {f}" for f, _ in arms] if forms else ["per-lane GQA", "PackedAttention"]
     print(f"{a.bundle}: ms per call, median of {a.reps}\n")
-    print("| rows x tokens | context | per-lane GQA | PackedAttention | ratio |\n| --- | --- | --- | --- | --- |")
+    print(f"| rows x tokens | context | {heads[0]} | {heads[-1]} | ratio |\n| --- | --- | --- | --- | --- |")
     for rows, T, ctx in cases:
-        g, p = med[("gqa", rows, T, ctx)], med[("op", rows, T, ctx)]
+        g, p = med[(g_name, rows, T, ctx)], med[(p_name, rows, T, ctx)]
         print(f"| {rows} x {T} | {ctx} | {g:.1f} | {p:.1f} | {g / p:.2f}x |")
 
 

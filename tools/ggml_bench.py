@@ -1,6 +1,7 @@
 """QMatMulGGML (a GGUF type's own blocks) against QMatMul4 / QMatMul8 over the same blocks, per call.
 
     python tools/qmatmul_bench.py --ggml [--shapes K:N:TYPE,...] [--rows 1,2,6,17] [--threads 1,2]
+    python tools/qmatmul_bench.py --ggml --forms avx2,vnni [...]
 
 Each shape's weight is random bytes of TYPE (every bit pattern is a block), in the two forms a
 load can run: the kernel graphs' QMatMul4 / QMatMul8 (export/gguf_blocks.py's fp32 scales and
@@ -8,6 +9,9 @@ mins, packed by runtime/kernels/layout.py, as export/kernel_graph.py writes them
 QMatMulGGML's records (export/kernel_blocks.py). Prints the median ms of each, their ratio and
 the bytes each streams, per shape, row count and thread count, then the sums over the shapes (by
 default one layer of the coder's Q4_K_M target and its LM head).
+
+--forms A,B: QMatMulGGML alone in instruction-set forms A and B (SPECRT_KERNELS_ISA, e.g. avx2
+against vnni), the sessions taking turns, with the ratio of the first form's time to the last's.
 """
 
 from __future__ import annotations
@@ -99,6 +103,50 @@ def cpu() -> str:
         return platform.processor()
 
 
+def form_sessions(blob: bytes, forms: list[str], threads: int) -> dict:
+    """One session over `blob` per instruction-set form (read when a session creates its kernels)."""
+    old = os.environ.get("SPECRT_KERNELS_ISA")
+    out = {}
+    for f in forms:
+        os.environ["SPECRT_KERNELS_ISA"] = f
+        out[f] = sessions({f: blob}, threads)[f]
+    if old is None:
+        os.environ.pop("SPECRT_KERNELS_ISA")
+    else:
+        os.environ["SPECRT_KERNELS_ISA"] = old
+    return out
+
+
+def compare_forms(a, forms: list[str], rows: list[int], threads: list[int]) -> None:
+    """QMatMulGGML in each form, per shape, rows and threads; the ratio of the first to the last."""
+    rng = np.random.default_rng(0)
+    first, last = forms[0], forms[-1]
+    print(f"{cpu()}; QMatMulGGML in forms {', '.join(forms)} (this CPU's best: {kernels.isa()}); "
+          f"{a.stat} ms of {a.reps}, the forms taking turns")
+    print("| K x N (type) | threads | rows | " + " | ".join(forms) + f" | {first} / {last} |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in forms) + " | --- |")
+    total: dict[tuple, float] = {}
+    for shape in a.shapes.split(","):
+        K, N, type_name = shape.split(":")
+        K, N = int(K), int(N)
+        blob, _ = blocks_form(random_blocks(type_name, N, K, rng), type_name, N, K)
+        for th in threads:
+            ss = form_sessions(blob, forms, th)
+            for m in rows:
+                ms = timed(ss, rng.standard_normal((m, K)).astype(np.float32), a.reps, getattr(np, a.stat))
+                for f, v in ms.items():
+                    total[f, th, m] = total.get((f, th, m), 0.0) + v
+                print(f"| {K} x {N} ({type_name}) | {th} | {m} | " + " | ".join(f"{ms[f]:.3f}" for f in forms)
+                      + f" | {ms[first] / ms[last]:.2f} |")
+    print("\nThe shapes above, summed:")
+    print("| threads | rows | " + " | ".join(forms) + f" | {first} / {last} |")
+    print("| --- | --- | " + " | ".join("---" for _ in forms) + " | --- |")
+    for th in threads:
+        for m in rows:
+            print(f"| {th} | {m} | " + " | ".join(f"{total[f, th, m]:.2f}" for f in forms)
+                  + f" | {total[first, th, m] / total[last, th, m]:.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=CODER)
@@ -107,10 +155,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--stat", choices=["median", "min"], default="median",
                     help="min: the fastest call, on a host whose other load preempts some")
+    ap.add_argument("--forms", default=None, help="e.g. avx2,vnni: QMatMulGGML across instruction-set forms")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     rows = [int(r) for r in a.rows.split(",")]
     threads = [int(t) for t in a.threads.split(",")]
+    if a.forms:
+        return compare_forms(a, a.forms.split(","), rows, threads)
     print(f"{cpu()}; kernels' form: {kernels.isa()} (SPECRT_KERNELS_ISA={os.environ.get('SPECRT_KERNELS_ISA', '')}); "
           f"{a.stat} ms of {a.reps}, the two forms taking turns")
     print("| K x N (type) | threads | rows | QMatMul4/8 | QMatMulGGML | GGML / today | MB today | MB GGML |")

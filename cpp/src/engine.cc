@@ -87,8 +87,9 @@ void Engine::choose_kernels(const specrt_open_options& o) {
   std::string isa = kernels_isa(lib);
   if (isa == "ref") {  // the portable form is the kernels' definition, far slower than onnxruntime's own
     if (o.kernels == 1)
-      fail(SPECRT_ERR_UNSUPPORTED, "this CPU has neither AVX-512 VNNI nor AMX, which specrt's kernels need to run "
-                                   "at speed; open with kernels 0 or -1 (onnxruntime's operators)");
+      fail(SPECRT_ERR_UNSUPPORTED, "this CPU has no fast form of specrt's kernels (x86-64 with AVX2, FMA and F16C, "
+                                   "AVX-512 VNNI or AMX; ARM64 NEON), which they need to run at speed; open with "
+                                   "kernels 0 or -1 (onnxruntime's operators)");
     return;
   }
   kernels_ = lib;

@@ -46,8 +46,8 @@ class LoadedModels:
 
     @property
     def kernel_form(self) -> str:
-        """The form specrt's own operators take in this load's target calls: "amx", "vnni" or
-        "ref" (runtime/kernels.isa), or "none" where its graphs run onnxruntime's operators."""
+        """The form specrt's own operators take in this load's target calls: "amx", "vnni",
+        "avx2" (runtime/kernels.isa), or "none" where its graphs run onnxruntime's operators."""
         return kernel_library.isa() if self.target.kernels else "none"
 
     @property
@@ -174,7 +174,7 @@ def _model(folder: Path, entry: ModelEntry, pool: KVPool, track: str, threads, g
     """The model over `pool`: the entry's packed graph when asked for and the bundle has one
     (export/packed.py; `exact`: row-invariant calls, for a target), else its graph. `kernels`:
     the packed graph on specrt's own operators where the bundle has it, the library is built and
-    the CPU has AVX-512 VNNI or AMX."""
+    the CPU runs a fast form of them (runtime/kernels.form_for)."""
     graph = entry.graph
     try:
         if packed and entry.packed.graph:

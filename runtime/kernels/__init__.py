@@ -4,7 +4,8 @@ The library registers domain "specrt" with QMatMul4 and QMatMul8, 4-bit and 8-bi
 whose activations are quantized per row and 32-block to int8 (a block's dot product is an exact
 integer), and PackedAttention, attention over every lane of a packed call with fixed softmax
 chunks. Every output takes the same float steps whatever the call's rows, threads or instruction
-set (AMX, AVX-512 VNNI, or portable C++). `runtime/kernels/layout.py` packs weights into its layout.
+set (AMX, AVX-512 VNNI, AVX2; NEON with or without sdot on ARM64; or portable C++).
+`runtime/kernels/layout.py` packs weights into its layout.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from pathlib import Path
 
 DOMAIN = "specrt"
 LIBRARY = Path(__file__).with_name("libspecrt_kernels.so")
+
+
+# what a CPU needs for a fast form (native/ort_ops.cc best_isa)
+NEEDS = "x86-64 with AVX2, FMA and F16C, AVX-512 VNNI or AMX; ARM64 NEON"
 
 
 class KernelsMissing(RuntimeError):
@@ -40,15 +45,16 @@ def available() -> bool:
 
 
 def fast() -> bool:
-    """Whether the library is built and this CPU runs it in an AVX-512 form (AMX or VNNI): the
-    portable C++ form is the kernels' definition, far slower than onnxruntime's MatMulNBits,
-    so a load does not choose it."""
+    """Whether the library is built and this CPU runs it in a fast form (AMX, AVX-512 VNNI,
+    AVX2, NEON): the portable C++ form is the kernels' definition, far slower than onnxruntime's
+    MatMulNBits, so a load does not choose it."""
     return available() and isa() != "ref"
 
 
 def form_for(bundle_has_graphs: bool, wanted: bool = True) -> tuple[str, str]:
     """The form a CPU load of a bundle runs these operators in, and why not where it runs none:
-    ("amx" | "vnni", "") or ("none", reason). The loader's choice (runtime/bundle/loader.py)."""
+    (a fast form's name, "") or ("none", reason naming what runs instead). The loader's
+    choice (runtime/bundle/loader.py)."""
     if not bundle_has_graphs:
         return "none", "the bundle has no kernel graphs (python -m specrt.export.kernel_graph BUNDLE adds them)"
     if not wanted:
@@ -59,8 +65,10 @@ def form_for(bundle_has_graphs: bool, wanted: bool = True) -> tuple[str, str]:
         return "none", str(e)
     form = isa()
     if form == "ref":
-        return "none", ("this CPU has no fast form (AVX-512 VNNI or AMX): onnxruntime's MatMulNBits and "
-                        "attention run instead")
+        instead = "the packed graphs on onnxruntime's MatMulNBits and GroupQueryAttention run instead"
+        if os.environ.get("SPECRT_KERNELS_ISA") == "ref":
+            return "none", f"SPECRT_KERNELS_ISA=ref (the portable form, far slower): {instead}"
+        return "none", f"this CPU has no fast form of specrt's operators ({NEEDS}): {instead}"
     return form, ""
 
 
@@ -77,6 +85,7 @@ def _lib(path: str) -> ctypes.CDLL:
 
 
 def isa() -> str:
-    """The instruction set QMatMul4 runs with on this CPU: "amx", "vnni" or "ref" (lowered by
-    SPECRT_KERNELS_ISA=ref|vnni, read when a session creates its kernels)."""
+    """The instruction set the operators run with on this CPU: "amx", "vnni", "avx2" (x86-64),
+    "dotprod", "neon" (ARM64) or "ref", lowered by SPECRT_KERNELS_ISA=<a lower form's name>
+    (read when a session creates its kernels)."""
     return _lib(str(library_path())).specrt_kernels_isa().decode()

@@ -74,7 +74,8 @@ def serve(host, port, memory_fraction, ray_address, replicas, min_replicas, max_
     sized = replace(o, loading=replace(o.loading, max_batch=sizing.slots, max_seq_len=sizing.seq))
     app = build_app(cfg, sized.load, on_load_error=_stop)
     click.echo(f"specrt: serving {cfg.model_id} from {o.engines} on http://{host}:{port}/v1 "
-               f"({sizing.summary()}; draft={cfg.draft}{', adaptive' if cfg.adaptive else ''})", err=True)
+               f"({sizing.summary()}; draft={cfg.draft}{', adaptive' if cfg.adaptive else ''}; "
+               f"{kernel_note(o)})", err=True)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            timeout_graceful_shutdown=o.grace))
     # uvicorn re-raises the signal that stopped it once it has shut down gracefully; SIGTERM is
@@ -88,6 +89,19 @@ def serve(host, port, memory_fraction, ray_address, replicas, min_replicas, max_
         fail(f"cannot load {o.engines}: {failed[0]}")
     if not server.started:
         fail(f"could not start the server on {host}:{port} (port in use?)")
+
+
+def kernel_note(o) -> str:
+    """`kernels=FORM`, or where the load runs none of specrt's operators, why and what runs
+    instead (runtime/kernels.form_for: e.g. a CPU with no fast form): said once, at startup."""
+    from specrt.runtime import kernels
+    from specrt.runtime.bundle.manifest import load_manifest
+
+    if not o.loading.packed:
+        return "kernels=none (--no-packed: the bundle graph runs)"
+    packed = load_manifest(Path(o.engines)).target.packed
+    form, why = kernels.form_for(bool(packed.graph and packed.kernels), o.loading.kernels)
+    return f"kernels={form}" + (f": {why}" if why else "")
 
 
 def _fim_window(value: str) -> str:

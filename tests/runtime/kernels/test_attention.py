@@ -3,7 +3,7 @@ writes, a query row's bits in any call, and clear errors for inputs that do not 
 
 Real onnxruntime sessions over the built library. A row's output must be the same bits alone and
 beside other lanes of other lengths, at any width, with 1 or 2 threads, across the softmax's
-chunk boundaries, and in the portable and AVX-512 forms.
+chunk boundaries, and in the portable form and each fast one (AVX2, AVX-512; NEON on ARM64).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from checks import isa_forms, kernel_model
+from checks import FAST_FORMS, isa_forms, kernel_model
 from checks import kernel_session as session
 from specrt.runtime import kernels
 
-FORMS = ("ref", "vnni")  # AMX hosts run the VNNI form of attention
-BEST = "ref" if kernels.isa() == "ref" else "vnni"
+FORMS = ("ref", *FAST_FORMS)  # AMX hosts run the VNNI form of attention
+BEST = "vnni" if kernels.isa() == "amx" else kernels.isa()
 H, G, D, S, P = 6, 2, 64, 700, 1024  # heads, KV heads, head size, buffer rows, rotary positions
 
 

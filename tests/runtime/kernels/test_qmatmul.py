@@ -2,7 +2,7 @@
 
 Real onnxruntime sessions over the built library. A row's output must be the same bits alone, in
 calls of 2..64 rows, with 1 or 2 threads, and in every instruction-set form this CPU has (AMX,
-AVX-512 VNNI, portable C++), since integer block dot products are exact and each output takes
+AVX-512 VNNI, AVX2, portable C++), since integer block dot products are exact and each output takes
 the same float steps.
 """
 

@@ -16,7 +16,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from onnx import TensorProto, helper, numpy_helper
 
-from checks import kernel_model
+from checks import FAST_FORMS, isa_forms, kernel_model
 from checks import kernel_session as session
 from paths import ROOT
 from specrt.export.gguf_blocks import import_blocks
@@ -24,16 +24,9 @@ from specrt.export.kernel_blocks import OP, TYPES, record_bytes, repack
 from specrt.runtime import kernels
 from specrt.runtime.kernels import layout
 
-RUNS = {"amx": ("ref", "vnni", "amx"), "vnni": ("ref", "vnni"), "ref": ("ref",)}[kernels.isa()]
-WHY = {"vnni": "this CPU has no AVX-512 VNNI", "amx": "this CPU has no AMX (or Linux does not grant it)"}
+BEST = kernels.isa()  # the fastest form this CPU runs (AMX hosts run QMatMulGGML's VNNI form)
 # byte offsets of each type's fp16 fields
 F16 = {"Q4_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
-
-
-def form(name: str) -> str:
-    if name not in RUNS:
-        pytest.skip(WHY[name])
-    return name
 
 
 def blocks(type_name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
@@ -84,7 +77,7 @@ def test_a_record_holds_the_ggufs_bytes(type_name):
     assert bits == {"Q4_0": 4.5, "Q8_0": 8.5, "Q4_K": 4.5, "Q5_K": 5.5, "Q6_K": 6.5625}[type_name]
 
 
-@pytest.mark.parametrize("isa", ["ref", "vnni", "amx"])
+@pytest.mark.parametrize("isa", isa_forms())
 @pytest.mark.parametrize("type_name", sorted(TYPES))
 def test_matches_gguf_dequantize_in_float64(type_name, isa, monkeypatch):
     rng = np.random.default_rng(1)
@@ -94,7 +87,7 @@ def test_matches_gguf_dequantize_in_float64(type_name, isa, monkeypatch):
     x = activations(rng, 9, k)
     for b in (None, bias):
         want = reference(x, raw, type_name, b)
-        y = session(model(raw, type_name, n, k, b), form(isa), monkeypatch).run(None, {"x": x})[0]
+        y = session(model(raw, type_name, n, k, b), isa, monkeypatch).run(None, {"x": x})[0]
         np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
 
 
@@ -121,18 +114,18 @@ def _case(type_name: str):
     return blob, activations(rng, 64, k)
 
 
-@pytest.mark.parametrize("isa", ["ref", "vnni", "amx"])
+@pytest.mark.parametrize("isa", isa_forms())
 @pytest.mark.parametrize("type_name", sorted(TYPES))
 def test_a_row_is_the_same_bits_in_any_call(type_name, isa, monkeypatch):
     blob, x = _case(type_name)
     want = session(blob, "ref", monkeypatch, 1).run(None, {"x": x})[0]  # the definition, 64 rows at once
-    rows_any_call(blob, form(isa), monkeypatch, x, want)
+    rows_any_call(blob, isa, monkeypatch, x, want)
 
 
-def test_a_form_that_reorders_one_sum_is_caught(monkeypatch):
-    """The library built with SPECRT_MUTANT (its VNNI form adds each block's terms to the
-    accumulator last, in blocks of 4 rows) must fail the test above."""
-    form("vnni")
+@pytest.mark.parametrize("isa", isa_forms(FAST_FORMS))
+def test_a_form_that_reorders_one_sum_is_caught(isa, monkeypatch):
+    """The library built with SPECRT_MUTANT (its fast forms add each block's terms to the
+    accumulator last, in blocks of 4 rows) must fail the test above, in each form."""
     if not (shutil.which("make") and shutil.which("g++")):
         pytest.skip("the mutant library needs make and g++")
     built = subprocess.run(["make", "-s", "kernels-mutant"], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -141,9 +134,9 @@ def test_a_form_that_reorders_one_sum_is_caught(monkeypatch):
     want = session(blob, "ref", monkeypatch, 1).run(None, {"x": x})[0]
     monkeypatch.setenv("SPECRT_KERNELS", str(ROOT / ".cache/kernels-mutant/libspecrt_kernels.so"))
     with pytest.raises(AssertionError):
-        rows_any_call(blob, "vnni", monkeypatch, x, want)
+        rows_any_call(blob, isa, monkeypatch, x, want)
     monkeypatch.delenv("SPECRT_KERNELS")
-    rows_any_call(blob, "vnni", monkeypatch, x, want)  # the real library passes it
+    rows_any_call(blob, isa, monkeypatch, x, want)  # the real library passes it
 
 
 def _qmatmul(qw, fmt) -> bytes:
@@ -167,8 +160,8 @@ def test_k_quants_with_mins_are_qmatmuls_bits(type_name, fmt, monkeypatch):
     n, k = 64, 512
     raw = blocks(type_name, n, k, seed=5)
     x = activations(np.random.default_rng(6), 17, k)
-    old = session(_qmatmul(import_blocks(raw, type_name, n, k), fmt), RUNS[-1], monkeypatch).run(None, {"x": x})[0]
-    new = session(model(raw, type_name, n, k), RUNS[-1], monkeypatch).run(None, {"x": x})[0]
+    old = session(_qmatmul(import_blocks(raw, type_name, n, k), fmt), BEST, monkeypatch).run(None, {"x": x})[0]
+    new = session(model(raw, type_name, n, k), BEST, monkeypatch).run(None, {"x": x})[0]
     assert np.array_equal(new, old)
 
 
@@ -180,16 +173,16 @@ def test_rows_follow_the_order_given():
 
 def test_bad_shapes_are_clear_errors(monkeypatch):
     raw = blocks("Q4_K", 32, 256)
-    s = session(model(raw, "Q4_K", 32, 256), RUNS[-1], monkeypatch)
+    s = session(model(raw, "Q4_K", 32, 256), BEST, monkeypatch)
     with pytest.raises(Exception, match="x's last dimension must be K = 256"):
         s.run(None, {"x": np.zeros((2, 32), np.float32)})
     # refused when the session is built (the weights are initializers), not in the first call
     with pytest.raises(Exception, match="initialization.*blocks must hold N/16 \\* K/256 \\* 2304 bytes \\(Q4_K, K = 512"):
-        session(model(raw, "Q4_K", 32, 256, K=512), RUNS[-1], monkeypatch)
+        session(model(raw, "Q4_K", 32, 256, K=512), BEST, monkeypatch)
     with pytest.raises(Exception, match="K must be a multiple of 256 \\(Q4_K\\)"):
-        session(model(raw, "Q4_K", 32, 256, K=160), RUNS[-1], monkeypatch)
+        session(model(raw, "Q4_K", 32, 256, K=160), BEST, monkeypatch)
     with pytest.raises(Exception, match="type must be Q4_0, Q8_0, Q4_K, Q5_K or Q6_K, not 'Q3_K'"):
-        session(model(raw, "Q4_K", 32, 256, type="Q3_K"), RUNS[-1], monkeypatch)
+        session(model(raw, "Q4_K", 32, 256, type="Q3_K"), BEST, monkeypatch)
     with pytest.raises(ValueError, match="not IQ4_NL"):
         repack(raw, "IQ4_NL", 32, 256)
     with pytest.raises(ValueError, match="multiples of 16"):

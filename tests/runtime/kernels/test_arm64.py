@@ -1,0 +1,49 @@
+"""The fast forms against the portable one through tests/native/kernel_forms.cc (no onnxruntime):
+this host's forms natively, and the ARM64 forms (native/*_neon.cc: NEON, and NEON with sdot) from
+an x86-64 host: `make kernels-arm64` cross-compiles the library and the driver with Debian's
+aarch64 gcc and runs the driver under qemu-aarch64, as a CPU without the dot-product extension
+and as one with it. Each form must give the portable form's bits for QMatMulGGML (every type),
+QMatMul4/8 (1 .. 64 rows, row by row, 2 threads) and PackedAttention (contexts across the
+softmax's chunks, 1 and 2 threads); a NEON form built with SPECRT_MUTANT must differ.
+
+The toolchain and qemu-user-static are pinned Debian packages fetched once into .cache
+(tools/aarch64_cross.sh), as `make kernels` fetches onnxruntime's headers.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+
+import pytest
+
+from paths import ROOT
+
+
+def test_neon_forms_are_the_portable_bits_under_qemu():
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the cross check runs from an x86-64 host (an ARM64 host runs its forms natively)")
+    if not (shutil.which("make") and shutil.which("dpkg-deb") and shutil.which("curl")):
+        pytest.skip("the cross toolchain needs make, curl and dpkg-deb")
+    r = subprocess.run(["make", "-s", "kernels-arm64"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("kernel_forms: ")]
+    # cortex-a53 (no dotprod): the NEON form; max: NEON and dotprod; then the mutant, caught
+    assert len(lines) == 4, r.stdout
+    assert lines[0].startswith("kernel_forms: neon: ") and lines[1].startswith("kernel_forms: neon: ")
+    assert lines[2].startswith("kernel_forms: dotprod: ")
+    assert all(ln.endswith("every one the portable form's bits") for ln in lines[:3]), r.stdout
+    assert lines[3].endswith("DIFFERENT bits"), r.stdout
+    assert all(int(ln.split(": ")[2].split()[0]) > 400 for ln in lines[:3]), r.stdout  # calls compared
+
+
+def test_this_hosts_forms_are_the_portable_bits_in_the_driver():
+    """The same driver, built for this host: every fast form the CPU runs (AVX2 and AVX-512 VNNI
+    here) on random shapes, beside the onnxruntime-level tests of the other files."""
+    if not shutil.which("make"):
+        pytest.skip("the driver is built by make")
+    r = subprocess.run(["make", "-s", "kernels-forms"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("kernel_forms: ")]
+    assert lines and all(ln.endswith("every one the portable form's bits") for ln in lines), r.stdout
