@@ -108,12 +108,13 @@ def export_bundle(
     step = Progress(4 + (kind != "none") + (kind == "model") + bool(draft_vocab) + trt, echo)
 
     step(f"loading target {target}")
-    tgt = LoadedModel(target, max_seq_len, echo)
+    # a GGUF target is read tensor by tensor (no fp32 copy) unless its checks need the whole
+    # torch model: an EAGLE head's (features), an RTN target's (its fake-quantized weights)
+    tgt = LoadedModel(target, max_seq_len, echo, stream=kind != "eagle" and precision not in ("int4", "int8"))
     head_w = _read_before_graphs(tgt, kind, draft, echo)
 
     with staging(out) as tmp:
         ref = tgt.reference(cfg)
-        probe = Probe(ref.prompt, ref.greedy_tokens)
         step(f"building target graph ({lowering}, {precision})")
         t_entry = target_entry(tmp, tgt, cfg, features=kind == "eagle", echo=echo)
         d_entry = None
@@ -121,6 +122,8 @@ def export_bundle(
             step(f"building draft graph ({draft})")
             d_entry = self_draft_entry(tmp, tgt, cfg, draft)
         target_dec = check_target(tmp, t_entry, tgt, cfg, ref, keep_features=kind == "eagle")
+        # the target's greedy continuation (a lazy reference's: the checked graph's own tokens)
+        probe = Probe(ref.prompt, ref.greedy_tokens)
         if kind == "self":
             measure_draft(tmp, d_entry, ref, cfg, probe)
         elif kind == "eagle":

@@ -87,19 +87,23 @@ def level0_twin(folder: Path, entry) -> object:
     return dataclasses.replace(entry, graph=str(Path(entry.graph).with_name(twin.name)))
 
 
-def parity(folder: Path, entry, dec, model, opts: GraphOptions, k: int, steps: int,
-           decoder: Callable[[Path, object], object]) -> dict:
-    """The gate's numbers for a weight-only target (see the module docstring)."""
+def parity(folder: Path, entry, make_dec: Callable[[], object], model, opts: GraphOptions, k: int, steps: int,
+           decoder: Callable[[Path, object], object]) -> tuple[dict, object]:
+    """The gate's numbers for a weight-only target (see the module docstring), and the graph's
+    decoder (`make_dec()`), made once the twin's session is gone (one session at a time).
+    model: the reference (a transformers model, or a Reference of one)."""
     exact_key = tolerance_key("fp32", entry.kv.dtype)  # fp32 compute; an fp16 KV cache's rounding
     if opts.int4_accuracy_level == 0:
-        return check_decoder(dec, model, k=k, steps=steps, precision=exact_key).as_dict()
+        dec = make_dec()
+        return check_decoder(dec, model, k=k, steps=steps, precision=exact_key).as_dict(), dec
     twin = level0_twin(folder, entry)
     try:
         exact = check_decoder(decoder(folder, twin), model, k=k, steps=steps, precision=exact_key).as_dict()
     finally:
         (folder / twin.graph).unlink()
+    dec = make_dec()
     own = check_decoder(dec, model, k=k, steps=steps, precision="int8-activations").as_dict()
     exact["accuracy_level_4"] = {key: own[key] for key in
                                  ("prefill_max_abs", "continuation_max_abs", "greedy_steps", "greedy_match")}
     exact["checked_at_accuracy_level"] = 0
-    return exact
+    return exact, dec
