@@ -25,6 +25,7 @@ from .bundle import staging
 from .eagle import load_head
 from .emitter import kv_buffer_dtype
 from .errors import SourceError
+from .gguf_stream import forget_readers
 from .nbits import WEIGHT_ONLY
 from .sources import peek_source, resolve_source
 from .steps import (
@@ -147,6 +148,7 @@ def export_bundle(
 
         step("writing tokenizer and manifest")
         man = write_bundle(tmp, out.name, t_entry, d_entry, tgt)
+        forget_readers()
         gc.collect()
     step(f"bundle ready: {out}")
     return man

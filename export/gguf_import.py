@@ -85,13 +85,12 @@ def import_gguf(path: Path, model, weights, accuracy_level: int) -> tuple[Mappin
     (each import must dequantize to exactly them), or a streamed model's (export/gguf_stream.py
     GGUFWeights: the forms are then imported on access, `LazyImports`, and each tensor's first
     and last rows checked against gguf-py's dequantization, the values transformers loads)."""
-    from gguf import GGUFReader
     from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
-    from .gguf_stream import GGUFWeights
+    from .gguf_stream import GGUFWeights, gguf_reader
 
     streamed = isinstance(weights, GGUFWeights)
-    reader = weights.reader if streamed else GGUFReader(str(path))
+    reader = weights.reader if streamed else gguf_reader(path)
     processor = weights.processor if streamed else _processor(reader, model.config)
     to_hf = get_gguf_hf_weights_map(model, processor)
     imported: dict[str, QuantWeight] | LazyImports = LazyImports() if streamed else {}

@@ -19,11 +19,45 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 EMBED = "model.embed_tokens.weight"
+
+
+_READERS: dict[str, object] = {}
+
+
+def gguf_reader(path: Path | str):
+    """One parsed GGUFReader per file for the whole export: parsing a 151k-token vocabulary's
+    metadata takes 10-25 s on this machine's CPUs, and an export read each file up to five times
+    (config, tokenizer, weights, tokenizer check, kernel graphs). `forget_readers` drops them."""
+    key = str(Path(path).resolve())
+    if key not in _READERS:
+        from gguf.gguf_reader import GGUFReader  # the class itself, also while `shared_readers` is open
+
+        _READERS[key] = GGUFReader(key)
+    return _READERS[key]
+
+
+def forget_readers() -> None:
+    _READERS.clear()
+
+
+@contextmanager
+def shared_readers():
+    """transformers' GGUF loading (config, tokenizer: it imports gguf.GGUFReader when called)
+    reads through `gguf_reader` while this is open."""
+    import gguf
+
+    orig = gguf.GGUFReader
+    gguf.GGUFReader = lambda path, mode="r": gguf_reader(path) if mode == "r" else orig(path, mode)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = orig
 
 
 def processor_for(reader, config):
@@ -40,11 +74,10 @@ class GGUFWeights(Mapping):
     behind a name (GGUFReader's, memory-mapped), for importing its blocks."""
 
     def __init__(self, path: Path | str, model):
-        from gguf import GGUFReader
         from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
         self.path = Path(path)
-        self.reader = GGUFReader(str(path))
+        self.reader = gguf_reader(path)
         self.processor = processor_for(self.reader, model.config)
         to_hf = get_gguf_hf_weights_map(model, self.processor)
         self._tensors = {}
@@ -103,10 +136,11 @@ def load_streamed(folder: Path, gguf_file: str):
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    config = AutoConfig.from_pretrained(folder, gguf_file=gguf_file)
-    with init_empty_weights():  # parameters on meta; buffers (rotary tables) real
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    with shared_readers():
+        config = AutoConfig.from_pretrained(folder, gguf_file=gguf_file)
+        with init_empty_weights():  # parameters on meta; buffers (rotary tables) real
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
     return model.eval(), tok
 
 

@@ -248,9 +248,9 @@ def gguf_tensors(path: Path | str | None) -> dict | None:
     """A GGUF file's tensors by name (memory-mapped: a tensor's bytes are read when repacked)."""
     if path is None:
         return None
-    from gguf import GGUFReader
+    from .gguf_stream import gguf_reader
 
-    return {t.name: t for t in GGUFReader(str(path)).tensors}
+    return {t.name: t for t in gguf_reader(path).tensors}
 
 
 def add_kernel_graphs(folder: Path, entry, gguf: Path | str | None = None) -> list[Path]:

@@ -39,9 +39,9 @@ class GGUFTokens:
 
 def read_gguf_tokens(path: Path) -> GGUFTokens:
     """The tokenizer fields of a GGUF file's metadata (its tensors are not read)."""
-    from gguf import GGUFReader
+    from .gguf_stream import gguf_reader
 
-    fields = GGUFReader(str(path)).fields
+    fields = gguf_reader(path).fields
 
     def value(key):
         f = fields.get(key)

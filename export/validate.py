@@ -131,33 +131,50 @@ class LazyReference:
         return [self._cache[kk] for kk in keys]
 
 
-def _check_lazy(decoder, ref: LazyReference, precision: str) -> Parity:
-    ids, prefix, steps = ref.ids, ref.prefix, ref.steps
+@dataclass
+class Observed:
+    """A graph's side of a check against a `LazyReference`: its logits over the probe and its
+    greedy continuation of the prompt."""
+
+    prefill: np.ndarray
+    continuation: np.ndarray
+    tokens: np.ndarray
+
+
+def observe(decoder, ref: LazyReference) -> Observed:
+    """Run the checks' calls on `decoder`. Kept apart from `compare` so a caller can drop the
+    graph's session before the reference's layer-by-layer forward runs (one at a time)."""
+    ids, prefix = ref.ids, ref.prefix
     decoder.reset()
-    pre_got = np.concatenate([decoder.forward(ids[s : min(s + decoder.max_t, prefix)]).copy()
-                              for s in range(0, prefix, decoder.max_t)])
-    cont_got = decoder.forward(ids[prefix:]).copy()
+    pre = np.concatenate([decoder.forward(ids[s : min(s + decoder.max_t, prefix)]).copy()
+                          for s in range(0, prefix, decoder.max_t)])
+    cont = decoder.forward(ids[prefix:]).copy()
     decoder.reset()
     row = decoder.prefill(ref.prompt)
     tokens = []
-    for i in range(steps):
+    for i in range(ref.steps):
         tokens.append(int(np.argmax(row)))
-        if i + 1 < steps:
+        if i + 1 < ref.steps:
             row = decoder.forward([tokens[-1]])[0]
     decoder.reset()
-    tokens = np.array(tokens, dtype=np.int64)
-    want, forced = ref.logits([ids, np.concatenate([ref.prompt, tokens[:-1]])])
-    pre = float(np.abs(pre_got - want[:prefix]).max())
-    cont = float(np.abs(cont_got - want[prefix:]).max())
+    return Observed(pre, cont, np.array(tokens, dtype=np.int64))
+
+
+def compare(got: Observed, ref: LazyReference, precision: str) -> Parity:
+    """`observe`'s numbers against the reference: the same Parity as `check_decoder`'s."""
+    ids, prefix, steps = ref.ids, ref.prefix, ref.steps
+    want, forced = ref.logits([ids, np.concatenate([ref.prompt, got.tokens[:-1]])])
+    pre = float(np.abs(got.prefill - want[:prefix]).max())
+    cont = float(np.abs(got.continuation - want[prefix:]).max())
     rows = forced[prefix - 1:]  # the reference's next-token logits after the prompt and each graph token
     match, first_margin = 0, None
     for i in range(steps):
-        if int(np.argmax(rows[i])) != tokens[i]:
+        if int(np.argmax(rows[i])) != got.tokens[i]:
             top2 = np.sort(rows[i])[-2:]
             first_margin = float(top2[1] - top2[0])
             break
         match += 1
-    ref.greedy_tokens = tokens
+    ref.greedy_tokens = got.tokens
     tol = TOLERANCE.get(precision)
     passed = tol is None or (pre <= tol and cont <= tol and (match == steps or (first_margin or 0) < 10 * tol))
     return Parity(pre, cont, len(ids) - prefix, steps, match, first_margin, tol, passed)
@@ -168,7 +185,7 @@ def check_decoder(decoder, model, *, k: int, steps: int = 32, prefix: int = 12, 
     transformers model, or its `Reference` computed before, or a `LazyReference` (then k, steps,
     prefix are its own)."""
     if isinstance(model, LazyReference):
-        return _check_lazy(decoder, model, precision)
+        return compare(observe(decoder, model), model, precision)
     ref = model if isinstance(model, Reference) else Reference.of(model, decoder.vocab, k=k, steps=steps, prefix=prefix)
     ids, prefix, steps = ref.ids, ref.prefix, len(ref.greedy_tokens)
     decoder.reset()
