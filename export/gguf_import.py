@@ -69,6 +69,9 @@ class LazyImports(Mapping):
         self._last = (name, qw)
         return qw
 
+    def __contains__(self, name) -> bool:  # (Mapping's own would import the tensor)
+        return name in self.plan
+
     def __iter__(self):
         return iter(self.plan)
 
@@ -92,7 +95,7 @@ def import_gguf(path: Path, model, weights, accuracy_level: int) -> tuple[Mappin
     streamed = isinstance(weights, GGUFWeights)
     reader = weights.reader if streamed else gguf_reader(path)
     processor = weights.processor if streamed else _processor(reader, model.config)
-    to_hf = get_gguf_hf_weights_map(model, processor)
+    to_hf = weights.to_hf if streamed else get_gguf_hf_weights_map(model, processor)
     imported: dict[str, QuantWeight] | LazyImports = LazyImports() if streamed else {}
     counts, fallback, forms = Counter(), {}, {}
     for t in reader.tensors:

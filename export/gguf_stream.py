@@ -36,7 +36,8 @@ def gguf_reader(path: Path | str):
     (config, tokenizer, weights, tokenizer check, kernel graphs). `forget_readers` drops them."""
     key = str(Path(path).resolve())
     if key not in _READERS:
-        from gguf.gguf_reader import GGUFReader  # the class itself, also while `shared_readers` is open
+        # the class itself, also while `shared_readers` is open
+        from gguf.gguf_reader import GGUFReader
 
         _READERS[key] = GGUFReader(key)
     return _READERS[key]
@@ -44,20 +45,38 @@ def gguf_reader(path: Path | str):
 
 def forget_readers() -> None:
     _READERS.clear()
+    _METADATA.clear()
+
+
+_METADATA: dict[str, dict] = {}
 
 
 @contextmanager
 def shared_readers():
-    """transformers' GGUF loading (config, tokenizer: it imports gguf.GGUFReader when called)
-    reads through `gguf_reader` while this is open."""
-    import gguf
+    """transformers' GGUF loading (config, tokenizer: each imports gguf.GGUFReader and
+    load_gguf_checkpoint when called) reads through `gguf_reader` while this is open, and parses
+    a file's metadata once (a copy of it for each caller)."""
+    import copy
 
-    orig = gguf.GGUFReader
-    gguf.GGUFReader = lambda path, mode="r": gguf_reader(path) if mode == "r" else orig(path, mode)
+    import gguf
+    import transformers.modeling_gguf_pytorch_utils as hf_gguf
+
+    orig_reader, orig_load = gguf.GGUFReader, hf_gguf.load_gguf_checkpoint
+
+    def load(path, return_tensors=False, **kw):
+        if return_tensors or kw:
+            return orig_load(path, return_tensors, **kw)
+        key = str(Path(path).resolve())
+        if key not in _METADATA:
+            _METADATA[key] = orig_load(path, False)
+        return copy.deepcopy(_METADATA[key])
+
+    gguf.GGUFReader = lambda path, mode="r": gguf_reader(path) if mode == "r" else orig_reader(path, mode)
+    hf_gguf.load_gguf_checkpoint = load
     try:
         yield
     finally:
-        gguf.GGUFReader = orig
+        gguf.GGUFReader, hf_gguf.load_gguf_checkpoint = orig_reader, orig_load
 
 
 def processor_for(reader, config):
@@ -79,7 +98,7 @@ class GGUFWeights(Mapping):
         self.path = Path(path)
         self.reader = gguf_reader(path)
         self.processor = processor_for(self.reader, model.config)
-        to_hf = get_gguf_hf_weights_map(model, self.processor)
+        self.to_hf = to_hf = get_gguf_hf_weights_map(model, self.processor)  # (slow: ~8 s for a 28-layer model)
         self._tensors = {}
         for t in self.reader.tensors:
             hf = to_hf.get(t.name)
@@ -103,6 +122,9 @@ class GGUFWeights(Mapping):
         w = w if w.flags.writeable else w.copy()  # F32 tensors: a view of the read-only map
         drop_pages(self.reader.data)
         return w
+
+    def __contains__(self, name) -> bool:  # (Mapping's own would read the tensor)
+        return name in self._tensors
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)
