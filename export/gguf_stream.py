@@ -87,6 +87,9 @@ def processor_for(reader, config):
     return _processor(reader, config)
 
 
+SLAB_ROWS = 8192  # rows dequantized at a time
+
+
 class GGUFWeights(Mapping):
     """HF state-dict names -> fp32 NumPy arrays, dequantized from the GGUF on each access (no
     cache: a caller holds what it reads as long as it needs it). `tensor(name)`: the GGUF tensor
@@ -116,7 +119,16 @@ class GGUFWeights(Mapping):
         from gguf import dequantize
 
         t = self._tensors[name]
-        w = dequantize(t.data, t.tensor_type)  # as transformers' load_gguf_checkpoint
+        # as transformers' load_gguf_checkpoint (dequantize, then its processor), in row slabs
+        # written into one array: gguf-py concatenates its parts, twice the tensor at its peak
+        shape = tuple(int(d) for d in reversed(t.shape))  # ggml's [ne1, ne0] order = rows, elements
+        raw = np.asarray(t.data)
+        if len(shape) == 2 and raw.ndim == 2 and raw.shape[0] == shape[0]:
+            w = np.empty(shape, np.float32)
+            for r0 in range(0, shape[0], SLAB_ROWS):
+                w[r0:r0 + SLAB_ROWS] = dequantize(raw[r0:r0 + SLAB_ROWS], t.tensor_type).reshape(-1, shape[1])
+        else:
+            w = dequantize(t.data, t.tensor_type)
         w = self.processor.process(weights=w, name=t.name, tensor_key_mapping={}, parsed_parameters={}).weights
         w = np.ascontiguousarray(np.asarray(w, dtype=np.float32).reshape(self.shape(name)))
         w = w if w.flags.writeable else w.copy()  # F32 tensors: a view of the read-only map
