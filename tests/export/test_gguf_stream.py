@@ -147,3 +147,23 @@ def test_build_graph_reads_each_weight_once_when_streamed(both):
     build_graph(s.arch, w, cfg.target_graph(False))
     assert counts and max(counts.values()) <= 2
     assert all(n == 1 for k, n in counts.items() if k != "model.embed_tokens.weight"), {k: n for k, n in counts.items() if n > 1}
+
+
+def test_level0_twin_in_row_ranges_computes_the_same_logits(gguf, tmp_path, monkeypatch):
+    """The twin's large 8-bit projections run as row ranges over the same weights file (views, no
+    copy): the same logits as the twin in one piece."""
+    from specrt.export import quant_target
+
+    cfg = Settings(256, 8, "gguf", "ort", 8, 4)
+    m = LoadedModel(str(gguf), 256, stream=True)
+    entry = _graph_and_entry(tmp_path, m, cfg)
+    ids = np.array([5, 9, 14, 20, 33, 40, 41, 7])
+    outs = []
+    for chunk in (1 << 40, 16 * 256 * 4):  # one piece; 16 rows of K = 256 a piece
+        monkeypatch.setattr(quant_target, "TWIN_CHUNK_BYTES", chunk)
+        twin = quant_target.level0_twin(tmp_path, entry)
+        g = onnx.load(str(tmp_path / twin.graph), load_external_data=False)
+        outs.append((sum(n.op_type == "MatMulNBits" for n in g.graph.node), decoder(tmp_path, twin).prefill(ids).copy()))
+    (n_whole, whole), (n_split, split) = outs
+    assert n_split > n_whole  # something was split (the 8-bit projections and the Q6_K head)
+    assert np.abs(split - whole).max() <= 1e-5
