@@ -22,7 +22,7 @@ from .emitter import EMBED, GraphOptions, embedding_form
 from .gguf_import import fallback_message, import_gguf
 from .nbits import QUANTIZED, WEIGHT_ONLY, resolve
 from .quantize import QuantWeight
-from .validate import LazyReference, check_decoder, compare, observe, tolerance_key
+from .validate import LazyReference, check_decoder, compare, observe, prefetch, tolerance_key
 
 
 def prepare(tgt, opts: GraphOptions, echo: Callable[[str], None] | None) -> tuple[dict[str, QuantWeight], dict]:
@@ -161,22 +161,33 @@ def level0_twin(folder: Path, entry) -> object:
 def parity(folder: Path, entry, make_dec: Callable[[], object], model, opts: GraphOptions, k: int, steps: int,
            decoder: Callable[[Path, object], object]) -> tuple[dict, object]:
     """The gate's numbers for a weight-only target (see the module docstring), and the graph's
-    decoder (`make_dec()`), made once the twin's session is gone (one session at a time).
-    model: the reference (a transformers model, or a Reference of one)."""
+    decoder (`make_dec()`), made once the twin's session is gone (one session at a time); None
+    for a `LazyReference` (a streamed model: each session is dropped before the reference runs).
+    model: the reference (a transformers model, a Reference of one, or a LazyReference)."""
     exact_key = tolerance_key("fp32", entry.kv.dtype)  # fp32 compute; an fp16 KV cache's rounding
     if opts.int4_accuracy_level == 0:
+        if isinstance(model, LazyReference):  # the session is gone before the reference runs
+            return compare(observe(make_dec(), model), model, exact_key).as_dict(), None
         dec = make_dec()
         return check_decoder(dec, model, k=k, steps=steps, precision=exact_key).as_dict(), dec
     twin = level0_twin(folder, entry)
+    lazy = isinstance(model, LazyReference)
     try:
-        if isinstance(model, LazyReference):  # the twin's session is gone before the reference runs
-            exact = compare(observe(decoder(folder, twin), model), model, exact_key).as_dict()
+        if lazy:  # both graphs observed, one session at a time, then one reference forward for both
+            got_twin = observe(decoder(folder, twin), model)
         else:
             exact = check_decoder(decoder(folder, twin), model, k=k, steps=steps, precision=exact_key).as_dict()
     finally:
         (folder / twin.graph).unlink()
-    dec = make_dec()
-    own = check_decoder(dec, model, k=k, steps=steps, precision="int8-activations").as_dict()
+    if lazy:
+        got_own = observe(make_dec(), model)
+        prefetch(model, [got_twin, got_own])
+        exact = compare(got_twin, model, exact_key).as_dict()
+        own = compare(got_own, model, "int8-activations").as_dict()  # (its greedy tokens: the probe's)
+        dec = None  # a streamed target's decoder is not kept (no EAGLE check reads it)
+    else:
+        dec = make_dec()
+        own = check_decoder(dec, model, k=k, steps=steps, precision="int8-activations").as_dict()
     exact["accuracy_level_4"] = {key: own[key] for key in
                                  ("prefill_max_abs", "continuation_max_abs", "greedy_steps", "greedy_match")}
     exact["checked_at_accuracy_level"] = 0

@@ -42,7 +42,9 @@ from .validate import (
     Reference,
     check_decoder,
     check_eagle,
+    compare,
     draft_agreement,
+    observe,
     tolerance_key,
 )
 
@@ -169,7 +171,11 @@ def check_target(tmp: Path, entry: ModelEntry, tgt: LoadedModel, cfg: Settings, 
     quantized = bool(entry.quantization)
     if not keep_features and not quantized:
         tgt.release()
-    if not quantized:
+    if not quantized and isinstance(ref, LazyReference) and not keep_features:  # session gone before the reference
+        entry.parity = compare(observe(decoder(tmp, entry), ref), ref,
+                               tolerance_key(cfg.precision, entry.kv.dtype)).as_dict()
+        dec = None
+    elif not quantized:
         dec = decoder(tmp, entry, keep_hidden=keep_features)
         entry.parity = check_decoder(dec, ref, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
                                      precision=tolerance_key(cfg.precision, entry.kv.dtype)).as_dict()

@@ -160,10 +160,21 @@ def observe(decoder, ref: LazyReference) -> Observed:
     return Observed(pre, cont, np.array(tokens, dtype=np.int64))
 
 
+def _sequences(got: Observed, ref: LazyReference) -> list[np.ndarray]:
+    """The reference rows a comparison needs: the probe, and prompt + the graph's greedy tokens."""
+    return [ref.ids, np.concatenate([ref.prompt, got.tokens[:-1]])]
+
+
+def prefetch(ref: LazyReference, observed: list[Observed]) -> None:
+    """The reference rows of several graphs' checks in one batched forward (one pass over the
+    file's weights instead of one each)."""
+    ref.logits([s for got in observed for s in _sequences(got, ref)])
+
+
 def compare(got: Observed, ref: LazyReference, precision: str) -> Parity:
     """`observe`'s numbers against the reference: the same Parity as `check_decoder`'s."""
     ids, prefix, steps = ref.ids, ref.prefix, ref.steps
-    want, forced = ref.logits([ids, np.concatenate([ref.prompt, got.tokens[:-1]])])
+    want, forced = ref.logits(_sequences(got, ref))
     pre = float(np.abs(got.prefill - want[:prefix]).max())
     cont = float(np.abs(got.continuation - want[prefix:]).max())
     rows = forced[prefix - 1:]  # the reference's next-token logits after the prompt and each graph token

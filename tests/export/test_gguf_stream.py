@@ -128,6 +128,19 @@ def test_export_never_loads_the_whole_model(gguf, tmp_path, monkeypatch):
     assert load_manifest(tmp_path / "b").target.packed.kernels
 
 
+@pytest.mark.parametrize("precision,level", [("fp32", 4), ("gguf", 0)])
+def test_other_streamed_targets_export_without_the_whole_model(gguf, tmp_path, monkeypatch, precision, level):
+    import transformers
+
+    def refuse(*a, **k):
+        raise AssertionError("the whole fp32 model was loaded")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    man = export_bundle(str(gguf), tmp_path / "b", draft="none", precision=precision, accuracy_level=level, **KW)
+    par = man.target.parity
+    assert par["passed"] and par["tolerance"] == 1e-3 and par["greedy_match"] == par["greedy_steps"]
+
+
 def test_build_graph_reads_each_weight_once_when_streamed(both):
     """Graph building needs shapes, not values, for everything but what it writes: no tensor is
     dequantized more often than the graph's use of it (the embedding twice: table and head)."""
