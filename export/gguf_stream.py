@@ -43,6 +43,23 @@ def gguf_reader(path: Path | str):
     return _READERS[key]
 
 
+BIG_FIELD = 4096  # metadata arrays longer than this (a vocabulary's tokens, types, merges)
+
+
+def drop_metadata(path: Path | str) -> None:
+    """Drop the long arrays (the vocabulary) from a file's shared reader once config, tokenizer
+    and the tokenizer check have read them: a parsed 151k-token vocabulary is ~0.5 GB of small
+    NumPy views, for the whole export otherwise (tensors and short fields stay)."""
+    r = _READERS.get(str(Path(path).resolve()))
+    if r is None:
+        return
+    for name in [k for k, f in r.fields.items() if len(f.data) > BIG_FIELD]:
+        del r.fields[name]
+    import gc
+
+    gc.collect()
+
+
 def forget_readers() -> None:
     _READERS.clear()
     _METADATA.clear()

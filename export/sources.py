@@ -85,11 +85,14 @@ def peek_source(src: ResolvedSource):
         return load_source(src)[1], None  # unreachable here: load_source raises the hub's error
     folder = src.path.parent if src.gguf_file else src.path
     kw = {"gguf_file": src.gguf_file} if src.gguf_file else {}
-    from .gguf_stream import shared_readers
+    from .gguf_stream import drop_metadata, shared_readers
 
     try:
         with shared_readers():  # a GGUF's metadata parsed once for this and the draft's load after
-            return AutoTokenizer.from_pretrained(folder, **kw), AutoConfig.from_pretrained(folder, **kw)
+            out = AutoTokenizer.from_pretrained(folder, **kw), AutoConfig.from_pretrained(folder, **kw)
+        if src.gguf_file:
+            drop_metadata(src.path)
+        return out
     except (ValueError, OSError, KeyError, EOFError, RuntimeError) as e:
         raise SourceError(f"cannot read model {src.ref}: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
 

@@ -28,12 +28,12 @@ from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.ort import OrtBackend
 from specrt.runtime.bundle.manifest import SELF_DRAFT_PRECISION, KVLayout, ModelEntry
 
-from . import quant_target, vocab_subset
+from . import quant_target, tokcheck, vocab_subset
 from .arch import Arch, arch_from_model, numpy_weights
 from .bundle import ExternalData, save_graph
 from .eagle import draft_arch, draft_weights
 from .emitter import kv_buffer_dtype
-from .gguf_stream import GGUFWeights, streamed_logits
+from .gguf_stream import GGUFWeights, drop_metadata, streamed_logits
 from .graph import EAGLE_FEATURES_OUT, FEATURES, GraphOptions, build_graph, graph_io
 from .sources import load_source, resolve_source, sha256_file
 from .validate import (
@@ -91,6 +91,9 @@ class LoadedModel:
         self.model, self.tok = load_source(self.src, stream=self.streamed)
         self.config = self.model.config
         self.max_seq_len = max_seq_len
+        if self.streamed:  # what reads the vocabulary has read it (the check's tokens are kept)
+            tokcheck.read_gguf_tokens(self.src.path)
+            drop_metadata(self.src.path)
 
     def reference(self, cfg: Settings) -> Reference | LazyReference:
         if self.streamed:  # computed when a check asks, layer by layer

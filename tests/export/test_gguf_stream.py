@@ -121,8 +121,10 @@ def test_export_never_loads_the_whole_model(gguf, tmp_path, monkeypatch):
         raise AssertionError("the whole fp32 model was loaded")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(gguf_stream, "BIG_FIELD", 16)  # the vocabulary dropped from the readers once read
     man = export_bundle(str(gguf), tmp_path / "b", draft=str(gguf), precision="gguf", accuracy_level=4,
                         draft_precision="int4", **KW)
+    assert man.target.parity["tokenizer_vs_gguf"]["special_tokens_checked"] > 0
     assert man.target.parity["passed"] and man.target.parity["greedy_match"] == man.target.parity["greedy_steps"]
     assert man.draft.parity["passed"] and man.draft.parity["greedy_agreement_with_target"] > 0
     assert load_manifest(tmp_path / "b").target.packed.kernels
