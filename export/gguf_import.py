@@ -18,25 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from .gguf_blocks import import_blocks
-from .gguf_stream import drop_pages
+from .gguf_stream import drop_pages, processor_for
 from .nbits import resolve
 from .quantize import QuantWeight, Source
 
 FALLBACK = "float MatMul over the dequantized weights (exact; no MatMulNBits form for this type)"
-
-
-def _processor(reader, config):
-    from transformers.modeling_gguf_pytorch_utils import (
-        TENSOR_PROCESSORS,
-        TensorProcessor,
-        read_field,
-    )
-
-    arch = read_field(reader, "general.architecture")[0]
-    cfg = getattr(config, "text_config", None) or config
-    heads = {"num_attention_heads": cfg.num_attention_heads,
-             "num_key_value_heads": getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads}
-    return TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=heads)
 
 
 def _row_order(processor, name: str, n: int) -> np.ndarray | None:
@@ -94,7 +80,7 @@ def import_gguf(path: Path, model, weights, accuracy_level: int) -> tuple[Mappin
 
     streamed = isinstance(weights, GGUFWeights)
     reader = weights.reader if streamed else gguf_reader(path)
-    processor = weights.processor if streamed else _processor(reader, model.config)
+    processor = weights.processor if streamed else processor_for(reader, model.config)
     to_hf = weights.to_hf if streamed else get_gguf_hf_weights_map(model, processor)
     imported: dict[str, QuantWeight] | LazyImports = LazyImports() if streamed else {}
     counts, fallback, forms = Counter(), {}, {}

@@ -98,10 +98,18 @@ def shared_readers():
 
 def processor_for(reader, config):
     """transformers' tensor processor for the file's architecture (its row permutations, norm
-    offsets), configured as export/gguf_import.py configures it."""
-    from .gguf_import import _processor
+    offsets)."""
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        read_field,
+    )
 
-    return _processor(reader, config)
+    arch = read_field(reader, "general.architecture")[0]
+    cfg = getattr(config, "text_config", None) or config
+    heads = {"num_attention_heads": cfg.num_attention_heads,
+             "num_key_value_heads": getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads}
+    return TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=heads)
 
 
 SLAB_ROWS = 8192  # rows dequantized at a time
@@ -235,14 +243,12 @@ def _set(module, name: str, value) -> None:
     setattr(module.get_submodule(owner) if owner else module, attr, value)
 
 
-def streamed_logits(model, weights: GGUFWeights, seqs: list[np.ndarray]) -> list[np.ndarray]:
-    """Logits [len(s), V] of each token sequence (one batch, right-padded: causal attention keeps
-    every row's real positions free of the padding), with one module's weights in memory at a
-    time."""
+def _install(model, weights: GGUFWeights) -> list:
+    """Forward hooks putting each unit's weights (`_units`) in place before it runs and back on the
+    meta device after. -> the hook handles."""
     import torch
 
     shapes = {}
-    hooks = []
 
     def load(prefix):
         def pre(mod, _args):
@@ -261,12 +267,23 @@ def streamed_logits(model, weights: GGUFWeights, seqs: list[np.ndarray]) -> list
                                                    requires_grad=False))
         return post
 
+    hooks = []
     for prefix, mod in _units(model):
         hooks += [mod.register_forward_pre_hook(load(prefix)), mod.register_forward_hook(drop(prefix))]
+    return hooks
+
+
+def streamed_logits(model, weights: GGUFWeights, seqs: list[np.ndarray]) -> list[np.ndarray]:
+    """Logits [len(s), V] of each token sequence (one batch, right-padded: causal attention keeps
+    every row's real positions free of the padding), with one module's weights in memory at a
+    time."""
+    import torch
+
     n = max(len(s) for s in seqs)
     ids = np.zeros((len(seqs), n), dtype=np.int64)
     for i, s in enumerate(seqs):
         ids[i, :len(s)] = s
+    hooks = _install(model, weights)
     try:
         with torch.no_grad():
             out = model(torch.from_numpy(ids), use_cache=False).logits.float().numpy()
