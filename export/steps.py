@@ -11,7 +11,8 @@ numbers that gate it.
   subset_draft       a draft's LM head cut to a frequency-ranked subset of the vocabulary
 
 Memory (docs/design.md, "Export memory"): a model's fp32 weights are in memory once while its
-graphs are built, and not at all while onnxruntime loads them; one session at a time.
+graphs are built, and not at all while onnxruntime loads them; one session at a time. A GGUF
+source is streamed: one tensor's weights at a time, never the whole model.
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ class LoadedModel:
     NumPy `weights`, views of the model's own tensors) is made when a step first reads it.
     `release()` drops the model once its graphs are written and its `reference` is taken, so a
     model's fp32 weights are in memory once while its graphs are built and not at all while
-    onnxruntime loads them."""
+    onnxruntime loads them. `stream` (a GGUF source): no fp32 model at all: `model` is a skeleton
+    with meta weights, `weights` reads the file tensor by tensor and `reference` is computed
+    layer by layer when a check asks (export/gguf_stream.py)."""
 
     def __init__(self, ref: str, max_seq_len: int, echo: Callable[[str], None] | None = None, stream: bool = False):
         self.src = resolve_source(ref, echo=echo)
