@@ -25,7 +25,7 @@ from .bundle import staging
 from .eagle import load_head
 from .emitter import kv_buffer_dtype
 from .errors import SourceError
-from .gguf_stream import forget_readers, return_freed_memory
+from .gguf_stream import forget_readers
 from .nbits import WEIGHT_ONLY
 from .sources import peek_source, resolve_source
 from .steps import (
@@ -106,7 +106,6 @@ def export_bundle(
     _check_draft_precision(cfg, kind, draft_precision)
     _check_draft_vocab(kind, draft_vocab)
     out = Path(out)
-    return_freed_memory()  # tensor-sized temporaries go back to the system when freed
     step = Progress(4 + (kind != "none") + (kind == "model") + bool(draft_vocab) + trt, echo)
 
     step(f"loading target {target}")

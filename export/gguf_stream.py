@@ -182,25 +182,6 @@ def drop_pages(array) -> None:
         mm.madvise(mmap.MADV_DONTNEED)
 
 
-def return_freed_memory() -> None:
-    """glibc's malloc: serve every block of 1 MiB or more from its own mapping, returned to the
-    system when freed. By default the threshold rises to a freed block's size (up to 32 MiB), so
-    an export's tensor-sized temporaries, allocated and freed one after another, come from the
-    heap afterwards and its freed pages stay in the process: the RSS of a streamed export grew by
-    gigabytes that held nothing. No effect where the C library is not glibc."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)  # a fixed threshold also ends the dynamic one
-    libc.malloc_trim(0)
-
-
-M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
-
-
 def weight_shape(weights: Mapping, name: str) -> tuple[int, ...]:
     """A weight's shape, without dequantizing it where `weights` streams from a file."""
     shape = getattr(weights, "shape", None)
