@@ -148,7 +148,8 @@ def export_bundle(
 
         step("writing tokenizer and manifest")
         man = write_bundle(tmp, out.name, t_entry, d_entry, tgt)
-        forget_readers()
+        forget_readers()  # the files' parsed metadata, kept for this export only
+        tokcheck.read_gguf_tokens.cache_clear()
         gc.collect()
     step(f"bundle ready: {out}")
     return man
