@@ -106,6 +106,8 @@ def export_bundle(
     _check_draft_precision(cfg, kind, draft_precision)
     _check_draft_vocab(kind, draft_vocab)
     out = Path(out)
+    forget_readers()  # nothing parsed by an earlier export (one that failed, or a file rewritten since)
+    tokcheck.read_gguf_tokens.cache_clear()
     step = Progress(4 + (kind != "none") + (kind == "model") + bool(draft_vocab) + trt, echo)
 
     step(f"loading target {target}")
