@@ -25,6 +25,7 @@ from .bundle import staging
 from .eagle import load_head
 from .emitter import kv_buffer_dtype
 from .errors import SourceError
+from .gguf_stream import forget_readers
 from .nbits import WEIGHT_ONLY
 from .sources import peek_source, resolve_source
 from .steps import (
@@ -105,15 +106,18 @@ def export_bundle(
     _check_draft_precision(cfg, kind, draft_precision)
     _check_draft_vocab(kind, draft_vocab)
     out = Path(out)
+    forget_readers()  # nothing parsed by an earlier export (one that failed, or a file rewritten since)
+    tokcheck.read_gguf_tokens.cache_clear()
     step = Progress(4 + (kind != "none") + (kind == "model") + bool(draft_vocab) + trt, echo)
 
     step(f"loading target {target}")
-    tgt = LoadedModel(target, max_seq_len, echo)
+    # a GGUF target is read tensor by tensor (no fp32 copy) unless its checks need the whole
+    # torch model: an EAGLE head's (features), an RTN target's (its fake-quantized weights)
+    tgt = LoadedModel(target, max_seq_len, echo, stream=kind != "eagle" and precision not in ("int4", "int8"))
     head_w = _read_before_graphs(tgt, kind, draft, echo)
 
     with staging(out) as tmp:
         ref = tgt.reference(cfg)
-        probe = Probe(ref.prompt, ref.greedy_tokens)
         step(f"building target graph ({lowering}, {precision})")
         t_entry = target_entry(tmp, tgt, cfg, features=kind == "eagle", echo=echo)
         d_entry = None
@@ -121,6 +125,8 @@ def export_bundle(
             step(f"building draft graph ({draft})")
             d_entry = self_draft_entry(tmp, tgt, cfg, draft)
         target_dec = check_target(tmp, t_entry, tgt, cfg, ref, keep_features=kind == "eagle")
+        # the target's greedy continuation (a lazy reference's: the checked graph's own tokens)
+        probe = Probe(ref.prompt, ref.greedy_tokens)
         if kind == "self":
             measure_draft(tmp, d_entry, ref, cfg, probe)
         elif kind == "eagle":
@@ -144,6 +150,8 @@ def export_bundle(
 
         step("writing tokenizer and manifest")
         man = write_bundle(tmp, out.name, t_entry, d_entry, tgt)
+        forget_readers()  # the files' parsed metadata, kept for this export only
+        tokcheck.read_gguf_tokens.cache_clear()
         gc.collect()
     step(f"bundle ready: {out}")
     return man

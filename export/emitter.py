@@ -20,6 +20,7 @@ from specrt.runtime.bundle.manifest import KV_DTYPE, IONames
 
 from . import nbits, quantize
 from .arch import Arch
+from .gguf_stream import weight_shape
 from .quantize import QuantWeight
 
 EMBED = "model.embed_tokens.weight"
@@ -160,7 +161,8 @@ class Emitter:
     def weight(self, key: str):
         """The checkpoint weight `key` as the graph's source holds it: its imported GGUF form
         where there is one (precision gguf), else fp32."""
-        return self.imported.get(key, self.weights[key]) if self.opts.precision == "gguf" else self.weights[key]
+        q = self.imported.get(key) if self.opts.precision == "gguf" else None
+        return q if q is not None else self.weights[key]  # (a streamed model's weights are read on access)
 
     def rms(self, x: str, key: str, skip: str | None = None):
         """RMSNorm over the last axis; with `skip`, normalizes x + skip and also returns the sum."""
@@ -179,7 +181,7 @@ class Emitter:
         split back on the last axis unless `split` is False. Weights whose quantized forms differ
         (a GGUF's Q4_K q/k beside a Q6_K v) run as separate projections, concatenated."""
         o = self.opts
-        sizes = [self.weights[k].shape[0] for k in keys]
+        sizes = [weight_shape(self.weights, k)[0] for k in keys]
         biases = [self.weights[bk] if bk else np.zeros(n, np.float32) for bk, n in zip(bias_keys, sizes, strict=True)]
         b = np.concatenate(biases) if any(bias_keys) else None
         name = keys[0].replace("model.", "").rsplit(".", 2)[0].replace(".", "_") + "_" + hint
@@ -270,7 +272,7 @@ class Emitter:
         key = head_key(arch, self.weights)
         head = nbits.resolve(self.weight(key), o.lm_head_precision or o.precision, o.int4_block_size, o.int4_accuracy_level)
         # float and equal to the embedding (a gguf import's weights are the fp32 ones, checked on import)
-        if isinstance(head, np.ndarray) and arch.tie_embeddings and (head is self.weights[key] or o.precision == "gguf"):
+        if isinstance(head, np.ndarray) and arch.tie_embeddings and (o.precision == "gguf" or (o.lm_head_precision or o.precision) in ("fp32", "fp16")):
             # Share the embedding initializer: Gemm(transB=1) on [B*T, H] avoids a transposed copy.
             x2 = g.op("Reshape", [x, g.i64(-1, arch.hidden)])
             y2 = g.op("Gemm", [x2, "embed_tokens"], "lm_head", transB=1)

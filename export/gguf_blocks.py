@@ -143,6 +143,9 @@ FORMS = {
 }
 
 
+SLAB_WEIGHTS = 1 << 22  # weights decoded at a time (whole rows)
+
+
 def import_blocks(raw: np.ndarray, type_name: str, n: int, k: int) -> QuantWeight | None:
     """raw: the tensor's bytes as GGUFReader gives them (uint8, n rows of k elements each, rows
     in HF's [out, in] order). -> its exact MatMulNBits form, or None for a type with none."""
@@ -150,13 +153,22 @@ def import_blocks(raw: np.ndarray, type_name: str, n: int, k: int) -> QuantWeigh
     if form is None:
         return None
     decode, type_size, per_block, bits, zp = form
-    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n * (k // per_block), type_size)
-    codes, scales, mins = decode(blocks)
-    sub = codes.shape[-1]  # MatMulNBits block: the sub-block that owns one scale
-    codes = codes.reshape(n, k // sub, sub)
-    packed = codes if bits == 8 else codes[..., 0::2] | (codes[..., 1::2] << 4)
-    scales = np.ascontiguousarray(scales.reshape(n, k // sub), dtype=np.float32)
-    if mins is not None:
-        mins = np.ascontiguousarray(mins.reshape(n, k // sub), dtype=np.float32)
+    rows = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, (k // per_block) * type_size)
+    step = max(1, SLAB_WEIGHTS // k)  # the decoders' temporaries take up to 4 bytes a weight
+    packed = scales = mins = None
+    for r0 in range(0, n, step):
+        m = min(step, n - r0)
+        codes, sc, mn = decode(rows[r0:r0 + m].reshape(m * (k // per_block), type_size))
+        sub = codes.shape[-1]  # MatMulNBits block: the sub-block that owns one scale
+        codes = codes.reshape(m, k // sub, sub)
+        pk = codes if bits == 8 else codes[..., 0::2] | (codes[..., 1::2] << 4)
+        if packed is None:
+            packed = np.empty((n, *pk.shape[1:]), np.uint8)
+            scales = np.empty((n, k // sub), np.float32)
+            mins = None if mn is None else np.empty((n, k // sub), np.float32)
+        packed[r0:r0 + m] = pk
+        scales[r0:r0 + m] = sc.reshape(m, k // sub)
+        if mins is not None:
+            mins[r0:r0 + m] = mn.reshape(m, k // sub)
     zps = np.full(scales.shape, zp, np.uint8)
-    return QuantWeight(bits, sub, np.ascontiguousarray(packed, dtype=np.uint8), scales, zps, mins, type_name)
+    return QuantWeight(bits, packed.shape[-1] * 8 // bits, packed, scales, zps, mins, type_name)

@@ -11,30 +11,18 @@ transformers model on those weights stays its parity reference.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from .gguf_blocks import import_blocks
+from .gguf_stream import drop_pages, processor_for
 from .nbits import resolve
 from .quantize import QuantWeight, Source
 
 FALLBACK = "float MatMul over the dequantized weights (exact; no MatMulNBits form for this type)"
-
-
-def _processor(reader, config):
-    from transformers.modeling_gguf_pytorch_utils import (
-        TENSOR_PROCESSORS,
-        TensorProcessor,
-        read_field,
-    )
-
-    arch = read_field(reader, "general.architecture")[0]
-    cfg = getattr(config, "text_config", None) or config
-    heads = {"num_attention_heads": cfg.num_attention_heads,
-             "num_key_value_heads": getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads}
-    return TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=heads)
 
 
 def _row_order(processor, name: str, n: int) -> np.ndarray | None:
@@ -48,31 +36,72 @@ def _row_order(processor, name: str, n: int) -> np.ndarray | None:
     return order.astype(np.int64)
 
 
-def import_gguf(path: Path, model, weights: dict[str, np.ndarray], accuracy_level: int) -> tuple[dict[str, QuantWeight], dict]:
+class LazyImports(Mapping):
+    """HF weight name -> its imported form, imported from the memory-mapped file on access
+    (a streamed export holds one weight's blocks at a time; the last one is kept, as the
+    embedding is read twice in a row)."""
+
+    def __init__(self):
+        self.plan: dict[str, tuple] = {}  # name -> (tensor, type, rows, cols, row order | None)
+        self._last: tuple[str, QuantWeight] | None = None
+
+    def __getitem__(self, name: str) -> QuantWeight:
+        if self._last is not None and self._last[0] == name:
+            return self._last[1]
+        t, kind, n, k, order = self.plan[name]
+        qw = replace(import_blocks(t.data, kind, n, k), source=(Source(t.name, kind, n),))
+        qw = qw if order is None else qw.rows(order)
+        drop_pages(t.data)
+        self._last = (name, qw)
+        return qw
+
+    def __contains__(self, name) -> bool:  # (Mapping's own would import the tensor)
+        return name in self.plan
+
+    def __iter__(self):
+        return iter(self.plan)
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+
+SPOT_ROWS = 16  # rows of each tensor a streamed import checks against gguf-py's dequantization
+
+
+def import_gguf(path: Path, model, weights, accuracy_level: int) -> tuple[Mapping[str, QuantWeight], dict]:
     """-> (HF weight name -> imported form, for every 2-D weight that has an exact one; the
-    manifest's record of what was done per GGUF tensor type)."""
-    from gguf import GGUFReader
+    manifest's record of what was done per GGUF tensor type). weights: the model's fp32 weights
+    (each import must dequantize to exactly them), or a streamed model's (export/gguf_stream.py
+    GGUFWeights: the forms are then imported on access, `LazyImports`, and each tensor's first
+    and last rows checked against gguf-py's dequantization, the values transformers loads)."""
     from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
-    reader = GGUFReader(str(path))
-    processor = _processor(reader, model.config)
-    to_hf = get_gguf_hf_weights_map(model, processor)
-    imported: dict[str, QuantWeight] = {}
+    from .gguf_stream import GGUFWeights, gguf_reader
+
+    streamed = isinstance(weights, GGUFWeights)
+    reader = weights.reader if streamed else gguf_reader(path)
+    processor = weights.processor if streamed else processor_for(reader, model.config)
+    to_hf = weights.to_hf if streamed else get_gguf_hf_weights_map(model, processor)
+    imported: dict[str, QuantWeight] | LazyImports = LazyImports() if streamed else {}
     counts, fallback, forms = Counter(), {}, {}
     for t in reader.tensors:
         hf = to_hf.get(t.name)
-        w = weights.get(hf)
         kind = t.tensor_type.name
-        if w is None or w.ndim != 2:  # norms, biases, rotary tables: read as fp32 by the graph
+        shape = weights.shape(hf) if streamed and hf in weights else getattr(weights.get(hf), "shape", None)
+        if shape is None or len(shape) != 2:  # norms, biases, rotary tables: read as fp32 by the graph
             counts[kind] += 1
             forms.setdefault(kind, "float (1-D tensors: norms, biases)")
             continue
-        qw, why = _import_one(t, kind, w, processor)
+        if streamed:
+            qw, why = _plan_one(t, kind, shape, processor, imported, hf)
+        else:
+            qw, why = _import_one(t, kind, weights[hf], processor)
         counts[kind] += 1
         if qw is None:
             fallback.setdefault(kind, {"reason": why, "tensors": []})["tensors"].append(t.name)
             continue
-        imported[hf] = qw
+        if not streamed:
+            imported[hf] = qw
         forms[kind] = describe(qw, accuracy_level)
     types = {k: {"tensors": n, "form": forms.get(k, FALLBACK)} for k, n in sorted(counts.items())}
     report = {"method": "gguf", "accuracy_level": accuracy_level, "types": types, "fallback": fallback,
@@ -93,6 +122,27 @@ def _import_one(t, kind: str, w: np.ndarray, processor) -> tuple[QuantWeight | N
         qw = qw.rows(order)
     if not np.array_equal(qw.dequantize(), w):
         return None, "its blocks do not dequantize to the weights transformers loaded"
+    return qw, ""
+
+
+def _plan_one(t, kind: str, shape, processor, plan: LazyImports, hf: str) -> tuple[QuantWeight | None, str]:
+    """A streamed tensor: its form planned (imported later, on access), its first and last
+    SPOT_ROWS rows imported now and checked against gguf-py's dequantization. -> (the sample's
+    form, for the manifest's words, or None; why not)."""
+    from gguf import dequantize
+
+    n, k = shape
+    raw = np.asarray(t.data).reshape(n, -1)
+    for rows in (raw[:SPOT_ROWS], raw[-SPOT_ROWS:]):
+        qw = import_blocks(rows, kind, len(rows), k)
+        if qw is None:
+            return None, f"{kind} has no exact MatMulNBits form"
+        if not np.array_equal(qw.dequantize(), dequantize(rows, t.tensor_type).reshape(len(rows), k)):
+            return None, "its blocks do not dequantize to gguf-py's values"
+    order = _row_order(processor, t.name, n)
+    if order is None:
+        return None, "transformers changes its values on load"
+    plan.plan[hf] = (t, kind, n, k, None if np.array_equal(order, np.arange(n)) else order)
     return qw, ""
 
 

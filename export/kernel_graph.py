@@ -31,6 +31,7 @@ from specrt.runtime.bundle.manifest import load_manifest
 from specrt.runtime.kernels import DOMAIN
 from specrt.runtime.kernels.layout import FORMS, QBLOCK, TILE, pack
 
+from .gguf_stream import drop_pages
 from .kernel_attention import fuse_attention
 from .kernel_blocks import OP as BLOCK_OP
 from .kernel_blocks import TYPES as BLOCK_TYPES
@@ -133,8 +134,11 @@ class _Blocks:
         self.nbytes = int(np.prod(self.shape))
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        return np.concatenate([repack(self.tensors[p["tensor"]].data, p["type"], p["rows"], self.k,
-                                      None if p["order"] is None else np.asarray(p["order"])) for p in self.parts])
+        out = np.concatenate([repack(self.tensors[p["tensor"]].data, p["type"], p["rows"], self.k,
+                                     None if p["order"] is None else np.asarray(p["order"])) for p in self.parts])
+        for p in self.parts:  # the file's pages read so far leave this process's resident memory
+            drop_pages(self.tensors[p["tensor"]].data)
+        return out
 
 
 def _prune(nodes: list, outputs: set[str]) -> list:
@@ -244,9 +248,9 @@ def gguf_tensors(path: Path | str | None) -> dict | None:
     """A GGUF file's tensors by name (memory-mapped: a tensor's bytes are read when repacked)."""
     if path is None:
         return None
-    from gguf import GGUFReader
+    from .gguf_stream import gguf_reader
 
-    return {t.name: t for t in GGUFReader(str(path)).tensors}
+    return {t.name: t for t in gguf_reader(path).tensors}
 
 
 def add_kernel_graphs(folder: Path, entry, gguf: Path | str | None = None) -> list[Path]:

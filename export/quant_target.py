@@ -22,7 +22,7 @@ from .emitter import EMBED, GraphOptions, embedding_form
 from .gguf_import import fallback_message, import_gguf
 from .nbits import QUANTIZED, WEIGHT_ONLY, resolve
 from .quantize import QuantWeight
-from .validate import check_decoder, tolerance_key
+from .validate import LazyReference, check_decoder, compare, observe, prefetch, tolerance_key
 
 
 def prepare(tgt, opts: GraphOptions, echo: Callable[[str], None] | None) -> tuple[dict[str, QuantWeight], dict]:
@@ -70,36 +70,125 @@ def _fake(w: np.ndarray, opts: GraphOptions, precision: str) -> np.ndarray:
     return np.ascontiguousarray(form.dequantize()[:, : w.shape[1]] if isinstance(form, QuantWeight) else form)
 
 
+TWIN_CHUNK_BYTES = 128 << 20  # the most fp32 B a twin's 8-bit MatMulNBits dequantizes in one call
+
+
+def _row_chunk(t, name: str, r0: int, r1: int, rows: int):
+    """Rows [r0, r1) of initializer `t` (rows outermost, in the weights file) -> a TensorProto
+    over the same bytes of the file (no copy), or None where `t` is not external."""
+    from onnx import TensorProto
+
+    ext = {e.key: e.value for e in t.external_data}
+    if t.data_location != TensorProto.EXTERNAL or "offset" not in ext:
+        return None
+    row = int(ext["length"]) // rows
+    out = TensorProto(name=name, dims=[r1 - r0, *t.dims[1:]] if len(t.dims) > 1 else [(r1 - r0) * t.dims[0] // rows],
+                      data_type=t.data_type, data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", ext["location"]), ("offset", str(int(ext["offset"]) + r0 * row)),
+                       ("length", str((r1 - r0) * row))):
+        out.external_data.add(key=key, value=value)
+    return out
+
+
+def _split_rows(model, node, chunk_bytes: int) -> list | None:
+    """An 8-bit MatMulNBits whose B dequantizes to more than `chunk_bytes` of fp32 -> MatMulNBits
+    over row ranges of the same initializers (views of the weights file) + one Concat, the same
+    values per output column; None where it is small or its inputs are not all external."""
+    from onnx import helper
+
+    a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+    n, k = a["N"], a["K"]
+    if a.get("bits") != 8 or n * k * 4 <= chunk_bytes:
+        return None
+    inits = {t.name: t for t in model.graph.initializer}
+    ins = list(node.input)
+    if any(i and i not in inits for i in ins[1:]):
+        return None
+    step = max(16, chunk_bytes // (k * 4) // 16 * 16)
+    nodes, outs, new_inits = [], [], []
+    for j, r0 in enumerate(range(0, n, step)):
+        r1 = min(n, r0 + step)
+        cins = [ins[0]]
+        for i in ins[1:]:
+            if not i:
+                cins.append("")
+                continue
+            c = _row_chunk(inits[i], f"{i}_rows{j}", r0, r1, n)
+            if c is None:
+                return None
+            new_inits.append(c)
+            cins.append(c.name)
+        outs.append(f"{node.output[0]}_rows{j}")
+        nodes.append(helper.make_node("MatMulNBits", cins, [outs[-1]], name=f"{node.name}_rows{j}", domain=node.domain,
+                                      **{**a, "N": r1 - r0}))
+    nodes.append(helper.make_node("Concat", outs, [node.output[0]], name=f"{node.name}_concat", axis=-1))
+    return nodes, new_inits
+
+
 def level0_twin(folder: Path, entry) -> object:
     """The entry's graph with every MatMulNBits at accuracy_level 0 (fp32 compute), written next
-    to it over the same weights file -> an entry pointing at it."""
+    to it over the same weights file -> an entry pointing at it. An 8-bit one computes at level 0
+    by dequantizing all of B on each call (export/nbits.py): a large one (a Q6_K LM head, 933 MB
+    of fp32 for the coder's) runs as row ranges of its initializers, so the check's peak holds
+    TWIN_CHUNK_BYTES of it at a time."""
     import onnx
 
     src = folder / entry.graph
     model = onnx.load(str(src), load_external_data=False)
+    nodes = []
     for node in model.graph.node:
         if node.op_type == "MatMulNBits":
             for a in node.attribute:
                 if a.name == "accuracy_level":
                     a.i = 0
+            split = _split_rows(model, node, TWIN_CHUNK_BYTES)
+            if split is not None:
+                nodes += split[0]
+                model.graph.initializer.extend(split[1])
+                continue
+        nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    used = {i for n in nodes for i in n.input}
+    kept = [t for t in model.graph.initializer if t.name in used or t.name in {i.name for i in model.graph.input}]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
     twin = src.with_name(src.stem + ".level0.onnx")
     onnx.save(model, str(twin))
     return dataclasses.replace(entry, graph=str(Path(entry.graph).with_name(twin.name)))
 
 
-def parity(folder: Path, entry, dec, model, opts: GraphOptions, k: int, steps: int,
-           decoder: Callable[[Path, object], object]) -> dict:
-    """The gate's numbers for a weight-only target (see the module docstring)."""
+def parity(folder: Path, entry, make_dec: Callable[[], object], model, opts: GraphOptions, k: int, steps: int,
+           decoder: Callable[[Path, object], object]) -> tuple[dict, object]:
+    """The gate's numbers for a weight-only target (see the module docstring), and the graph's
+    decoder (`make_dec()`), made once the twin's session is gone (one session at a time); None
+    for a `LazyReference` (a streamed model: each session is dropped before the reference runs).
+    model: the reference (a transformers model, a Reference of one, or a LazyReference)."""
     exact_key = tolerance_key("fp32", entry.kv.dtype)  # fp32 compute; an fp16 KV cache's rounding
     if opts.int4_accuracy_level == 0:
-        return check_decoder(dec, model, k=k, steps=steps, precision=exact_key).as_dict()
+        if isinstance(model, LazyReference):  # the session is gone before the reference runs
+            return compare(observe(make_dec(), model), model, exact_key).as_dict(), None
+        dec = make_dec()
+        return check_decoder(dec, model, k=k, steps=steps, precision=exact_key).as_dict(), dec
     twin = level0_twin(folder, entry)
+    lazy = isinstance(model, LazyReference)
     try:
-        exact = check_decoder(decoder(folder, twin), model, k=k, steps=steps, precision=exact_key).as_dict()
+        if lazy:  # both graphs observed, one session at a time, then one reference forward for both
+            got_twin = observe(decoder(folder, twin), model)
+        else:
+            exact = check_decoder(decoder(folder, twin), model, k=k, steps=steps, precision=exact_key).as_dict()
     finally:
         (folder / twin.graph).unlink()
-    own = check_decoder(dec, model, k=k, steps=steps, precision="int8-activations").as_dict()
+    if lazy:
+        got_own = observe(make_dec(), model)
+        prefetch(model, [got_twin, got_own])
+        exact = compare(got_twin, model, exact_key).as_dict()
+        own = compare(got_own, model, "int8-activations").as_dict()  # (its greedy tokens: the probe's)
+        dec = None  # a streamed target's decoder is not kept (no EAGLE check reads it)
+    else:
+        dec = make_dec()
+        own = check_decoder(dec, model, k=k, steps=steps, precision="int8-activations").as_dict()
     exact["accuracy_level_4"] = {key: own[key] for key in
                                  ("prefill_max_abs", "continuation_max_abs", "greedy_steps", "greedy_match")}
     exact["checked_at_accuracy_level"] = 0
-    return exact
+    return exact, dec

@@ -85,14 +85,22 @@ def peek_source(src: ResolvedSource):
         return load_source(src)[1], None  # unreachable here: load_source raises the hub's error
     folder = src.path.parent if src.gguf_file else src.path
     kw = {"gguf_file": src.gguf_file} if src.gguf_file else {}
+    from .gguf_stream import drop_metadata, shared_readers
+
     try:
-        return AutoTokenizer.from_pretrained(folder, **kw), AutoConfig.from_pretrained(folder, **kw)
+        with shared_readers():  # a GGUF's metadata parsed once for this and the draft's load after
+            out = AutoTokenizer.from_pretrained(folder, **kw), AutoConfig.from_pretrained(folder, **kw)
+        if src.gguf_file:
+            drop_metadata(src.path)
+        return out
     except (ValueError, OSError, KeyError, EOFError, RuntimeError) as e:
         raise SourceError(f"cannot read model {src.ref}: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
 
 
-def load_source(src: ResolvedSource):
-    """-> (model fp32 torch, eval mode, tokenizer). Raises SourceError with a readable reason."""
+def load_source(src: ResolvedSource, stream: bool = False):
+    """-> (model fp32 torch, eval mode, tokenizer). Raises SourceError with a readable reason.
+    stream (a GGUF source): the model with empty weights, read from the file tensor by tensor
+    when used (export/gguf_stream.py), never whole in fp32."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -113,8 +121,13 @@ def load_source(src: ResolvedSource):
     try:
         if not src.gguf_file:
             AutoConfig.from_pretrained(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kw)
-        tok = AutoTokenizer.from_pretrained(folder, **kw)
+        if stream and src.gguf_file:
+            from .gguf_stream import load_streamed
+
+            model, tok = load_streamed(folder, src.gguf_file)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kw)
+            tok = AutoTokenizer.from_pretrained(folder, **kw)
     except ValueError as e:
         msg = str(e)
         if "model_type" in msg or "architecture" in msg.lower() or "Unrecognized" in msg:

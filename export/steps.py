@@ -11,14 +11,15 @@ numbers that gate it.
   subset_draft       a draft's LM head cut to a frequency-ranked subset of the vocabulary
 
 Memory (docs/design.md, "Export memory"): a model's fp32 weights are in memory once while its
-graphs are built, and not at all while onnxruntime loads them; one session at a time.
+graphs are built, and not at all while onnxruntime loads them; one session at a time. A GGUF
+source is streamed: one tensor's weights at a time, never the whole model.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,19 +29,23 @@ from specrt.runtime.backends.harness import SequenceHarness
 from specrt.runtime.backends.ort import OrtBackend
 from specrt.runtime.bundle.manifest import SELF_DRAFT_PRECISION, KVLayout, ModelEntry
 
-from . import quant_target, vocab_subset
+from . import quant_target, tokcheck, vocab_subset
 from .arch import Arch, arch_from_model, numpy_weights
 from .bundle import ExternalData, save_graph
 from .eagle import draft_arch, draft_weights
 from .emitter import kv_buffer_dtype
+from .gguf_stream import GGUFWeights, drop_metadata, streamed_logits
 from .graph import EAGLE_FEATURES_OUT, FEATURES, GraphOptions, build_graph, graph_io
 from .sources import load_source, resolve_source, sha256_file
 from .validate import (
+    LazyReference,
     ParityError,
     Reference,
     check_decoder,
     check_eagle,
+    compare,
     draft_agreement,
+    observe,
     tolerance_key,
 )
 
@@ -78,18 +83,30 @@ class LoadedModel:
     NumPy `weights`, views of the model's own tensors) is made when a step first reads it.
     `release()` drops the model once its graphs are written and its `reference` is taken, so a
     model's fp32 weights are in memory once while its graphs are built and not at all while
-    onnxruntime loads them."""
+    onnxruntime loads them. `stream` (a GGUF source): no fp32 model at all: `model` is a skeleton
+    with meta weights, `weights` reads the file tensor by tensor and `reference` is computed
+    layer by layer when a check asks (export/gguf_stream.py)."""
 
-    def __init__(self, ref: str, max_seq_len: int, echo: Callable[[str], None] | None = None):
+    def __init__(self, ref: str, max_seq_len: int, echo: Callable[[str], None] | None = None, stream: bool = False):
         self.src = resolve_source(ref, echo=echo)
-        self.model, self.tok = load_source(self.src)
+        # streamed: a GGUF's weights read tensor by tensor, never a whole fp32 model (export/gguf_stream.py)
+        self.streamed = bool(stream and self.src.gguf_file)
+        self.model, self.tok = load_source(self.src, stream=self.streamed)
         self.config = self.model.config
         self.max_seq_len = max_seq_len
+        if self.streamed:  # what reads the vocabulary has read it (the check's tokens are kept)
+            tokcheck.read_gguf_tokens(self.src.path)
+            drop_metadata(self.src.path)
 
-    def reference(self, cfg: Settings) -> Reference:
+    def reference(self, cfg: Settings) -> Reference | LazyReference:
+        if self.streamed:  # computed when a check asks, layer by layer
+            return LazyReference(functools.partial(streamed_logits, self.model, self.weights), self.arch.vocab,
+                                 k=cfg.max_draft_tokens, steps=cfg.greedy_steps)
         return Reference.of(self.model, self.arch.vocab, k=cfg.max_draft_tokens, steps=cfg.greedy_steps)
 
     def release(self) -> None:
+        if self.streamed:  # nothing held: the skeleton and the file map stay for the lazy reference
+            return
         self.arch  # noqa: B018 (made while the model is there)
         self.__dict__.pop("weights", None)
         self.model = None
@@ -100,8 +117,8 @@ class LoadedModel:
         return arch_from_model(self.model, self.max_seq_len)
 
     @functools.cached_property
-    def weights(self) -> dict:
-        return numpy_weights(self.model)
+    def weights(self) -> Mapping:
+        return GGUFWeights(self.src.path, self.model) if self.streamed else numpy_weights(self.model)
 
 
 @dataclass
@@ -160,16 +177,23 @@ def check_target(tmp: Path, entry: ModelEntry, tgt: LoadedModel, cfg: Settings, 
     quantized = bool(entry.quantization)
     if not keep_features and not quantized:
         tgt.release()
-    dec = decoder(tmp, entry, keep_hidden=keep_features)
-    if not quantized:
+    if not quantized and isinstance(ref, LazyReference) and not keep_features:  # session gone before the reference
+        entry.parity = compare(observe(decoder(tmp, entry), ref), ref,
+                               tolerance_key(cfg.precision, entry.kv.dtype)).as_dict()
+        dec = None
+    elif not quantized:
+        dec = decoder(tmp, entry, keep_hidden=keep_features)
         entry.parity = check_decoder(dec, ref, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
                                      precision=tolerance_key(cfg.precision, entry.kv.dtype)).as_dict()
     else:
         opts = cfg.target_graph(keep_features)
         if entry.quantization["method"] == "rtn":
             quant_target.fake_quantize(tgt.model, tgt.weights, opts)
-        entry.parity = quant_target.parity(tmp, entry, dec, tgt.model, opts, cfg.max_draft_tokens, cfg.greedy_steps,
-                                           decoder)
+        # a streamed model's reference is `ref` (lazy, the same weights); an RTN target's, its
+        # fake-quantized model
+        against = ref if tgt.streamed else tgt.model
+        entry.parity, dec = quant_target.parity(tmp, entry, functools.partial(decoder, tmp, entry, keep_features),
+                                                against, opts, cfg.max_draft_tokens, cfg.greedy_steps, decoder)
         if not keep_features:
             tgt.release()
     require_parity(entry, "target")
@@ -193,7 +217,7 @@ def model_draft_entry(tmp: Path, ref: str, cfg: Settings, probe: Probe, draft_pr
     """A separate draft model -> its entry: at the target's precision held to the same parity as
     the target; weight-quantized (draft_precision) measured like a self-draft."""
     step(f"loading draft {ref}")
-    d = LoadedModel(ref, cfg.max_seq_len, echo)
+    d = LoadedModel(ref, cfg.max_seq_len, echo, stream=True)
     reference = d.reference(cfg)
     step(f"building draft graph ({ref}{', ' + draft_precision if draft_precision else ''})")
     if draft_precision:

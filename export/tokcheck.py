@@ -10,6 +10,7 @@ that the chat template is the one shipped. `check` raises on any difference, nam
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,11 +38,12 @@ class GGUFTokens:
     ends: dict[str, int] = field(default_factory=dict)
 
 
+@functools.lru_cache(maxsize=4)
 def read_gguf_tokens(path: Path) -> GGUFTokens:
     """The tokenizer fields of a GGUF file's metadata (its tensors are not read)."""
-    from gguf import GGUFReader
+    from .gguf_stream import gguf_reader
 
-    fields = GGUFReader(str(path)).fields
+    fields = gguf_reader(path).fields
 
     def value(key):
         f = fields.get(key)

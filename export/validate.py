@@ -103,9 +103,100 @@ class Reference:
         return self.ids[: self.prefix]
 
 
+class LazyReference:
+    """A reference whose logits are computed when a check asks for them, for a model that is
+    never whole in memory (a streamed GGUF, export/gguf_stream.py: one module's weights at a
+    time, so each forward dequantizes the whole model). Greedy steps are checked by teacher
+    forcing: the graph's greedy tokens, then one reference forward over prompt + those tokens;
+    up to the first mismatch that is the same comparison as stepping both. Every sequence a check
+    needs goes into one batched forward; results are kept per sequence (the level-0 twin and the
+    level-4 graph ask for the same ones). `greedy_tokens`: the last checked graph's greedy
+    continuation of the prompt (the target's, for the drafts' agreement)."""
+
+    def __init__(self, logits_fn, vocab: int, *, k: int, steps: int = 32, prefix: int = 12):
+        self.logits_fn, self.steps, self.prefix = logits_fn, steps, prefix
+        self.ids = probe_tokens(vocab, prefix + k + 1)
+        self.greedy_tokens: np.ndarray | None = None
+        self._cache: dict[bytes, np.ndarray] = {}
+
+    @property
+    def prompt(self) -> np.ndarray:
+        return self.ids[: self.prefix]
+
+    def logits(self, seqs: list[np.ndarray]) -> list[np.ndarray]:
+        keys = [np.asarray(s, dtype=np.int64).tobytes() for s in seqs]
+        todo = {kk: np.asarray(s, dtype=np.int64) for kk, s in zip(keys, seqs, strict=True) if kk not in self._cache}
+        if todo:
+            self._cache.update(zip(todo, self.logits_fn(list(todo.values())), strict=True))
+        return [self._cache[kk] for kk in keys]
+
+
+@dataclass
+class Observed:
+    """A graph's side of a check against a `LazyReference`: its logits over the probe and its
+    greedy continuation of the prompt."""
+
+    prefill: np.ndarray
+    continuation: np.ndarray
+    tokens: np.ndarray
+
+
+def observe(decoder, ref: LazyReference) -> Observed:
+    """Run the checks' calls on `decoder`. Kept apart from `compare` so a caller can drop the
+    graph's session before the reference's layer-by-layer forward runs (one at a time)."""
+    ids, prefix = ref.ids, ref.prefix
+    decoder.reset()
+    pre = np.concatenate([decoder.forward(ids[s : min(s + decoder.max_t, prefix)]).copy()
+                          for s in range(0, prefix, decoder.max_t)])
+    cont = decoder.forward(ids[prefix:]).copy()
+    decoder.reset()
+    row = decoder.prefill(ref.prompt)
+    tokens = []
+    for i in range(ref.steps):
+        tokens.append(int(np.argmax(row)))
+        if i + 1 < ref.steps:
+            row = decoder.forward([tokens[-1]])[0]
+    decoder.reset()
+    return Observed(pre, cont, np.array(tokens, dtype=np.int64))
+
+
+def _sequences(got: Observed, ref: LazyReference) -> list[np.ndarray]:
+    """The reference rows a comparison needs: the probe, and prompt + the graph's greedy tokens."""
+    return [ref.ids, np.concatenate([ref.prompt, got.tokens[:-1]])]
+
+
+def prefetch(ref: LazyReference, observed: list[Observed]) -> None:
+    """The reference rows of several graphs' checks in one batched forward (one pass over the
+    file's weights instead of one each)."""
+    ref.logits([s for got in observed for s in _sequences(got, ref)])
+
+
+def compare(got: Observed, ref: LazyReference, precision: str) -> Parity:
+    """`observe`'s numbers against the reference: the same Parity as `check_decoder`'s."""
+    ids, prefix, steps = ref.ids, ref.prefix, ref.steps
+    want, forced = ref.logits(_sequences(got, ref))
+    pre = float(np.abs(got.prefill - want[:prefix]).max())
+    cont = float(np.abs(got.continuation - want[prefix:]).max())
+    rows = forced[prefix - 1:]  # the reference's next-token logits after the prompt and each graph token
+    match, first_margin = 0, None
+    for i in range(steps):
+        if int(np.argmax(rows[i])) != got.tokens[i]:
+            top2 = np.sort(rows[i])[-2:]
+            first_margin = float(top2[1] - top2[0])
+            break
+        match += 1
+    ref.greedy_tokens = got.tokens
+    tol = TOLERANCE.get(precision)
+    passed = tol is None or (pre <= tol and cont <= tol and (match == steps or (first_margin or 0) < 10 * tol))
+    return Parity(pre, cont, len(ids) - prefix, steps, match, first_margin, tol, passed)
+
+
 def check_decoder(decoder, model, *, k: int, steps: int = 32, prefix: int = 12, precision: str = "fp32") -> Parity:
     """Compare a fresh `decoder` (runtime SequenceHarness over the exported graph) with `model`: a
-    transformers model, or its `Reference` computed before (then k, steps, prefix are its own)."""
+    transformers model, or its `Reference` computed before, or a `LazyReference` (then k, steps,
+    prefix are its own)."""
+    if isinstance(model, LazyReference):
+        return compare(observe(decoder, model), model, precision)
     ref = model if isinstance(model, Reference) else Reference.of(model, decoder.vocab, k=k, steps=steps, prefix=prefix)
     ids, prefix, steps = ref.ids, ref.prefix, len(ref.greedy_tokens)
     decoder.reset()

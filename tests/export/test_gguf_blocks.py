@@ -44,6 +44,25 @@ def test_blocks_reproduce_gguf_dequantize_bit_for_bit(type_name):
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))  # bits, -0.0 included
 
 
+@pytest.mark.parametrize("type_name", sorted(FORMS))
+def test_blocks_decoded_in_slabs_of_rows_are_the_same(type_name, monkeypatch):
+    """A tensor is decoded a few rows at a time (the decoders' temporaries are 4 bytes a
+    weight): slabs of 2 rows (and a ragged last one) give every array of the one-slab import."""
+    from specrt.export import gguf_blocks
+
+    n, k = 7, 512
+    raw = hand_made(type_name, n, k, seed=3)
+    whole = import_blocks(raw, type_name, n, k)
+    monkeypatch.setattr(gguf_blocks, "SLAB_WEIGHTS", 2 * k)
+    slabs = import_blocks(raw, type_name, n, k)
+    assert (slabs.bits, slabs.block) == (whole.bits, whole.block)
+    for a, b in ((slabs.packed, whole.packed), (slabs.scales, whole.scales), (slabs.zero_points, whole.zero_points)):
+        np.testing.assert_array_equal(a, b)
+    assert (slabs.mins is None) == (whole.mins is None)
+    if whole.mins is not None:
+        np.testing.assert_array_equal(slabs.mins, whole.mins)
+
+
 def test_hand_computed_q4_1_block():
     # d = 0.5, m = -1, codes 0..15 then 15..0: ggml puts element j in the low nibble of byte j
     # and element j + 16 in its high nibble; MatMulNBits wants elements 2j / 2j + 1 in byte j

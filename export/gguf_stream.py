@@ -1,0 +1,274 @@
+"""A GGUF model without an fp32 copy of it: its weights read tensor by tensor from the memory-
+mapped file, and a transformers reference that holds one module's weights at a time.
+
+transformers loads a GGUF by dequantizing every tensor into one fp32 state dict and then into the
+model: for a 1.5B model a 12 GB peak, for a 7B one more than this 24 GB machine has. Here:
+
+  GGUFWeights      HF weight name -> its fp32 values (gguf-py's dequantize and transformers' own
+                   tensor processor, so the same values transformers would hold), made on access
+                   and not kept; `shape(name)` without reading the tensor
+  load_streamed    config + tokenizer from the file's metadata, the model built with empty (meta)
+                   weights: a skeleton whose rotary tables and config are real
+  streamed_logits  the skeleton's forward with each top-level module's weights (embedding, one
+                   decoder layer, final norm, LM head) put in place just before that module runs
+                   and dropped after it: a layer by layer reference, the same torch computation
+                   as the fully loaded model (docs/design.md, "Export memory")
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+EMBED = "model.embed_tokens.weight"
+
+
+_READERS: dict[str, object] = {}
+
+
+def gguf_reader(path: Path | str):
+    """One parsed GGUFReader per file for the whole export: parsing a 151k-token vocabulary's
+    metadata takes 10-25 s on this machine's CPUs, and an export read each file up to five times
+    (config, tokenizer, weights, tokenizer check, kernel graphs). `forget_readers` drops them."""
+    key = str(Path(path).resolve())
+    if key not in _READERS:
+        # the class itself, also while `shared_readers` is open
+        from gguf.gguf_reader import GGUFReader
+
+        _READERS[key] = GGUFReader(key)
+    return _READERS[key]
+
+
+BIG_FIELD = 4096  # metadata arrays longer than this (a vocabulary's tokens, types, merges)
+
+
+def drop_metadata(path: Path | str) -> None:
+    """Drop the long arrays (the vocabulary) from a file's shared reader once config, tokenizer
+    and the tokenizer check have read them: a parsed 151k-token vocabulary is ~0.5 GB of small
+    NumPy views, for the whole export otherwise (tensors and short fields stay)."""
+    r = _READERS.get(str(Path(path).resolve()))
+    if r is None:
+        return
+    for name in [k for k, f in r.fields.items() if len(f.data) > BIG_FIELD]:
+        del r.fields[name]
+    import gc
+
+    gc.collect()
+
+
+def forget_readers() -> None:
+    _READERS.clear()
+    _METADATA.clear()
+
+
+_METADATA: dict[str, dict] = {}
+
+
+@contextmanager
+def shared_readers():
+    """transformers' GGUF loading (config, tokenizer: each imports gguf.GGUFReader and
+    load_gguf_checkpoint when called) reads through `gguf_reader` while this is open, and parses
+    a file's metadata once (a copy of it for each caller)."""
+    import copy
+
+    import gguf
+    import transformers.modeling_gguf_pytorch_utils as hf_gguf
+
+    orig_reader, orig_load = gguf.GGUFReader, hf_gguf.load_gguf_checkpoint
+
+    def load(path, return_tensors=False, **kw):
+        if return_tensors or kw:
+            return orig_load(path, return_tensors, **kw)
+        key = str(Path(path).resolve())
+        if key not in _METADATA:
+            _METADATA[key] = orig_load(path, False)
+        return copy.deepcopy(_METADATA[key])
+
+    gguf.GGUFReader = lambda path, mode="r": gguf_reader(path) if mode == "r" else orig_reader(path, mode)
+    hf_gguf.load_gguf_checkpoint = load
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, hf_gguf.load_gguf_checkpoint = orig_reader, orig_load
+
+
+def processor_for(reader, config):
+    """transformers' tensor processor for the file's architecture (its row permutations, norm
+    offsets)."""
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        read_field,
+    )
+
+    arch = read_field(reader, "general.architecture")[0]
+    cfg = getattr(config, "text_config", None) or config
+    heads = {"num_attention_heads": cfg.num_attention_heads,
+             "num_key_value_heads": getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads}
+    return TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=heads)
+
+
+SLAB_ROWS = 8192  # rows dequantized at a time
+
+
+class GGUFWeights(Mapping):
+    """HF state-dict names -> fp32 NumPy arrays, dequantized from the GGUF on each access (no
+    cache: a caller holds what it reads as long as it needs it). `tensor(name)`: the GGUF tensor
+    behind a name (GGUFReader's, memory-mapped), for importing its blocks."""
+
+    def __init__(self, path: Path | str, model):
+        from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
+
+        self.path = Path(path)
+        self.reader = gguf_reader(path)
+        self.processor = processor_for(self.reader, model.config)
+        self.to_hf = to_hf = get_gguf_hf_weights_map(model, self.processor)  # (slow: ~8 s for a 28-layer model)
+        self._tensors = {}
+        for t in self.reader.tensors:
+            hf = to_hf.get(t.name)
+            if hf is not None:
+                self._tensors[hf] = t
+
+    def tensor(self, name: str):
+        return self._tensors[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The HF shape ([out, in] for a projection) without reading the data."""
+        return tuple(int(d) for d in reversed(self._tensors[name].shape))
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        from gguf import dequantize
+
+        t = self._tensors[name]
+        # as transformers' load_gguf_checkpoint (dequantize, then its processor), in row slabs
+        # written into one array: gguf-py concatenates its parts, twice the tensor at its peak
+        shape = tuple(int(d) for d in reversed(t.shape))  # ggml's [ne1, ne0] order = rows, elements
+        raw = np.asarray(t.data)
+        if len(shape) == 2 and raw.ndim == 2 and raw.shape[0] == shape[0]:
+            w = np.empty(shape, np.float32)
+            for r0 in range(0, shape[0], SLAB_ROWS):
+                w[r0:r0 + SLAB_ROWS] = dequantize(raw[r0:r0 + SLAB_ROWS], t.tensor_type).reshape(-1, shape[1])
+        else:
+            w = dequantize(t.data, t.tensor_type)
+        w = self.processor.process(weights=w, name=t.name, tensor_key_mapping={}, parsed_parameters={}).weights
+        w = np.ascontiguousarray(np.asarray(w, dtype=np.float32).reshape(self.shape(name)))
+        w = w if w.flags.writeable else w.copy()  # F32 tensors: a view of the read-only map
+        drop_pages(self.reader.data)
+        return w
+
+    def __contains__(self, name) -> bool:  # (Mapping's own would read the tensor)
+        return name in self._tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+
+def drop_pages(array) -> None:
+    """Unmap the resident pages of the file map behind `array` (a GGUFReader's tensor data or its
+    whole map) from this process: they stay in the page cache, but no longer count in its
+    resident memory, which would otherwise grow to the file's size as every tensor is read."""
+    base = array
+    while base is not None and getattr(base, "_mmap", None) is None:
+        base = getattr(base, "base", None)
+    mm = getattr(base, "_mmap", None) if base is not None else None
+    if mm is not None and hasattr(mm, "madvise"):
+        mm.madvise(mmap.MADV_DONTNEED)
+
+
+def weight_shape(weights: Mapping, name: str) -> tuple[int, ...]:
+    """A weight's shape, without dequantizing it where `weights` streams from a file."""
+    shape = getattr(weights, "shape", None)
+    return shape(name) if callable(shape) else tuple(weights[name].shape)
+
+
+def load_streamed(folder: Path, gguf_file: str):
+    """-> (model skeleton, eval mode, weights on the meta device; tokenizer) from the GGUF's
+    metadata alone."""
+    import torch
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    with shared_readers():
+        config = AutoConfig.from_pretrained(folder, gguf_file=gguf_file)
+        with init_empty_weights():  # parameters on meta; buffers (rotary tables) real
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    return model.eval(), tok
+
+
+def _units(model) -> list[tuple[str, object]]:
+    """(name prefix, module) of the modules whose weights are put in place one at a time: each
+    child of the decoder stack (a layer list's layers one by one), and the model's own others
+    (the LM head)."""
+    out = []
+    for name, child in model.named_children():
+        subs = child.named_children() if name == "model" else [("", child)]
+        for sub, mod in subs:
+            prefix = f"{name}.{sub}" if sub else name
+            if isinstance(mod, __import__("torch").nn.ModuleList):
+                out += [(f"{prefix}.{i}", m) for i, m in enumerate(mod)]
+            elif any(True for _ in mod.parameters()):
+                out.append((prefix, mod))
+    return out
+
+
+def _set(module, name: str, value) -> None:
+    owner, _, attr = name.rpartition(".")
+    setattr(module.get_submodule(owner) if owner else module, attr, value)
+
+
+def _install(model, weights: GGUFWeights) -> list:
+    """Forward hooks putting each unit's weights (`_units`) in place before it runs and back on the
+    meta device after. -> the hook handles."""
+    import torch
+
+    shapes = {}
+
+    def load(prefix):
+        def pre(mod, _args):
+            for name, p in list(mod.named_parameters()):
+                key = f"{prefix}.{name}"
+                if key not in weights and key == "lm_head.weight":  # tied: the embedding's table
+                    key = EMBED
+                shapes[(prefix, name)] = tuple(p.shape)
+                _set(mod, name, torch.nn.Parameter(torch.from_numpy(weights[key]), requires_grad=False))
+        return pre
+
+    def drop(prefix):
+        def post(mod, _args, _out):
+            for name, _ in list(mod.named_parameters()):
+                _set(mod, name, torch.nn.Parameter(torch.empty(shapes[(prefix, name)], device="meta"),
+                                                   requires_grad=False))
+        return post
+
+    hooks = []
+    for prefix, mod in _units(model):
+        hooks += [mod.register_forward_pre_hook(load(prefix)), mod.register_forward_hook(drop(prefix))]
+    return hooks
+
+
+def streamed_logits(model, weights: GGUFWeights, seqs: list[np.ndarray]) -> list[np.ndarray]:
+    """Logits [len(s), V] of each token sequence (one batch, right-padded: causal attention keeps
+    every row's real positions free of the padding), with one module's weights in memory at a
+    time."""
+    import torch
+
+    n = max(len(s) for s in seqs)
+    ids = np.zeros((len(seqs), n), dtype=np.int64)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = s
+    hooks = _install(model, weights)
+    try:
+        with torch.no_grad():
+            out = model(torch.from_numpy(ids), use_cache=False).logits.float().numpy()
+    finally:
+        for h in hooks:
+            h.remove()
+    return [out[i, :len(s)].copy() for i, s in enumerate(seqs)]
