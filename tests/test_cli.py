@@ -155,12 +155,18 @@ def test_non_finite_logits_is_reported(tiny_bundles, monkeypatch):
 
     pipe = specrt.load(tiny_bundles["good"])
     target = pipe.parts.target
-    real = target.run
-    monkeypatch.setattr(target, "run", lambda s, t, p, h=None, keep=None: real(s, t, p, h, keep) * np.float32("nan"))
+    real = target.run_batch
+
+    def nan(batch):
+        out = real(batch)
+        out.logits = [x * np.float32("nan") for x in out.logits]
+        return out
+
+    monkeypatch.setattr(target, "run_batch", nan)
     with pytest.raises(NonFiniteLogits, match="non-finite"):
         pipe.generate("w5", max_new_tokens=4, chat=False)
     assert pipe.counters()["running"] == 0  # the request ended; the engine is still serving
-    monkeypatch.setattr(target, "run", real)
+    monkeypatch.setattr(target, "run_batch", real)
     assert pipe.generate("w5", max_new_tokens=4, chat=False).stats.new_tokens > 0
     pipe.close()
 

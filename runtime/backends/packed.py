@@ -1,7 +1,9 @@
 """onnxruntime backend over a bundle's packed target graph (export/packed.py, docs/bundle.md
 "Packed calls"): one call carries the tokens of up to `lanes` sequences.
 
-`PackedModel` is a `PoolModel` (runtime/backends/protocol.py) with one more call shape:
+`PackedModel` is a `PoolModel` (runtime/backends/protocol.py) whose `run_batch` puts up to
+`lanes` sequences and `max_tokens` tokens into one call (`run_packed`, one call per such group,
+in the batch's order):
 
   run_packed([(slot, tokens[T], past, keep), ...])   every sequence's tokens in one call; the
       projections, MLP and LM head stream the weights once for all of them, and each sequence's
@@ -19,12 +21,14 @@ filler tokens over a two-row scratch buffer.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from ..bundle.manifest import ModelEntry
+from .batch import Batch, BatchOut
 from .kvpool import KVPool
 from .ort import PACKED_PRECISIONS, PREFILL_TOKENS, pick_providers, prefill_width, session_options
 from .protocol import PoolModel
@@ -37,7 +41,6 @@ class PackedModel(PoolModel):
     hidden_size = 0
     batch_rows = True
     min_t = 1
-    packs = True
 
     def __init__(self, graph: str | Path, entry: ModelEntry, pool: KVPool, *, lanes: int, track: str = "model",
                  threads: int | None = None, global_pool: bool = False, prefill_tokens: int = PREFILL_TOKENS,
@@ -115,6 +118,40 @@ class PackedModel(PoolModel):
         return lanes
 
     # --- calls -------------------------------------------------------------------------------
+    def groups(self, counts: list[int]) -> list[list[int]]:
+        """Sequences of `counts` tokens, in order, into calls of at most `lanes` sequences and
+        `max_tokens` tokens: -> the indices of each call's sequences."""
+        out: list[list[int]] = []
+        tokens = 0
+        for i, n in enumerate(counts):
+            if not out or len(out[-1]) == self.lanes or tokens + n > self.max_tokens:
+                out.append([])
+                tokens = 0
+            out[-1].append(i)
+            tokens += n
+        return out
+
+    def run_batch(self, batch: Batch) -> BatchOut:
+        """The batch in packed calls (`groups`): one call where it fits. -> views of the output
+        buffer for one call, copies for more (each call reuses the buffer)."""
+        groups = self.groups([batch.count(i) for i in range(len(batch))])
+        logits, ms = [None] * len(batch), [0.0] * len(batch)
+        for g in groups:
+            t0 = time.perf_counter()
+            out = self.run_packed(batch.seqs(g))
+            took = 1000 * (time.perf_counter() - t0)
+            for i, rows in zip(g, out, strict=True):
+                logits[i], ms[i] = rows if len(groups) == 1 else rows.copy(), took
+        return BatchOut(logits, ms, None, len(groups))
+
+    def room(self, counts: list[int]) -> tuple[int, int]:
+        """What the batch's last call holds beside sequences of `counts` tokens (a fresh call's
+        worth when it is full, or when there are none)."""
+        last = self.groups(counts)[-1] if counts else []
+        if len(last) == self.lanes or not last:
+            return self.lanes, self.max_tokens
+        return self.lanes - len(last), self.max_tokens - sum(counts[i] for i in last)
+
     def run_packed(self, seqs: list[tuple[int, np.ndarray, int, int | None]]) -> list[np.ndarray]:
         """seqs: (slot, tokens int64 [T], past_len, keep) per sequence, distinct slots, at most
         `lanes` of them; tokens go to positions [past_len, past_len + T) of the slot, written in

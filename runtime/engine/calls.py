@@ -1,22 +1,46 @@
-"""The model calls a step makes, one sequence or many rows at once, on the pool models
-(runtime/backends/protocol.py `PoolModel`).
+"""The model calls a step makes, on the pool models (runtime/backends/protocol.py `PoolModel`):
+one batch per call site (runtime/backends/batch.py), whatever the model does with it.
 
-Every call reserves its rows in the model's track before running and advances the track after,
-so the KV pool's bookkeeping and the buffers never disagree; the target's calls record the EAGLE
-features of the rows they wrote. Logits come back as views of the model's output buffer (valid
-until the next call on that model) from `one`, and as copies from `rows` and `drafts` (several
-requests read them after the call).
+`batch` reserves every entry's rows in the model's track before the call and advances the
+tracks after, so the KV pool's bookkeeping and the buffers never disagree; the target's calls
+record the EAGLE features of the rows they wrote. A target narrower than its `min_t` (and an
+exact packed model's lone token at the pool's last row) gets its entry widened here, so the
+model sees only calls whose rows are what any call computes. A batch that fails is run again
+entry by entry, so a failure ends only the request whose own call fails.
 """
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 
 import numpy as np
 
+from ..backends.batch import Batch
 from ..drafters import DraftCall
 from .counters import Counters
 from .request import Request
+
+
+@dataclass
+class Entry:
+    """One request's sequence in a batch: `tokens` at its track's length; its last `keep` rows
+    of logits come back (None: all); hidden float32 [T, H]: the feature input (EAGLE)."""
+
+    r: Request
+    tokens: np.ndarray
+    keep: int | None = None
+    hidden: np.ndarray | None = None
+
+
+@dataclass
+class Rows:
+    """An entry's part of a batch: logits [T or keep, V] (a view of the model's output buffer
+    where the batch took one call: read it before the next call on that model), the hidden
+    states of its rows [T, H] (has_hidden_out models) and the time of the call (ms)."""
+
+    logits: np.ndarray
+    hidden: np.ndarray | None
+    ms: float
 
 
 class ModelCalls:
@@ -27,35 +51,59 @@ class ModelCalls:
         self.features = features
         self.counters = counters
 
-    def _count(self, model) -> None:
-        if model is self.target:
-            self.counters.target_calls += 1
-        else:
-            self.counters.draft_calls += 1
+    def batch(self, model, entries: list[Entry]) -> list[Rows | Exception]:
+        """One batch of `entries` (distinct requests) on `model`. -> per entry its Rows, or
+        the exception its own call raised (after a failed batch each entry runs alone)."""
+        try:
+            return list(self._batch(model, entries))
+        except Exception as e:  # noqa: BLE001 - whose entry was it? each alone
+            if len(entries) == 1:
+                return [e]
+            return [self._own(model, x) for x in entries]
 
-    def one(self, model, r: Request, tokens, hidden=None, keep: int | None = None) -> np.ndarray:
-        """One sequence's call of T tokens on `model` at its track's length in `r`'s slot.
-        -> logits view [T or keep, V] (valid until the next call on `model`). A target narrower
-        than its `min_t` runs widened (`_widen`): the rows asked for are what a wide call gives."""
-        tokens = np.asarray(tokens, dtype=np.int64)
-        n = len(tokens)
-        pos = model.pool.reserve(model.track, r.slot, n)
-        start, ids, before = pos, tokens, 0
-        if model is self.target and n < model.min_t:
-            start, ids, before = self._widen(model, r, tokens, pos)
-        elif self._last_row(model, n, pos):
-            start, ids, before = self._widen(model, r, tokens, pos, 2)
-        wide = len(ids)
-        logits = model.run(r.slot, ids, start, hidden, None if keep is None else min(n, keep) + wide - n - before)
-        if wide > n:  # the rows of `tokens` only: logits holds the call's last len(logits) rows
-            w = n if keep is None or len(logits) == wide else min(n, keep)
-            lo = before + n - w - (wide - len(logits))
-            logits = logits[lo : lo + w]
-        if model is self.target and self.features is not None:
-            self.features[r.slot, pos : pos + n] = model.hidden[before : before + n]
-        self._count(model)
-        model.pool.advance(model.track, r.slot, n)
-        return logits
+    def _own(self, model, x: Entry) -> Rows | Exception:
+        """An entry in a call of its own; its logits copied (the next call reuses the buffer)."""
+        res = self.batch(model, [x])[0]
+        if not isinstance(res, Exception):
+            res.logits = res.logits.copy()
+        return res
+
+    def _batch(self, model, entries: list[Entry]) -> list[Rows]:
+        pool = model.pool
+        seqs, hidden, shapes = [], [], []
+        for x in entries:
+            tokens = np.asarray(x.tokens, dtype=np.int64)
+            n = len(tokens)
+            pos = pool.reserve(model.track, x.r.slot, n)
+            start, ids, before = pos, tokens, 0
+            if model is self.target and n < model.min_t:
+                start, ids, before = self._widen(model, x.r, tokens, pos)
+            elif self._last_row(model, n, pos):
+                start, ids, before = self._widen(model, x.r, tokens, pos, 2)
+            wide = len(ids)
+            keep = wide if x.keep is None else min(n, x.keep) + wide - n - before
+            seqs.append((x.r.slot, ids, start, keep))
+            hidden.append(x.hidden)
+            shapes.append((pos, n, wide, before))
+        out = model.run_batch(Batch.of(seqs, hidden))
+        results = []
+        record = model is self.target and self.features is not None
+        for i, (x, (pos, n, wide, before)) in enumerate(zip(entries, shapes, strict=True)):
+            logits = out.logits[i]
+            if wide > n:  # the rows of the entry's tokens only: logits holds the call's last len(logits) rows
+                w = n if x.keep is None or len(logits) == wide else min(n, x.keep)
+                lo = before + n - w - (wide - len(logits))
+                logits = logits[lo : lo + w]
+            h = None if out.hidden is None else out.hidden[i][before : before + n]
+            if record:
+                self.features[x.r.slot, pos : pos + n] = h
+            pool.advance(model.track, x.r.slot, n)
+            results.append(Rows(logits, h, out.ms[i]))
+        if model is self.target:
+            self.counters.target_calls += out.calls
+        else:
+            self.counters.draft_calls += out.calls
+        return results
 
     @staticmethod
     def _last_row(model, n: int, pos: int) -> bool:
@@ -77,127 +125,26 @@ class ModelCalls:
             raise ValueError(f"{model.name}: no room for a {len(tokens) + pad}-token call at {pos}")
         return pos - pad, np.concatenate((np.asarray(r.seq[pos - pad : pos], dtype=np.int64), tokens)), pad
 
-    def rows(self, model, reqs: list[Request], tokens, hidden=None) -> list[tuple[np.ndarray, np.ndarray | None]]:
-        """One call of one token for each of `reqs` on `model`, over the smallest slot range that
-        holds them; slots in the range that are not served write a filler token at their spare
-        row. -> per request (logits row [V], hidden row [H] | None), copies."""
-        pool = model.pool
-        by_slot = {r.slot: i for i, r in enumerate(reqs)}
-        lo, hi = min(by_slot), max(by_slot) + 1
-        toks = np.zeros(hi - lo, dtype=np.int64)
-        pasts = np.empty(hi - lo, dtype=np.int64)
-        feats = np.zeros((hi - lo, model.hidden_size), dtype=np.float32) if model.takes_hidden else None
-        for s in range(lo, hi):
-            i = by_slot.get(s)
-            if i is None:
-                pasts[s - lo] = pool.spare_row(s)
-                continue
-            toks[s - lo] = tokens[i]
-            pasts[s - lo] = pool.reserve(model.track, s, 1)
-            if feats is not None and hidden[i] is not None:
-                feats[s - lo] = np.reshape(hidden[i], -1)
-        logits = model.run_rows(lo, toks, pasts, feats)
-        record = model is self.target and self.features is not None
-        out = []
-        for r in reqs:
-            row = r.slot - lo
-            if record:
-                self.features[r.slot, pasts[row]] = model.hidden[row]
-            pool.advance(model.track, r.slot, 1)
-            out.append((logits[row].copy(), model.hidden[row].copy() if model.has_hidden_out else None))
-        self._count(model)
-        return out
-
-    def packed(self, model, entries: list[tuple], keep: int | None = None) -> list[np.ndarray]:
-        """One packed call (runtime/backends/packed.py) holding every entry's tokens at its
-        track's length in its slot: at most `model.lanes` entries, each (request, tokens) or
-        (request, tokens, keep) (its last `keep` rows of logits; default `keep`, None: all).
-        -> per entry logits [T or keep, V], views of the model's output buffer (valid until the
-        next call on `model`)."""
-        pool = model.pool
-        seqs = []
-        for r, tokens, *own in entries:
-            tokens = np.asarray(tokens, dtype=np.int64)
-            k = own[0] if own else keep
-            pos, ids = pool.reserve(model.track, r.slot, len(tokens)), tokens
-            if self._last_row(model, len(tokens), pos):  # the token before goes first: its row is not kept
-                pos, ids, _ = self._widen(model, r, tokens, pos, 2)
-            seqs.append((r.slot, ids, pos, len(tokens) if k is None else min(k, len(tokens))))
-        out = model.run_packed(seqs)
-        for r, tokens, *_ in entries:
-            pool.advance(model.track, r.slot, len(tokens))
-        self._count(model)
-        return out
-
     def drafts(self, calls: list[tuple[Request, DraftCall]]) -> list:
-        """The draft model's calls of one draft step: the one-token calls of many requests in one
-        batched call where the model takes rows, the others one by one.
-        -> per call (logits row [V], hidden row [H] | None), or the exception that call raised."""
+        """The draft model's calls of one draft step, every request's in one batch (catch-up
+        reads of several tokens included). -> per call (logits row [V], hidden row [H] | None),
+        copies, or the exception that request's call raised."""
         model = self.draft
-        if model.packs:
-            return self._draft_packed(model, calls)
-        out: list = [None] * len(calls)
-        ones = [i for i, (_, c) in enumerate(calls) if len(c.tokens) == 1]
-        if model.batch_rows and len(ones) > 1:
-            rows = self.rows(model, [calls[i][0] for i in ones], [calls[i][1].tokens[0] for i in ones],
-                             [calls[i][1].hidden for i in ones])
-            for i, res in zip(ones, rows, strict=True):
-                out[i] = res
-        for i, (r, c) in enumerate(calls):
-            if out[i] is None:
-                out[i] = self._draft_one(model, r, c)
+        reads = [self._reads_prompt(model, r) for r, _ in calls]
+        results = self.batch(model, [Entry(r, c.tokens, c.keep, c.hidden) for r, c in calls])
+        out = []
+        for (r, _), res, reading in zip(calls, results, reads, strict=True):
+            if isinstance(res, Exception):
+                out.append(res)
+                continue
+            if reading:  # a separate draft reads the prompt in its first rounds: the call's time
+                r.stats.draft_prefill_ms += res.ms
+                r.stats.prefill_ms += res.ms
+            out.append((res.logits[-1].copy(), None if res.hidden is None else res.hidden[-1].copy()))
         return out
-
-    def _draft_packed(self, model, calls: list[tuple[Request, DraftCall]]) -> list:
-        """A packed draft: every request's call of this draft step, catch-up reads of several
-        tokens included, in packed calls of at most `lanes` requests and `max_tokens` tokens.
-        A failed call is retried request by request, so a failure ends only its own request."""
-        out: list = [None] * len(calls)
-        group: list[int] = []
-        tokens = 0  # in the group so far
-        for i, (_, c) in enumerate(calls):
-            if group and (len(group) == model.lanes or tokens + len(c.tokens) > model.max_tokens):
-                self._draft_group(model, calls, group, out)
-                group, tokens = [], 0
-            group.append(i)
-            tokens += len(c.tokens)
-        if group:
-            self._draft_group(model, calls, group, out)
-        return out
-
-    def _draft_group(self, model, calls, group: list[int], out: list) -> None:
-        try:
-            t0 = time.perf_counter()
-            reads = [self._reads_prompt(model, calls[i][0]) for i in group]
-            logits = self.packed(model, [(calls[i][0], calls[i][1].tokens) for i in group], keep=1)
-            ms = 1000 * (time.perf_counter() - t0)
-            for i, rows, reading in zip(group, logits, reads, strict=True):
-                out[i] = (rows[-1].copy(), None)
-                if reading:  # a separate draft reads the prompt in its first rounds: the call's time
-                    calls[i][0].stats.draft_prefill_ms += ms
-                    calls[i][0].stats.prefill_ms += ms
-        except Exception as e:  # noqa: BLE001 - whose call was it? each one alone
-            if len(group) == 1:
-                out[group[0]] = e
-                return
-            for i in group:
-                self._draft_group(model, calls, [i], out)
 
     @staticmethod
     def _reads_prompt(model, r: Request) -> bool:
         """Whether the draft's call for `r` still reads its prompt: its rows start at the
         drafter's `offset` (a windowed draft's first row is a later token)."""
         return r.drafter.offset + model.pool.length(model.track, r.slot) < len(r.prompt)
-
-    def _draft_one(self, model, r: Request, c: DraftCall):
-        try:
-            reads_prompt = self._reads_prompt(model, r)
-            t0 = time.perf_counter()
-            logits = self.one(model, r, c.tokens, c.hidden, c.keep)
-            if reads_prompt:  # a separate draft reads the prompt in its first round
-                ms = 1000 * (time.perf_counter() - t0)
-                r.stats.draft_prefill_ms += ms
-                r.stats.prefill_ms += ms
-            return logits[-1].copy(), model.hidden[-1].copy() if model.has_hidden_out else None
-        except Exception as e:  # noqa: BLE001 - this request's call: the caller ends it alone
-            return e

@@ -5,14 +5,18 @@ A step:
   2. admit waiting requests into free KV slots, in arrival order, each where the longest prefix
      of its prompt is already computed (runtime/engine/prefix.py: idle slots keep what finished
      requests held; running ones share their committed rows);
-  3. prefill: the rest of each prompt, in chunks, oldest request first, up to one widest call's
-     worth of tokens per step: a long prompt holds the others up by at most one chunk. On a
-     packed target the chunks ride in the round's target call (one call per step for every
-     request, as llama.cpp's server batches them), or share one call when nothing decodes;
-  4. decode: one speculation round over the decoding rows (runtime/engine/speculate.py:
-     choose k, propose, verify, commit), whose calls go through runtime/engine/calls.py;
-  5. emit: committed tokens to each request's client, up to EOS, its length or its grammar's
-     end; finished requests retire (their slot parked for prefix reuse).
+  3. decode: the speculation round over the decoding rows chooses k and proposes
+     (runtime/engine/speculate.py `Round.start`);
+  4. the step's batch (runtime/backends/batch.py), one `run_batch` on the target: every
+     decoding row's [last, d0 .. dk-1], and the prompt chunks the batch's last call has room
+     for (`PoolModel.room`), oldest request first, up to one widest call's worth of tokens: a
+     long prompt holds the others up by at most one chunk a step. A packed target runs it as
+     one call (as llama.cpp's server batches every slot's tokens); a model without packed
+     calls splits it. When nothing decodes the chunks are the batch, and the requests whose
+     prompts end there decode in the same step;
+  5. settle and emit: the round verifies and commits each row from its rows of the batch
+     (`Round.settle`); committed tokens go to each request's client, up to EOS, its length or
+     its grammar's end; finished requests retire (their slot parked for prefix reuse).
 A request's own failure ends that request alone (`speculate.alone`). A step without drafting
 rows is the batched target call and nothing else.
 
@@ -29,7 +33,7 @@ import numpy as np
 from ..backends.protocol import check_finite
 from ..sampling.logits import logprobs
 from ..sampling.processing import process
-from .calls import ModelCalls
+from .calls import Entry, ModelCalls
 from .counters import Counters
 from .prefix import common_prefix, place
 from .request import DECODE, DONE, PREFILL, Request
@@ -249,7 +253,7 @@ class Scheduler:
             self.counters.prefix_cache_queries += len(r.prompt)
             self.counters.prefix_cache_hits += r.prefilled
 
-    # --- 3: prefill --------------------------------------------------------------------------
+    # --- 4: the step's batch ----------------------------------------------------------------
     def _chunks(self, lanes: int, tokens: int) -> list[tuple[Request, list[int]]]:
         """This step's prompt chunks: oldest request first, at most `lanes` of them and one
         widest call's worth of tokens (and at most `tokens`): a long prompt holds the others up
@@ -268,25 +272,18 @@ class Scheduler:
         left = sum(len(r.prompt) - r.prefilled for r in self.running if r.state == PREFILL)
         return min(left, self.target.max_prefill_t)
 
-    def _prefill(self) -> None:
-        """A step without decoding rows (or on a target that does not pack): its prompt chunks
-        in one packed call where the target packs, else a call each."""
-        packs = self.target.packs
-        chunks = self._chunks(self.target.lanes if packs else len(self.running), self.target.max_prefill_t)
-        if packs and len(chunks) > 1:
-            try:
-                raws = self.calls.packed(self.target, [(r, c, 1) for r, c in chunks])
-            except Exception:  # noqa: BLE001 - whose chunk was it? each alone below
-                pass
+    def _run_batch(self, rows: list[Entry]) -> list:
+        """One batch on the target: the decoding rows' entries, then the prompt chunks its last
+        call has room for (each read: `_read`). -> the rows' results (calls.Rows or error)."""
+        lanes, tokens = self.target.room([len(x.tokens) for x in rows])
+        chunks = self._chunks(lanes, tokens)
+        results = self.calls.batch(self.target, rows + [Entry(r, c, 1) for r, c in chunks]) if rows or chunks else []
+        for (r, c), res in zip(chunks, results[len(rows) :], strict=True):
+            if isinstance(res, Exception):
+                self._fail(r, res)
             else:
-                for (r, c), raw in zip(chunks, raws, strict=True):
-                    self._read(r, len(c), raw[-1])
-                return
-        for r, c in chunks:
-            with alone(self._fail, r):
-                row = self.calls.one(self.target, r, c, keep=1)[-1]
-            if r.state != DONE:
-                self._read(r, len(c), row)
+                self._read(r, len(c), res.logits[-1])
+        return results[: len(rows)]
 
     def _read(self, r: Request, n: int, row: np.ndarray) -> None:
         """`r` read n more prompt tokens; row: the logits of the last. After the prompt's last
@@ -351,24 +348,18 @@ class Scheduler:
     # --- the step ----------------------------------------------------------------------------
     def step(self, take_waiting=lambda: None) -> None:
         self.admit(take_waiting)
+        if not self._decoding():  # only prompt chunks: the batch is theirs
+            self._run_batch([])
         rows = self._decoding()
-        packs = self.target.packs
-        if not (rows and packs):  # prompt chunks in calls of their own, before the round
-            self._prefill()
-            rows = self._decoding()
         if not rows:
             return
-        outcomes = self.round.run(rows, self.costs, len(self.running), self._chunks if packs else None,
-                                  self._to_read())
-        for r, n, row in self.round.read:  # chunks that rode in the round's call
-            self._read(r, n, row)
-        for o in outcomes:
+        planned = self.round.start(rows, self.costs, len(self.running), self._to_read())
+        results = self._run_batch([Entry(r, self.round.tokens(r, p)) for r, p in planned])
+        for o in self.round.settle(planned, results):
             if o.error is not None:
                 self._fail(o.r, o.error)
             else:
                 self.counters.tokens += self._emit(o.r, o.tokens, o.raw)
-        if packs and not self.round.read:  # nothing rode: its calls were full (more rows than
-            self._prefill()  # lanes), or a chunk failed (its request is retired by now)
 
     def _decoding(self) -> list[Request]:
         return [r for r in self.running if r.state == DECODE and not r.cancelled]

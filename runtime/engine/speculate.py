@@ -2,13 +2,14 @@
 
     ks        = choose_ks(rows)       per row 0 (no draft) .. its k, capped by the batch plan
                                       (runtime/policy/plan.py `Planner`)
-    proposals = propose(rows, ks)     drafters run; their one-token calls batched across rows
-    rows that do not draft:           one batched target call; next = the target's own pick
-    rows that draft d[0..k):          one target call of [last, d0 .. dk-1] each -> k+1 rows;
-                                      verify -> (n_ok, next)
-    commit                            keep d[:n_ok] + [next]; the target's track rewinds to
-                                      n' - 1 (a pointer move: the rows past it are stale and the
-                                      next call overwrites them); the drafter follows
+    proposals = propose(rows, ks)     drafters run; each draft step's calls in one batch
+    the step's batch                  (built by the scheduler) holds per row [last] (a plain row)
+                                      or [last, d0 .. dk-1] (a drafting one) -> 1 or k+1 rows
+    settle                            plain: next = the target's own pick; drafting: verify ->
+                                      (n_ok, next); commit keeps d[:n_ok] + [next]; the target's
+                                      track rewinds to n' - 1 (a pointer move: the rows past it
+                                      are stale and the next call overwrites them); the drafter
+                                      follows
 
 Exactness: each target row is processed (penalties, grammar: runtime/sampling/processing.py) as a
 target-only step at that position would be, and verification keeps exactly what target-only
@@ -17,9 +18,8 @@ many tokens one target call yields.
 
 The round returns one `Outcome` per row — the tokens it committed (and the target rows they came
 from), or the error that ended it — and the scheduler emits and retires; nothing here calls back
-into the scheduler. A request's own failure (a call of its own, its grammar, its drafter,
-non-finite logits) ends that request alone (`alone`); a failed batched call ends the requests it
-served.
+into the scheduler. A request's own failure (its call, its grammar, its drafter, non-finite
+logits) ends that request alone (`alone`).
 """
 
 from __future__ import annotations
@@ -93,41 +93,50 @@ class Round:
         self.planner = Planner(plan_batches)
         self.outcomes: list[Outcome] = []  # this round's, in the order they happened
         self.failed: set[int] = set()  # ids of this round's requests that failed
-        self.read: list[tuple[Request, int, np.ndarray]] = []  # prompt chunks that rode in its call
+        self.draft_ms = 0.0  # this round's draft time (0 when no row drafted)
+        self.learn = False  # a request running alone: its plain rows teach its policy their cost
 
     def fail(self, r: Request, e: Exception) -> None:
         self.outcomes.append(Outcome(r, [], error=e))
         self.failed.add(r.id)
 
-    def run(self, rows: list[Request], costs, running: int, ride=None, reading: int = 0) -> list[Outcome]:
-        """One round for every decoding row -> one Outcome per row, in order of events.
+    def start(self, rows: list[Request], costs, running: int, reading: int = 0) -> list[tuple[Request, Proposal]]:
+        """Choose k and propose for every decoding row -> each row still running with its
+        proposal (NO_DRAFT: a plain row), whose target tokens are `tokens(r, p)`.
         costs: adaptive.Costs (None: no batch plan); running: requests in the engine (costs are
-        learned only from a request running alone: batched times are the plan's).
-        ride(free lanes, free tokens) -> [(request, prompt chunk)]: on a packed target, chunks
-        of prompts being read that go into the round's last call, as llama.cpp's server puts
-        them into its one batch; each read chunk lands in `self.read` as (request, tokens,
-        its last logits row), a failed one as its request's Outcome. reading: how many prompt
-        tokens will ride (the batch plan prices the call with them)."""
-        self.outcomes, self.failed, self.read = [], set(), []
-        ks = self.planner.choose_ks(rows, costs, running, reading if ride is not None else 0)
+        learned only from a request running alone: batched times are the plan's). reading:
+        prompt tokens that ride in the step's batch (the batch plan prices the call with them)."""
+        self.outcomes, self.failed = [], set()
+        ks = self.planner.choose_ks(rows, costs, running, reading)
         t0 = time.perf_counter()
         proposals = self.propose([r for r, k in zip(rows, ks, strict=True) if k > 0],
                                  {r.id: k for r, k in zip(rows, ks, strict=True)})
-        draft_ms = 1000 * (time.perf_counter() - t0)
-        rows = [r for r in rows if r.id not in self.failed]  # a draft failure ended its request
-        drafting = [r for r in rows if len(proposals.get(r.id, NO_DRAFT).tokens)]
-        plain = [r for r in rows if r not in drafting]
+        planned = [(r, proposals.get(r.id, NO_DRAFT)) for r in rows if r.id not in self.failed]
+        drafting = any(len(p.tokens) for _, p in planned)
+        self.draft_ms = 1000 * (time.perf_counter() - t0) if drafting else 0.0
+        self.learn = running == 1
         c = self.counters
         c.steps += 1
-        c.rows += len(rows)
-        c.drafting_steps += bool(drafting)
-        if self.target.packs:
-            self.packed(rows, proposals, draft_ms if drafting else 0.0, running == 1, ride)
-            return self.outcomes
-        if plain:
-            self.decode_plain(plain, draft_ms if drafting else 0.0, running == 1)
-        for r in drafting:
-            self.verify_drafted(r, proposals[r.id], draft_ms, alone_in_step=len(rows) == 1)
+        c.rows += len(planned)
+        c.drafting_steps += drafting
+        return planned
+
+    @staticmethod
+    def tokens(r: Request, p: Proposal) -> np.ndarray:
+        """A row's target tokens: [last] + its proposal, int64 [k+1]."""
+        return np.concatenate(([r.seq[-1]], p.tokens)).astype(np.int64)
+
+    def settle(self, planned: list[tuple[Request, Proposal]], results: list) -> list[Outcome]:
+        """Each row's part of the step's batch (calls.Rows [k+1 or 1 rows], or the error of its
+        call) -> its verification (drafting) or its next token (plain), committed. -> one
+        Outcome per row, in order of events."""
+        for (r, p), res in zip(planned, results, strict=True):
+            if isinstance(res, Exception):
+                self.fail(r, res)
+            elif len(p.tokens):
+                self.finish_drafted(r, p, res.logits, self.draft_ms, res.ms, len(planned) == 1)
+            else:
+                self.finish_plain(r, res.logits, self.draft_ms, res.ms, self.learn)
         return self.outcomes
 
     # --- propose -----------------------------------------------------------------------------
@@ -160,23 +169,6 @@ class Round:
             pending[r.id] = (r, out)
 
     # --- verify + commit ---------------------------------------------------------------------
-    def decode_plain(self, rows: list[Request], draft_ms: float, learn: bool) -> None:
-        """Rows that do not draft: one batched target call, each row's last token -> its next."""
-        t0 = time.perf_counter()
-        try:
-            if len(rows) == 1 or not self.target.batch_rows or self.target.min_t > 1:
-                # copies: each call reuses the model's logits buffer
-                results = [(self.calls.one(self.target, r, r.seq[-1:])[-1].copy(), None) for r in rows]
-            else:
-                results = self.calls.rows(self.target, rows, [r.seq[-1] for r in rows])
-        except Exception as e:  # noqa: BLE001 - the call failed for all its rows
-            for r in rows:
-                self.fail(r, e)
-            return
-        verify_ms = 1000 * (time.perf_counter() - t0)
-        for r, (logits, _) in zip(rows, results, strict=True):
-            self.finish_plain(r, logits[None], draft_ms, verify_ms, learn)
-
     def finish_plain(self, r: Request, raw: np.ndarray, draft_ms: float, verify_ms: float, learn: bool) -> None:
         """A plain row's target row [1, V] -> its next token, committed."""
         with alone(self.fail, r):
@@ -188,68 +180,6 @@ class Round:
         if pol is not None and learn:
             pol.costs.observe(0, 0.0, verify_ms, context=len(r.seq))
         self.commit(r, NO_DRAFT, 0, nxt, draft_ms, verify_ms, raw)
-
-    def packed(self, rows: list[Request], proposals: dict[int, Proposal], draft_ms: float, learn: bool,
-               ride=None) -> None:
-        """Every row's tokens in one packed target call (runtime/backends/packed.py; calls of
-        `lanes` rows at most): [last] for a plain row, [last, d0 .. dk-1] for a drafting one;
-        each row then verifies and commits from its own rows of the call. The last call also
-        carries the prompt chunks `ride` hands it (`run`)."""
-        lanes = self.target.lanes
-        for a in range(0, len(rows), lanes):
-            group = rows[a : a + lanes]
-            props = [proposals.get(r.id, NO_DRAFT) for r in group]
-            entries = [(r, np.concatenate(([r.seq[-1]], p.tokens))) for r, p in zip(group, props, strict=True)]
-            last = a + lanes >= len(rows)  # the call with free lanes, if any
-            extra = ride(lanes - len(group), self.target.max_tokens - sum(len(t) for _, t in entries)) \
-                if last and ride is not None else []
-            t0 = time.perf_counter()
-            try:
-                raws = self.calls.packed(self.target, entries + [(r, c, 1) for r, c in extra])
-            except Exception as e:  # noqa: BLE001 - the call failed: whose row was it?
-                self._each_alone(entries, props, extra, e, draft_ms, len(rows) == 1, learn)
-                continue
-            verify_ms = 1000 * (time.perf_counter() - t0)
-            for (r, c), raw in zip(extra, raws[len(group) :], strict=True):
-                self.read.append((r, len(c), raw[-1].copy()))  # the buffer is the next call's
-            for r, p, raw in zip(group, props, raws, strict=False):
-                self._finish(r, p, raw, draft_ms, verify_ms, len(rows) == 1, learn)
-
-    def _each_alone(self, entries: list[tuple[Request, np.ndarray]], props: list[Proposal], extra: list,
-                    error: Exception, draft_ms: float, alone_in_step: bool, learn: bool) -> None:
-        """After a failed packed call of rows `entries` (request, tokens) and prompt chunks `extra`:
-        each again in a call of its own (the same bits: rows do not depend on the call), so a
-        failure ends only the request whose call fails alone."""
-        if len(entries) + len(extra) == 1:
-            self.fail((entries or extra)[0][0], error)
-            return
-        for (r, tokens), p in zip(entries, props, strict=True):
-            t0 = time.perf_counter()
-            with alone(self.fail, r):
-                raw = self.calls.packed(self.target, [(r, tokens)])[0]
-            if r.id not in self.failed:
-                self._finish(r, p, raw, draft_ms, 1000 * (time.perf_counter() - t0), alone_in_step, learn)
-        for r, c in extra:
-            with alone(self.fail, r):
-                self.read.append((r, len(c), self.calls.packed(self.target, [(r, c, 1)])[0][-1].copy()))
-
-    def _finish(self, r: Request, p: Proposal, raw: np.ndarray, draft_ms: float, verify_ms: float,
-                alone_in_step: bool, learn: bool) -> None:
-        """A row's own rows of a packed call -> its verification (drafting) or its next token
-        (plain), committed. draft_ms: the step's draft time (0 when no row drafted)."""
-        if len(p.tokens):
-            self.finish_drafted(r, p, raw, draft_ms, verify_ms, alone_in_step)
-        else:
-            self.finish_plain(r, raw, draft_ms, verify_ms, learn)
-
-    def verify_drafted(self, r: Request, prop: Proposal, draft_ms: float, alone_in_step: bool) -> None:
-        """One target call over [last, d0 .. dk-1], verification, commit."""
-        t0 = time.perf_counter()
-        with alone(self.fail, r):
-            raw = self.calls.one(self.target, r, np.concatenate(([r.seq[-1]], prop.tokens)))  # [k+1, V]
-        if r.id in self.failed:
-            return
-        self.finish_drafted(r, prop, raw, draft_ms, 1000 * (time.perf_counter() - t0), alone_in_step)
 
     def finish_drafted(self, r: Request, prop: Proposal, raw: np.ndarray, draft_ms: float, verify_ms: float,
                        alone_in_step: bool) -> None:

@@ -191,7 +191,7 @@ def measure_costs(target, draft, slot: int, max_t: int, rows: int = 1, busy=(), 
     own_pool = draft is not None and not draft.takes_hidden and draft.pool is not target.pool
     read = min(64, draft.max_prefill_t, draft.max_seq_len - context) if own_pool else 0
     far_widths = list(widths)
-    if target.packs:  # one call holds every row's tokens: price wide calls too
+    if target.max_tokens:  # one call holds every row's tokens (a packed target): price wide calls too
         widths += [T for T in (2 * max_t, 4 * max_t) if max_t < T <= min(target.max_prefill_t, target.max_seq_len - context)]
     # a target with min_t > 1 runs its plain rows one widened call each (runtime/engine/calls.py)
     batch = sorted({1, 2, 4, 8, 16, rows} & set(range(1, rows + 1))) if target.batch_rows and target.min_t == 1 else []

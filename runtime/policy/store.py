@@ -34,7 +34,7 @@ class PolicyStore:
         self.parts, self.max_k = parts, max_k
         self.draft_window = draft_window
         self._key_extra = (f"draft={parts.draft is not None} pool={global_pool} hugepages={hugepages} "
-                           f"slots={parts.target.pool.slots} packed={parts.target.packs} "
+                           f"slots={parts.target.pool.slots} packed={parts.target.max_tokens > 0} "
                            f"graph={_graph_stamp(parts.target)}")
         self.threads, self.device, self.cost_cache = threads, device, cost_cache
         self._costs: Costs | None = None
@@ -75,7 +75,7 @@ class PolicyStore:
                 if key:
                     probe_cache.save(key, self._costs)  # never raises: no cache then
         self._costs.draft_window = self.draft_window
-        self._costs.packed = self.parts.target.packs
+        self._costs.packed = self.parts.target.max_tokens > 0
         return self._costs
 
     def draft_prior(self) -> float:

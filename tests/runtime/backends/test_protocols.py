@@ -79,9 +79,9 @@ def conforms(cls, proto, obj=None) -> None:
 
 def test_protocol_members_are_read_off_the_protocol():
     attrs, required, optional = members(PoolModel)
-    assert {"pool", "max_t", "packs", "lanes", "max_tokens", "exact", "graph", "kernels"} <= set(attrs)
-    assert required == ["run", "run_rows"] and optional == ["run_packed"]
-    assert PoolModel.packs is False and PoolModel.lanes == 1  # the defaults a subclass takes
+    assert {"pool", "max_t", "lanes", "max_tokens", "exact", "graph", "kernels"} <= set(attrs)
+    assert required == ["run", "run_rows"] and optional == ["run_batch", "room"]
+    assert PoolModel.max_tokens == 0 and PoolModel.lanes == 1  # the defaults a subclass takes
 
 
 @pytest.mark.parametrize("cls", POOL_MODELS)
@@ -101,9 +101,7 @@ def test_fake_conforms(tmp_path):
     parts = fake_parts(tmp_path, draft="separate")
     for m in (parts.target, parts.draft):
         conforms(type(m), PoolModel, m)
-        assert not m.packs
-        with pytest.raises(NotImplementedError, match="packs=False"):
-            m.run_packed([(0, np.array([1]), 0, None)])
+        assert m.max_tokens == 0 and inspect.getattr_static(type(m), "run_batch") is PoolModel.run_batch
 
 
 def test_loaded_models_conform(tiny_bundles):
@@ -111,7 +109,7 @@ def test_loaded_models_conform(tiny_bundles):
     for m in (parts.target, parts.draft):
         assert isinstance(m, OrtModel)
         conforms(OrtModel, PoolModel, m)
-        assert not m.packs and m.graph is None
+        assert m.max_tokens == 0 and m.graph is None
     entry = parts.manifest.target
     backend = OrtBackend(parts.folder / entry.graph, entry)
     conforms(OrtBackend, Backend, backend)
@@ -124,7 +122,7 @@ def test_loaded_models_conform(tiny_bundles):
 def test_packed_models_conform(tiny_bundles):
     parts = load_models(tiny_bundles["int8"], max_batch=2, hugepages=False)
     target = parts.target
-    assert isinstance(target, PackedModel) and target.packs and target.exact and target.graph is not None
+    assert isinstance(target, PackedModel) and target.max_tokens and target.exact and target.graph is not None
     conforms(PackedModel, PoolModel, target)
     assert target.lanes >= 2 and target.max_tokens >= target.max_prefill_t
 

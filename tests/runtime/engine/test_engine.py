@@ -187,24 +187,15 @@ def test_a_failing_request_does_not_disturb_the_others(int8, monkeypatch):
     # ... and one whose model call fails mid-run ends alone, with its error
     target = int8.parts.target
     bad = int8.request(prompts[0], max_new_tokens=25, k=3)
-    if target.packs:  # every row of a step in one call: the call fails for all,
-        real = target.run_packed  # each row is retried alone, and only the bad one fails again
+    real = target.run_batch  # every row of a step in one batch: the batch fails for all,
+    # each row is retried alone, and only the bad one fails again
 
-        def failing(seqs):
-            if any(s == bad.slot and len(t) > 1 for s, t, _, _ in seqs) and bad.produced > 3:
-                raise RuntimeError("boom")
-            return real(seqs)
+    def failing(batch):
+        if any(s == bad.slot and batch.count(i) > 1 for i, s in enumerate(batch.slots)) and bad.produced > 3:
+            raise RuntimeError("boom")  # a verification call, mid-run
+        return real(batch)
 
-        monkeypatch.setattr(target, "run_packed", failing)
-    else:
-        real = target.run
-
-        def failing(slot, tokens, *a, **kw):
-            if slot == bad.slot and len(tokens) > 1 and bad.produced > 3:  # a verification call, mid-run
-                raise RuntimeError("boom")
-            return real(slot, tokens, *a, **kw)
-
-        monkeypatch.setattr(target, "run", failing)
+    monkeypatch.setattr(target, "run_batch", failing)
     got, errs = {}, []
 
     def good(i):

@@ -1,4 +1,4 @@
-"""Rounds over a packed target (runtime/backends/packed.py, `Round.packed`): every running row's
+"""Rounds over a packed target (runtime/backends/packed.py `PackedModel.run_batch`): every running row's
 tokens in one target call per step, and each request's tokens *and logprobs* the same floats
 alone, beside other requests, and without a draft — no near-tie allowance: the packed path
 computes a row the same way in any call (tests/export/test_packed.py)."""

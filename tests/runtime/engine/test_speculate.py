@@ -251,9 +251,9 @@ def test_prompt_chunks_wider_than_a_verification_call(pipes, tiny_bundles, monke
     assert target.max_prefill_t == wide.max_prefill_t
     assert pipes["eagle"].parts.target.max_prefill_t == eagle.target.max_tokens_per_call
     calls.clear()
-    real_pool = target.run
-    monkeypatch.setattr(target, "run", lambda slot, t, p, h=None, keep=None:
-                        (calls.append((len(t), keep)), real_pool(slot, t, p, h, keep))[1])
+    real_pool = target.run_batch
+    monkeypatch.setattr(target, "run_batch", lambda b: (calls.extend((b.count(i), int(b.keeps[i]))
+                                                                     for i in range(len(b))), real_pool(b))[1])
     out, st = run_request(pipe, [int(t) for t in ids], max_new_tokens=1, draft="none")
     assert calls == [(40, 1)] and out == [int(got.argmax())] and st.prompt_tokens == 40
 
@@ -320,17 +320,13 @@ def _scramble(pool, slot, seed):
 
 
 class _Widths:
-    """Records the width of every call a pool model makes (the engine thread calls it)."""
+    """Records the width of every sequence a pool model's batches hold (the engine thread calls it)."""
 
     def __init__(self, model, monkeypatch):
         self.widths = []
-        run, rows = model.run, model.run_rows
-        monkeypatch.setattr(model, "run", lambda slot, t, *a, **k: (self.widths.append(len(t)), run(slot, t, *a, **k))[1])
-        monkeypatch.setattr(model, "run_rows", lambda lo, t, *a, **k: (self.widths.append(1), rows(lo, t, *a, **k))[1])
-        if model.packs:  # a packed model: each sequence of the call
-            packed = model.run_packed
-            monkeypatch.setattr(model, "run_packed",
-                                lambda seqs: (self.widths.extend(len(t) for _, t, _, _ in seqs), packed(seqs))[1])
+        run = model.run_batch
+        monkeypatch.setattr(model, "run_batch",
+                            lambda b: (self.widths.extend(b.count(i) for i in range(len(b))), run(b))[1])
 
 
 def test_self_draft_is_a_track_on_the_targets_pool_and_never_writes_its_rows(tiny_bundles, monkeypatch):

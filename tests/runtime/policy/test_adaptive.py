@@ -91,7 +91,7 @@ def _store(base: Costs, monkeypatch) -> PolicyStore:
     from specrt.runtime.policy import store as policies
 
     pool = KVPool(KVLayout(layers=1, kv_heads=1, head_dim=1, dtype="float32", max_seq_len=8), 1, allocate=False)
-    model = dict(pool=pool, packs=False, graph=None, kernels=False)  # what the store reads of a PoolModel
+    model = dict(pool=pool, max_tokens=0, graph=None, kernels=False)  # what the store reads of a PoolModel
     parts = SimpleNamespace(draft=SimpleNamespace(**model), target=SimpleNamespace(**model),
                             manifest=SimpleNamespace(draft=None))
     monkeypatch.setattr(policies, "measure_costs", lambda *a, **k: base)
