@@ -60,9 +60,12 @@ void Model::bind_kv(Ort::IoBinding& io, const std::string& past_key, const std::
 }
 
 void Model::warm() {
+  // the calls a request makes at their widest: a prompt chunk (its last row's logits), a
+  // verification call (every row's), a lone token
   std::vector<int64_t> tokens(size_t(max_prefill_t), 0);
   int rows = 0;
-  run(tokens.data(), max_prefill_t, 0, 0, &rows);
+  run(tokens.data(), max_prefill_t, 0, 1, &rows);
+  run(tokens.data(), std::min(max_t, max_prefill_t), 0, 0, &rows);
   run(tokens.data(), std::min(min_t, max_prefill_t), 0, 1, &rows);
   length = 0;
 }

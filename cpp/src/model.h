@@ -52,9 +52,10 @@ class Model {
   const int min_t;          // narrowest call whose rows equal a wider call's (2 at accuracy_level 4)
   const bool filler;        // a lone token writes a filler row after it (the packed target): it
   //                           needs the row after it free
-  // Runs the widest and the narrowest call once at row 0 (their rows are stale: every request
-  // writes its own from row 0), so what onnxruntime allocates on a session's first calls (its
-  // arena's high-water mark, per-session scratch) is allocated at open, not during a request.
+  // Runs the widest prompt chunk, the widest verification call and the narrowest call once at
+  // row 0 (their rows are stale: every request writes its own from row 0), so what onnxruntime
+  // allocates on a session's first calls (its arena's high-water mark, per-session scratch) is
+  // allocated at open, not during a request.
   void warm();
   int capacity() const { return kv_->capacity(); }
   KvCache& kv() { return *kv_; }
