@@ -107,7 +107,9 @@ class Round:
         learned only from a request running alone: batched times are the plan's). reading:
         prompt tokens that ride in the step's batch (the batch plan prices the call with them)."""
         self.outcomes, self.failed = [], set()
-        ks = self.planner.choose_ks(rows, costs, running, reading)
+        ks, routes = self.planner.choose_ks(rows, costs, running, reading)
+        for r, route in zip(rows, routes, strict=True):
+            r.route = route  # the engine's record of the step's sub-drafter (its policy learns from it)
         t0 = time.perf_counter()
         proposals = self.propose([r for r, k in zip(rows, ks, strict=True) if k > 0],
                                  {r.id: k for r, k in zip(rows, ks, strict=True)})

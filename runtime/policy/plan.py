@@ -27,7 +27,7 @@ drafting stops by itself (docs/design.md, "Speculation under load").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -36,17 +36,24 @@ from .adaptive import AdaptivePolicy, Costs
 
 
 class Decoding(Protocol):
-    """What the planner reads of a decoding request (runtime/engine/request.py `Request`), and
-    `route`, which it sets: the sub-drafter chosen before k (None: no drafting this step)."""
+    """What the planner reads of a decoding request (runtime/engine/request.py `Request`); it
+    writes nothing into it: the engine records the step's routes from the `Choice`."""
 
     drafter: Drafter | None
     seq: list[int]  # prompt + committed new tokens
     policies: dict[str, AdaptivePolicy]  # route -> its adaptive policy (none: fixed k)
     k: int  # fixed k, or the ceiling of an adaptive one
-    route: str | None
 
     @property
     def remaining(self) -> int: ...  # new tokens it may still produce
+
+
+class Choice(NamedTuple):
+    """One step's plan, per decoding row in order: k (0: a plain row) and the route, the
+    sub-drafter chosen before k ("model" | "ngram"; None: the row does not draft this step)."""
+
+    ks: list[int]
+    routes: list[str | None]
 
 
 @dataclass
@@ -168,7 +175,7 @@ class Planner:
         """Drop the remembered "no drafting" plan (the next step plans afresh)."""
         self.idle = IdlePlan()
 
-    def choose_ks(self, rows: list[Decoding], costs, running: int | None = None, reading: int = 0) -> list[int]:
+    def choose_ks(self, rows: list[Decoding], costs, running: int | None = None, reading: int = 0) -> Choice:
         """running: requests in the engine, those still reading their prompts included (None:
         only these rows). A row that would start catching up drafts only if drafting still pays
         once those requests decode beside it: its reading serves its remaining tokens, which it
@@ -181,15 +188,14 @@ class Planner:
             # pays nothing for speculation until the row count changes or REPLAN_STEPS pass
             # (no route either: auto's n-gram lookup would scan the sequence for nothing)
             self.idle.steps_left -= 1
-            for r in rows:
-                r.route = None
-            return [0] * n
-        ks, planned = [], []
+            return Choice([0] * n, [None] * n)
+        ks, routes, planned = [], [], []
         for r in rows:
-            k, row = self._own_k(r)
+            route, k, row = self._own_k(r)
             if row is not None:
                 planned.append((len(ks), row))
             ks.append(k)
+            routes.append(route)
         if self.plan_batches and planned and costs is not None and n > 1:
             # rows with a fixed k keep it; adaptive rows share the step's cost model
             capped = plan([row for _, row in planned], costs, reading)
@@ -203,20 +209,20 @@ class Planner:
                 if row.read_per_token and k == 0:
                     ks[i] = 0
             self.idle = IdlePlan(n, REPLAN_STEPS) if not any(ks) else IdlePlan()
-        return ks
+        return Choice(ks, routes)
 
     @staticmethod
-    def _own_k(r: Decoding) -> tuple[int, Row | None]:
-        """The row's k as it would draft alone (fixed, or its route's adaptive policy), and its
-        entry in the batch plan (adaptive rows only)."""
+    def _own_k(r: Decoding) -> tuple[str | None, int, Row | None]:
+        """The row's route, its k as it would draft alone (fixed, or its route's adaptive
+        policy), and its entry in the batch plan (adaptive rows only)."""
         if r.drafter is None:
-            return 0, None
-        r.route = r.drafter.route(r.seq)
-        pol = r.policies.get(r.route)
+            return None, 0, None
+        route = r.drafter.route(r.seq)
+        pol = r.policies.get(route)
         lag = r.drafter.lag(r.seq)  # a separate draft's catching up, priced by the policy
         k = pol.choose_k(len(r.seq), lag, r.remaining) if pol is not None else r.k
         row = None
         if pol is not None:
             read = pol.costs.read_ms(lag) / max(1, r.remaining)
-            row = Row(min(k, r.remaining - 1), pol.acc.expected()[: k + 1], r.route == "ngram", len(r.seq), read)
-        return max(0, min(k, r.remaining - 1)), row
+            row = Row(min(k, r.remaining - 1), pol.acc.expected()[: k + 1], route == "ngram", len(r.seq), read)
+        return route, max(0, min(k, r.remaining - 1)), row

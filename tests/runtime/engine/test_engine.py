@@ -472,7 +472,7 @@ def test_policy_mode_drafts_nothing_under_load(tiny_bundles, plan_batches, packe
         gens = [pipe.stream_ids(p, max_new_tokens=20) for p in prompts]
         got = [[t for c in g for t in c] for g in gens]
         assert got == want
-        together = [ks for n, ks in seen if n > 1]
+        together = [c.ks for n, c in seen if n > 1]
         assert together
         assert all(k == 0 for ks in together for k in ks) == (plan_batches and not packed)
     finally:

@@ -111,10 +111,10 @@ def test_a_row_starts_catching_up_only_if_drafting_pays_beside_the_requests_stil
     costs = Costs({1: 82.0, 2: 82.0, 3: 97.0, 5: 118.0, 9: 165.0, 17: 250.0}, draft_ms=17.0,
                   rows_ms={1: 82.0, 2: 82.0, 4: 110.0, 8: 165.0},
                   draft_rows_ms={1: 17.0, 2: 20.5, 4: 28.0, 8: 43.0}, draft_read_ms=2.9, packed=True)
-    assert Planner().choose_ks([_Row(costs, lag=100)], costs, running=1)[0] > 0
-    assert Planner().choose_ks([_Row(costs, lag=100)], costs, running=8) == [0]
-    assert Planner().choose_ks([_Row(costs, lag=100), _Row(costs, lag=100)], costs, running=8) == [0, 0]
-    assert Planner().choose_ks([_Row(costs, lag=0)], costs, running=8)[0] > 0
+    assert Planner().choose_ks([_Row(costs, lag=100)], costs, running=1).ks[0] > 0
+    assert Planner().choose_ks([_Row(costs, lag=100)], costs, running=8).ks == [0]
+    assert Planner().choose_ks([_Row(costs, lag=100), _Row(costs, lag=100)], costs, running=8).ks == [0, 0]
+    assert Planner().choose_ks([_Row(costs, lag=0)], costs, running=8).ks[0] > 0
 
 
 class Clock:
