@@ -11,7 +11,7 @@ PROMPT ?= Explain KV caches in two sentences.
 # 2 cores: corpus generation + training), then `make export-eagle`.
 HEAD := .cache/heads/smollm2-135m-instruct.eagle.safetensors
 
-.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant kernels-forms kernels-arm64 cpp lock drift clean
+.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant kernels-forms kernels-avx2-only kernels-arm64 cpp lock drift clean
 
 LOCK := locks/dev.txt
 RUNTIME_LOCK := locks/runtime.txt
@@ -176,6 +176,13 @@ $(HOST_FORMS_CHECK): tests/native/kernel_forms.cc $(KERNELS)
 
 kernels-forms: $(HOST_FORMS_CHECK)
 	$<
+
+# The same x86-64 driver on a CPU without AVX-512: qemu-x86_64 (from the qemu-user-static the ARM64
+# check fetches) as a Haswell, AVX2 + FMA + F16C. Only the AVX2 form runs, and it must never
+# reach an AVX-512 instruction (qemu has none: SIGILL), e.g. a shared inline copy the linker took
+# from an AVX-512 object.
+kernels-avx2-only: $(HOST_FORMS_CHECK) | $(ARM_CXX)
+	$(ARM_CROSS)/usr/bin/qemu-x86_64-static -cpu Haswell $< 2>/dev/null
 
 # The ARM64 forms, checked from an x86-64 host (tests/runtime/kernels/test_arm64.py): the library
 # cross-compiled with Debian's aarch64 gcc, and tests/native/kernel_forms.cc (each form against
