@@ -188,8 +188,9 @@ kernels-avx2-only: $(HOST_FORMS_CHECK) | $(ARM_CXX)
 # cross-compiled with Debian's aarch64 gcc, and tests/native/kernel_forms.cc (each form against
 # the portable one, bit for bit) run under qemu-aarch64 as a CPU without the dot-product
 # extension (the NEON form) and as one with it (both forms); then the driver over a NEON form
-# built with SPECRT_MUTANT, which must differ. The toolchain and qemu-user-static come as pinned
-# Debian packages unpacked into .cache (tools/aarch64_cross.sh; no root, ~110 MB once).
+# built with SPECRT_MUTANT, which must differ. The toolchain and qemu-user-static are bookworm's
+# current packages, verified through Debian's signed indexes and unpacked into .cache
+# (tools/aarch64_cross.sh, tools/debian_fetch.sh; no root, ~110 MB once).
 ARM_CROSS := .cache/aarch64-cross
 ARM_CXX := $(ARM_CROSS)/usr/bin/aarch64-linux-gnu-g++-12
 ARM_GXX := LD_LIBRARY_PATH=$(CURDIR)/$(ARM_CROSS)/usr/lib/x86_64-linux-gnu $(ARM_CXX) --sysroot=$(CURDIR)/$(ARM_CROSS)

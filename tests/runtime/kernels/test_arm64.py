@@ -6,8 +6,8 @@ and as one with it. Each form must give the portable form's bits for QMatMulGGML
 QMatMul4/8 (1 .. 64 rows, row by row, 2 threads) and PackedAttention (contexts across the
 softmax's chunks, 1 and 2 threads); a NEON form built with SPECRT_MUTANT must differ.
 
-The toolchain and qemu-user-static are pinned Debian packages fetched once into .cache
-(tools/aarch64_cross.sh), as `make kernels` fetches onnxruntime's headers.
+The toolchain and qemu-user-static are bookworm's current packages, verified through Debian's
+signed indexes and fetched once into .cache (tools/aarch64_cross.sh, tools/debian_fetch.sh).
 """
 
 from __future__ import annotations
