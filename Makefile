@@ -11,7 +11,7 @@ PROMPT ?= Explain KV caches in two sentences.
 # 2 cores: corpus generation + training), then `make export-eagle`.
 HEAD := .cache/heads/smollm2-135m-instruct.eagle.safetensors
 
-.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant kernels-forms kernels-arm64 cpp lock drift clean
+.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant kernels-forms kernels-avx2-only kernels-arm64 cpp lock drift clean
 
 LOCK := locks/dev.txt
 RUNTIME_LOCK := locks/runtime.txt
@@ -177,12 +177,20 @@ $(HOST_FORMS_CHECK): tests/native/kernel_forms.cc $(KERNELS)
 kernels-forms: $(HOST_FORMS_CHECK)
 	$<
 
+# The same x86-64 driver on a CPU without AVX-512: qemu-x86_64 (from the qemu-user-static the ARM64
+# check fetches) as a Haswell, AVX2 + FMA + F16C. Only the AVX2 form runs, and it must never
+# reach an AVX-512 instruction (qemu has none: SIGILL), e.g. a shared inline copy the linker took
+# from an AVX-512 object.
+kernels-avx2-only: $(HOST_FORMS_CHECK) | $(ARM_CXX)
+	$(ARM_CROSS)/usr/bin/qemu-x86_64-static -cpu Haswell $< 2>/dev/null
+
 # The ARM64 forms, checked from an x86-64 host (tests/runtime/kernels/test_arm64.py): the library
 # cross-compiled with Debian's aarch64 gcc, and tests/native/kernel_forms.cc (each form against
 # the portable one, bit for bit) run under qemu-aarch64 as a CPU without the dot-product
 # extension (the NEON form) and as one with it (both forms); then the driver over a NEON form
-# built with SPECRT_MUTANT, which must differ. The toolchain and qemu-user-static come as pinned
-# Debian packages unpacked into .cache (tools/aarch64_cross.sh; no root, ~110 MB once).
+# built with SPECRT_MUTANT, which must differ. The toolchain and qemu-user-static are bookworm's
+# current packages, verified through Debian's signed indexes and unpacked into .cache
+# (tools/aarch64_cross.sh, tools/debian_fetch.sh; no root, ~110 MB once).
 ARM_CROSS := .cache/aarch64-cross
 ARM_CXX := $(ARM_CROSS)/usr/bin/aarch64-linux-gnu-g++-12
 ARM_GXX := LD_LIBRARY_PATH=$(CURDIR)/$(ARM_CROSS)/usr/lib/x86_64-linux-gnu $(ARM_CXX) --sysroot=$(CURDIR)/$(ARM_CROSS)

@@ -174,8 +174,6 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* ctx) {
   return nullptr;
 }
 
-const char* ORT_API_CALL name(const OrtCustomOp*) { return "PackedAttention"; }
-
 OrtStatus* ORT_API_CALL create(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** out) {
   int64_t H = 0, G = 0;
   float scale = 0.f;
@@ -187,40 +185,15 @@ OrtStatus* ORT_API_CALL create(const OrtCustomOp*, const OrtApi*, const OrtKerne
   return nullptr;
 }
 
-ONNXTensorElementDataType ORT_API_CALL in_type(const OrtCustomOp*, size_t i) {
-  return i == 3 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32
-                : (i >= 4 && i <= 6 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT);
-}
-ONNXTensorElementDataType ORT_API_CALL out_type(const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
-size_t ORT_API_CALL n_inputs(const OrtCustomOp*) { return 8; }
-size_t ORT_API_CALL n_outputs(const OrtCustomOp*) { return 2; }
-OrtCustomOpInputOutputCharacteristic ORT_API_CALL in_kind(const OrtCustomOp*, size_t i) {
-  return i == 7 ? INPUT_OUTPUT_VARIADIC : INPUT_OUTPUT_REQUIRED;
-}
-OrtCustomOpInputOutputCharacteristic ORT_API_CALL out_kind(const OrtCustomOp*, size_t i) {
-  return i == 1 ? INPUT_OUTPUT_VARIADIC : INPUT_OUTPUT_REQUIRED;
-}
-int ORT_API_CALL two(const OrtCustomOp*) { return 2; }
-
-OrtCustomOp make() {
-  OrtCustomOp op = kernel_op<Kernel, compute>();
-  op.CreateKernelV2 = create;
-  op.GetName = name;
-  op.GetInputType = in_type;
-  op.GetInputTypeCount = n_inputs;
-  op.GetOutputType = out_type;
-  op.GetOutputTypeCount = n_outputs;
-  op.GetInputCharacteristic = in_kind;
-  op.GetOutputCharacteristic = out_kind;
-  op.GetVariadicInputMinArity = two;
-  op.GetVariadicOutputMinArity = two;
-  return op;
-}
-
-OrtCustomOp g_op = make();  // outlives every session
+// the inputs and outputs of the header above (the lanes' K and V buffers variadic, at least 2)
+CustomOp g_op = custom_op<Kernel, compute>(
+    {"PackedAttention", 8, 2, {kF32, kF32, kF32, kI32, kI64, kI64, kI64, kF32}, {kF32, kF32},
+     {kRequired, kRequired, kRequired, kRequired, kRequired, kRequired, kRequired, kVariadic},
+     {kRequired, kVariadic}, 2},
+    create);  // outlives every session
 
 }  // namespace
 
-OrtCustomOp* packed_attention_op() { return &g_op; }
+OrtCustomOp* packed_attention_op() { return &g_op.op; }
 
 }  // namespace specrt

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "attention_walk.h"
 
 namespace specrt {
 namespace {
@@ -80,14 +81,6 @@ void transpose_chunk(const float* K, int64_t c0, int64_t last, const float* zero
     }
   }
 }
-
-struct Query {
-  const float* q;  // rotated, D
-  float* acc;      // D
-  float* out;
-  int64_t p;
-  float m, l;
-};
 
 // Scores (dot * scale) of QB queries against the chunk's first 16 * groups keys (kt: the chunk
 // transposed), into s[q][..]: each dot one fma chain over d.
@@ -204,64 +197,21 @@ void chunk_any(Query* x, int qb, const float* kt, const float* V, int64_t c0, fl
 
 constexpr int kBlock = 6;  // queries of one position whose scores share each K load
 
-// Queries in blocks of up to kBlock of one position (they are pushed token by token), every block
-// walking the chunks up to its position; chunk after chunk, so K/V rows stay in cache.
 template <int DV>
 void walk(std::vector<Query>& qs, const float* K, const float* V, float scale) {
   alignas(64) static thread_local float zeros[16 * DV] = {};
-  std::vector<std::pair<size_t, int>> blocks;
-  for (size_t i = 0; i < qs.size();) {
-    int n = 1;
-    while (n < kBlock && i + n < qs.size() && qs[i + n].p == qs[i].p) ++n;
-    blocks.emplace_back(i, n);
-    i += n;
-  }
-  int64_t last = 0;
-  for (const Query& x : qs) last = std::max(last, x.p);
   alignas(64) static thread_local float kt[16 * DV * kChunk];
-  for (int64_t c0 = 0; c0 <= last; c0 += kChunk) {
-    transpose_chunk<DV>(K, c0, last, zeros, kt);
-    for (const auto& [i, n] : blocks)
-      if (qs[i].p >= c0) chunk_any<DV>(&qs[i], n, kt, V, c0, scale);
-  }
-  for (Query& x : qs) {
-    const __m512 l = _mm512_set1_ps(x.l);
-    for (int c = 0; c < DV; ++c) _mm512_storeu_ps(x.out + 16 * c, _mm512_div_ps(_mm512_loadu_ps(x.acc + 16 * c), l));
-  }
+  walk_chunks<kBlock>(
+      qs, 16 * DV, [&](int64_t c0, int64_t last) { transpose_chunk<DV>(K, c0, last, zeros, kt); },
+      [&](Query* x, int n, int64_t c0) { chunk_any<DV>(x, n, kt, V, c0, scale); });
 }
 
 }  // namespace
 
 void attend_avx512(const AttnCall& c, int64_t lane, int64_t g, int64_t e0, int64_t e1) {
-  const int64_t D = c.head_dim, H = c.heads, G = c.kv_heads, stride = (H + 2 * G) * D, rows = c.rows[lane];
-  const int64_t per = H / G;
-  std::vector<float> buf(static_cast<size_t>(2 * (e1 - e0) * per * D));
-  std::vector<Query> qs;
-  qs.reserve(static_cast<size_t>((e1 - e0) * per));
-  for (int64_t en = e0; en < e1; ++en) {
-    const int64_t out = c.target[c.offset[lane] + en];
-    if (out < 0) continue;
-    const float* t = c.qkv + c.token[c.offset[lane] + en] * stride;
-    const int64_t p = c.first[lane] + en;
-    for (int64_t h = g * per; h < (g + 1) * per; ++h) {
-      float* q = buf.data() + 2 * qs.size() * D;
-      rotate(t + h * D, c.cos + p * c.half, c.sin + p * c.half, c.half, q);
-      std::fill(q + D, q + 2 * D, 0.f);
-      qs.push_back({q, q + D, c.out + out * H * D + h * D, p, -std::numeric_limits<float>::infinity(), 0.f});
-    }
-  }
-  if (qs.empty()) return;
-  const float* K = c.k[lane] + g * rows * D;
-  const float* V = c.v[lane] + g * rows * D;
-  switch (D / 16) {  // head sizes 32 .. 256
-    case 2: walk<2>(qs, K, V, c.scale); break;
-    case 4: walk<4>(qs, K, V, c.scale); break;
-    case 5: walk<5>(qs, K, V, c.scale); break;
-    case 6: walk<6>(qs, K, V, c.scale); break;
-    case 8: walk<8>(qs, K, V, c.scale); break;
-    case 16: walk<16>(qs, K, V, c.scale); break;
-    default: attend_ref(c, lane, g, e0, e1);
-  }
+  attend_form(c, lane, g, e0, e1, [&](auto d, std::vector<Query>& qs, const float* K, const float* V) {
+    walk<decltype(d)::value / 16>(qs, K, V, c.scale);
+  });
 }
 
 }  // namespace specrt

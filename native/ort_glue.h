@@ -84,14 +84,38 @@ OrtStatus* data(const OrtValue* v, T** out) {
   return nullptr;
 }
 
-// An operator with the callbacks every op of the library shares (CPU, any opset version,
-// variadic groups homogeneous and at least one long); the rest is the op's own.
-OrtCustomOp base_op();
+// An operator's signature: its name, each input's and output's element type and kind, and the
+// least count of a variadic group (inputs and outputs alike). Plain arrays: it sits beside the
+// OrtCustomOp in CustomOp, where the callbacks read it back from the op pointer they are given.
+constexpr int kMaxInputs = 8, kMaxOutputs = 2;
+struct OpSpec {
+  const char* name;
+  size_t inputs, outputs;
+  ONNXTensorElementDataType in_type[kMaxInputs], out_type[kMaxOutputs];
+  OrtCustomOpInputOutputCharacteristic in_kind[kMaxInputs], out_kind[kMaxOutputs];
+  int variadic_min;
+};
+constexpr auto kF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, kU8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8,
+               kI32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, kI64 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+constexpr auto kRequired = INPUT_OUTPUT_REQUIRED, kOptional = INPUT_OUTPUT_OPTIONAL, kVariadic = INPUT_OUTPUT_VARIADIC;
 
-// base_op() running kernels of type K (made by the op's CreateKernelV2) with compute(K, ctx):
-// both compute entry points (the older one drops a failure's status) and the kernel's deletion.
+struct CustomOp {  // op first: the OrtCustomOp* onnxruntime passes back is this object's address
+  OrtCustomOp op;
+  OpSpec spec;
+};
+inline const OpSpec& spec_of(const OrtCustomOp* op) { return reinterpret_cast<const CustomOp*>(op)->spec; }
+
+using CreateKernel = OrtStatus*(ORT_API_CALL*)(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*, void**);
+
+// The callbacks every op of the library shares (CPU, any opset version, variadic groups
+// homogeneous; name, types and kinds from its spec), `create` making its kernels.
+CustomOp base_op(const OpSpec& spec, CreateKernel create);
+
+// base_op() running kernels of type K (made by `create`) with compute(K, ctx): both compute entry
+// points (the older one drops a failure's status) and the kernel's deletion. Keep the result in a
+// global that outlives every session, and register &result.op.
 template <typename K, OrtStatus* (*Compute)(const K&, OrtKernelContext*)>
-OrtCustomOp kernel_op() {
+CustomOp custom_op(const OpSpec& spec, CreateKernel create) {
   struct Calls {
     static OrtStatus* ORT_API_CALL v2(void* k, OrtKernelContext* ctx) { return Compute(*static_cast<K*>(k), ctx); }
     static void ORT_API_CALL v1(void* k, OrtKernelContext* ctx) {
@@ -99,11 +123,11 @@ OrtCustomOp kernel_op() {
     }
     static void ORT_API_CALL destroy(void* k) { delete static_cast<K*>(k); }
   };
-  OrtCustomOp op = base_op();
-  op.KernelComputeV2 = Calls::v2;
-  op.KernelCompute = Calls::v1;
-  op.KernelDestroy = Calls::destroy;
-  return op;
+  CustomOp c = base_op(spec, create);
+  c.op.KernelComputeV2 = Calls::v2;
+  c.op.KernelCompute = Calls::v1;
+  c.op.KernelDestroy = Calls::destroy;
+  return c;
 }
 
 OrtCustomOp* packed_attention_op();  // attention_op.cc

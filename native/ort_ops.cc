@@ -177,12 +177,9 @@ OrtStatus* compute(const Kernel& k, OrtKernelContext* ctx) {
   return g_api->KernelContext_ParallelFor(ctx, run_chunk, static_cast<size_t>((tiles + 7) / 8), 0, &job);
 }
 
-const char* ORT_API_CALL name4(const OrtCustomOp*) { return "QMatMul4"; }
-const char* ORT_API_CALL name8(const OrtCustomOp*) { return "QMatMul8"; }
-
 OrtStatus* ORT_API_CALL create(const OrtCustomOp* op, const OrtApi*, const OrtKernelInfo* info, void** out) {
   int64_t K = 0, N = 0, block = 32;
-  const int bits = op->GetName == name4 ? 4 : 8;
+  const int bits = std::strcmp(spec_of(op).name, "QMatMul4") == 0 ? 4 : 8;
   TRY(g_api->KernelInfoGetAttribute_int64(info, "K", &K));
   TRY(g_api->KernelInfoGetAttribute_int64(info, "N", &N));
   if (bits == 8) TRY(g_api->KernelInfoGetAttribute_int64(info, "block_size", &block));
@@ -193,17 +190,16 @@ OrtStatus* ORT_API_CALL create(const OrtCustomOp* op, const OrtApi*, const OrtKe
   return nullptr;
 }
 
+// the callbacks base_op gives every op: its spec's, or the library's common answers
 const char* ORT_API_CALL provider(const OrtCustomOp*) { return "CPUExecutionProvider"; }
-ONNXTensorElementDataType ORT_API_CALL in_type(const OrtCustomOp*, size_t i) {
-  return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-}
-ONNXTensorElementDataType ORT_API_CALL out_type(const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
-size_t ORT_API_CALL n_inputs(const OrtCustomOp*) { return 5; }
-size_t ORT_API_CALL n_outputs(const OrtCustomOp*) { return 1; }
-OrtCustomOpInputOutputCharacteristic ORT_API_CALL in_kind(const OrtCustomOp*, size_t i) {
-  return i < 3 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
-}
-OrtCustomOpInputOutputCharacteristic ORT_API_CALL out_kind(const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; }
+const char* ORT_API_CALL name(const OrtCustomOp* op) { return spec_of(op).name; }
+ONNXTensorElementDataType ORT_API_CALL in_type(const OrtCustomOp* op, size_t i) { return spec_of(op).in_type[i]; }
+ONNXTensorElementDataType ORT_API_CALL out_type(const OrtCustomOp* op, size_t i) { return spec_of(op).out_type[i]; }
+size_t ORT_API_CALL n_inputs(const OrtCustomOp* op) { return spec_of(op).inputs; }
+size_t ORT_API_CALL n_outputs(const OrtCustomOp* op) { return spec_of(op).outputs; }
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL in_kind(const OrtCustomOp* op, size_t i) { return spec_of(op).in_kind[i]; }
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL out_kind(const OrtCustomOp* op, size_t i) { return spec_of(op).out_kind[i]; }
+int ORT_API_CALL variadic_min(const OrtCustomOp* op) { return spec_of(op).variadic_min; }
 OrtMemType ORT_API_CALL in_mem(const OrtCustomOp*, size_t) { return OrtMemTypeDefault; }
 int ORT_API_CALL one(const OrtCustomOp*) { return 1; }
 int ORT_API_CALL start_version(const OrtCustomOp*) { return 1; }
@@ -211,38 +207,40 @@ int ORT_API_CALL end_version(const OrtCustomOp*) { return 1 << 30; }
 
 }  // namespace
 
-OrtCustomOp base_op() {
-  OrtCustomOp op;
-  std::memset(&op, 0, sizeof op);  // callbacks left unset stay null
+CustomOp base_op(const OpSpec& spec, CreateKernel create) {
+  CustomOp c;
+  std::memset(&c.op, 0, sizeof c.op);  // callbacks left unset stay null
+  c.spec = spec;
+  OrtCustomOp& op = c.op;
   op.version = ORT_API_VERSION;
-  op.GetExecutionProviderType = provider;
-  op.GetInputMemoryType = in_mem;
-  op.GetVariadicInputMinArity = one;
-  op.GetVariadicInputHomogeneity = one;
-  op.GetVariadicOutputMinArity = one;
-  op.GetVariadicOutputHomogeneity = one;
-  op.GetStartVersion = start_version;
-  op.GetEndVersion = end_version;
-  return op;
-}
-
-namespace {
-
-OrtCustomOp make_op(const char* (ORT_API_CALL *name)(const OrtCustomOp*)) {
-  OrtCustomOp op = kernel_op<Kernel, compute>();
   op.CreateKernelV2 = create;
   op.GetName = name;
+  op.GetExecutionProviderType = provider;
   op.GetInputType = in_type;
   op.GetInputTypeCount = n_inputs;
   op.GetOutputType = out_type;
   op.GetOutputTypeCount = n_outputs;
   op.GetInputCharacteristic = in_kind;
   op.GetOutputCharacteristic = out_kind;
-  return op;
+  op.GetInputMemoryType = in_mem;
+  op.GetVariadicInputMinArity = variadic_min;
+  op.GetVariadicInputHomogeneity = one;
+  op.GetVariadicOutputMinArity = variadic_min;
+  op.GetVariadicOutputHomogeneity = one;
+  op.GetStartVersion = start_version;
+  op.GetEndVersion = end_version;
+  return c;
 }
 
-OrtCustomOp g_qmatmul4 = make_op(name4);  // outlive every session
-OrtCustomOp g_qmatmul8 = make_op(name8);
+namespace {
+
+// inputs x, codes, scale, min (optional), bias (optional) -> y
+constexpr OpSpec qmatmul_spec(const char* name) {
+  return {name, 5, 1, {kF32, kU8, kF32, kF32, kF32}, {kF32}, {kRequired, kRequired, kRequired, kOptional, kOptional},
+          {kRequired}, 1};
+}
+CustomOp g_qmatmul4 = custom_op<Kernel, compute>(qmatmul_spec("QMatMul4"), create);  // outlive every session
+CustomOp g_qmatmul8 = custom_op<Kernel, compute>(qmatmul_spec("QMatMul8"), create);
 OrtCustomOpDomain* g_domain = nullptr;
 
 }  // namespace
@@ -256,8 +254,8 @@ SPECRT_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* optio
   g_api = api;
   if (!g_domain) {
     TRY(api->CreateCustomOpDomain("specrt", &g_domain));
-    TRY(api->CustomOpDomain_Add(g_domain, &g_qmatmul4));
-    TRY(api->CustomOpDomain_Add(g_domain, &g_qmatmul8));
+    TRY(api->CustomOpDomain_Add(g_domain, &g_qmatmul4.op));
+    TRY(api->CustomOpDomain_Add(g_domain, &g_qmatmul8.op));
     TRY(api->CustomOpDomain_Add(g_domain, packed_attention_op()));
     TRY(api->CustomOpDomain_Add(g_domain, qmatmul_ggml_op()));
   }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "qmatmul.h"
+#include "qmatmul_drive.h"
 
 namespace specrt {
 namespace {
@@ -53,58 +54,25 @@ inline __m256i block_dot(const __m256i* v, const int32_t* q) {
   return acc;
 }
 
-// MR rows x one half tile hf (= 2 * tile + half) over all of K. zs: 128 * sum of q per row and
-// block (8 bits), which the codes' offset takes out.
-template <int BITS, int BLK, int MR>
-void rows_half(const Activations& a, const Weights& w, const Shape& s, const int32_t* zs, float* y, int64_t m0,
-               int64_t hf) {
-  constexpr int64_t bytes = int64_t{kTile} * BLK * BITS / 8;
-  const int64_t nb = s.K / BLK, nq = s.K / kQBlock, t = hf / 2, h = hf % 2;
-  __m256 acc[MR];
-  for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    __m256i v[BLK / 4];
-    load_codes<BITS, BLK>(w.codes + (t * nb + b) * bytes + 32 * h, v);
-    const int64_t o = (t * nb + b) * kTile + 8 * h;
-    const __m256 scale = _mm256_loadu_ps(w.scale + o);
-    for (int i = 0; i < MR; ++i) {
-      const int64_t m = m0 + i;
-      __m256i dot = block_dot<BITS, BLK>(v, reinterpret_cast<const int32_t*>(a.q + m * s.K + b * BLK));
-      if constexpr (BITS == 8) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(zs[m * nb + b]));
-      const float sa = a.sa[m * nq + b * BLK / kQBlock];
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, _mm256_set1_ps(sa)), acc[i]);
-      if (w.min) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(w.min + o), _mm256_set1_ps(a.qsa[m * nb + b]), acc[i]);
-    }
+struct Ymm {  // half tiles (8 columns, one ymm)
+  using Vec = __m256;
+  using Code = __m256i;
+  static constexpr int kParts = 2;
+  static Vec zero() { return _mm256_setzero_ps(); }
+  static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+  static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static Vec set1(float x) { return _mm256_set1_ps(x); }
+  static Vec load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+  template <int BITS, int BLK>
+  static void load_codes(const uint8_t* p, Code* v) { specrt::load_codes<BITS, BLK>(p, v); }
+  template <int BITS, int BLK>
+  static Vec dot_step(Vec acc, const Code* v, const int8_t* q, int32_t zs, Vec scale, float sa) {
+    __m256i dot = block_dot<BITS, BLK>(v, reinterpret_cast<const int32_t*>(q));
+    if constexpr (BITS == 8) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(zs));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, _mm256_set1_ps(sa)), acc);
   }
-  for (int i = 0; i < MR; ++i) {
-    float* out = y + (m0 + i) * s.N + 8 * hf;
-    _mm256_storeu_ps(out, w.bias ? _mm256_add_ps(acc[i], _mm256_loadu_ps(w.bias + 8 * hf)) : acc[i]);
-  }
-}
-
-template <int BITS, int BLK>
-void avx2(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1) {
-  const int64_t nb = s.K / BLK;
-  std::vector<int32_t> zs;
-  if constexpr (BITS == 8) {
-    zs.resize(static_cast<size_t>(s.M * nb));
-    for (int64_t i = 0; i < s.M * nb; ++i) {
-      int sum = 0;
-      for (int k = 0; k < BLK; ++k) sum += a.q[i * BLK + k];
-      zs[i] = 128 * sum;
-    }
-  }
-  for (int64_t hf = 2 * t0; hf < 2 * t1; ++hf) {
-    int64_t m = 0;
-    for (; m + 4 <= s.M; m += 4) rows_half<BITS, BLK, 4>(a, w, s, zs.data(), y, m, hf);
-    switch (s.M - m) {
-      case 3: rows_half<BITS, BLK, 3>(a, w, s, zs.data(), y, m, hf); break;
-      case 2: rows_half<BITS, BLK, 2>(a, w, s, zs.data(), y, m, hf); break;
-      case 1: rows_half<BITS, BLK, 1>(a, w, s, zs.data(), y, m, hf); break;
-      default: break;
-    }
-  }
-}
+};
 
 }  // namespace
 
@@ -131,9 +99,7 @@ void quantize_avx2(const float* x, int64_t M, int64_t K, int8_t* q, float* sa) {
 }
 
 void matmul_avx2(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1) {
-  if (s.bits == 4) return avx2<4, 32>(a, w, s, y, t0, t1);
-  if (s.block == 16) return avx2<8, 16>(a, w, s, y, t0, t1);
-  return avx2<8, 32>(a, w, s, y, t0, t1);
+  matmul_drive<Ymm>(a, w, s, y, t0, t1);
 }
 
 }  // namespace specrt

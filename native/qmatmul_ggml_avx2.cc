@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include "qmatmul_ggml.h"
+#include "qmatmul_ggml_drive.h"
 
 namespace specrt {
 namespace {
@@ -27,13 +28,6 @@ inline void nibbles(const uint8_t* p, __m256i* v) {
     v[j + 4] = _mm256_and_si256(_mm256_srli_epi16(b, 4), bytes(0x0F));
   }
 }
-
-struct Row {  // one activation row
-  const int8_t* q;
-  const float* sa;
-  const float* qsa;
-  const int32_t* zs;
-};
 
 // Sum of code * q over code vectors v[0..3] (16 codes a column), exact in int32. vpmaddubsw adds
 // two u8 x s8 products in int16 and saturates: codes <= 63 keep a pair within 2 * 63 * 127 =
@@ -200,93 +194,23 @@ struct Q6K {  // 16 sub-blocks of 16 with int8 scales, codes 0..63 with zero poi
   }
 };
 
-#ifdef SPECRT_MUTANT  // a wrong form the tests must catch: 4-row blocks add each block's terms to acc last
-constexpr bool kMutant = true;
-#else
-constexpr bool kMutant = false;
-#endif
-
-template <class T, int MR>
-inline __m256 apply(__m256 acc, const typename T::Blk& k, const Row& r, int64_t b) {
-  if constexpr (kMutant && MR == 4) return _mm256_add_ps(acc, T::step(_mm256_setzero_ps(), k, r, b));
-  return T::step(acc, k, r, b);
-}
-
-struct Call {
-  const BlockActs& a;
-  const BlockWeights& w;
-  const BlockShape& s;
-  float* y;
-  int64_t ns, nq, nz, rb;  // records a tile, 32-blocks a row, zs a row, bytes a record
-
-  template <class T>
-  static Call make(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y) {
-    return {a, w, s, y, s.K / T::kSuper, s.K / kQBlock, T::kType == kQ6_K ? s.K / 16 : s.K / kQBlock, record_bytes(T::kType)};
-  }
-  Row row(int64_t m) const {
-    return {a.q + m * s.K, a.sa + m * nq, a.qsa ? a.qsa + m * nq : nullptr, a.zs ? a.zs + m * nz : nullptr};
-  }
-  const uint8_t* record(int64_t t, int64_t i) const { return w.blocks + (t * ns + i) * rb; }
+// Half tiles (8 columns, one ymm): NH = 1 keeps a half's 8 code vectors and MR accumulators
+// within AVX2's 16 registers; one row takes both halves of a tile (two independent accumulator
+// chains, the codes used as they load).
+struct Ymm {
+  using Vec = __m256;
+  static constexpr int kParts = 2, kOneRow = 2, kGroup = 1;
+  static constexpr bool kLoadAll = false;
+  static Vec zero() { return _mm256_setzero_ps(); }
+  static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+  static Vec load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 };
-
-// MR rows x NH half tiles from hf (= 2 * tile + half) in registers over all of K: NH = 1 keeps a
-// half's 8 code vectors and MR accumulators within AVX2's 16 registers; one row takes both halves
-// of a tile (NH = 2: two independent accumulator chains, the codes used as they load).
-template <class T, int MR, int NH>
-void rows_halves(const Call& c, int64_t m0, int64_t hf) {
-  __m256 acc[MR][NH];
-  for (int i = 0; i < MR; ++i)
-    for (int u = 0; u < NH; ++u) acc[i][u] = _mm256_setzero_ps();
-  for (int64_t sb = 0; sb < c.ns; ++sb) {
-    typename T::Head head[NH];
-    for (int u = 0; u < NH; ++u) T::head(c.record((hf + u) / 2, sb), static_cast<int>((hf + u) % 2), &head[u]);
-    for (int j = 0; j < T::kSuper / 32; ++j) {
-      const int64_t b = sb * (T::kSuper / 32) + j;
-      for (int u = 0; u < NH; ++u) {
-        typename T::Blk blk;
-        T::load_blk(c.record((hf + u) / 2, sb), j, static_cast<int>((hf + u) % 2), head[u], &blk);
-        for (int i = 0; i < MR; ++i) acc[i][u] = apply<T, MR>(acc[i][u], blk, c.row(m0 + i), b);
-      }
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int u = 0; u < NH; ++u) {
-      const int64_t o = 8 * (hf + u);
-      const __m256 out = c.w.bias ? _mm256_add_ps(acc[i][u], _mm256_loadu_ps(c.w.bias + o)) : acc[i][u];
-      _mm256_storeu_ps(c.y + (m0 + i) * c.s.N + o, out);
-    }
-}
-
-template <class T>
-void avx2(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
-  const Call c = Call::make<T>(a, w, s, y);
-  if (s.M == 1) {
-    for (int64_t hf = 2 * t0; hf < 2 * t1; hf += 2) rows_halves<T, 1, 2>(c, 0, hf);
-    return;
-  }
-  for (int64_t hf = 2 * t0; hf < 2 * t1; ++hf) {
-    int64_t m = 0;
-    for (; m + 4 <= s.M; m += 4) rows_halves<T, 4, 1>(c, m, hf);
-    switch (s.M - m) {
-      case 3: rows_halves<T, 3, 1>(c, m, hf); break;
-      case 2: rows_halves<T, 2, 1>(c, m, hf); break;
-      case 1: rows_halves<T, 1, 1>(c, m, hf); break;
-      default: break;
-    }
-  }
-}
 
 }  // namespace
 
 void ggml_avx2(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
-  switch (s.type) {
-    case kQ4_0: return avx2<Legacy<kQ4_0>>(a, w, s, y, t0, t1);
-    case kQ8_0: return avx2<Legacy<kQ8_0>>(a, w, s, y, t0, t1);
-    case kQ4_K: return avx2<KQuant<false>>(a, w, s, y, t0, t1);
-    case kQ5_K: return avx2<KQuant<true>>(a, w, s, y, t0, t1);
-    case kQ6_K: return avx2<Q6K>(a, w, s, y, t0, t1);
-    default: return;
-  }
+  ggml_drive<Ymm, Legacy, KQuant, Q6K>(a, w, s, y, t0, t1);
 }
 
 }  // namespace specrt

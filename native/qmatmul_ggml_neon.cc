@@ -8,6 +8,7 @@
 // stored code ^ 0x80 is its int8 weight).
 #include "arm_dot.h"
 #include "qmatmul_ggml.h"
+#include "qmatmul_ggml_drive.h"
 
 namespace specrt {
 namespace {
@@ -31,13 +32,6 @@ inline void nibbles(const uint8_t* p, uint8x16_t* v) {
     v[j + 4] = vshrq_n_u8(b, 4);
   }
 }
-
-struct Row {  // one activation row
-  const int8_t* q;
-  const float* sa;
-  const float* qsa;
-  const int32_t* zs;
-};
 
 // The 32-block's dots over its first and last 16 codes.
 inline void halves(const uint8x16_t* v, const int8_t* q8, int32x4_t* lo, int32x4_t* hi) {
@@ -168,86 +162,20 @@ struct Q6K {  // 16 sub-blocks of 16 with int8 scales, codes 0..63 with zero poi
   }
 };
 
-#ifdef SPECRT_MUTANT  // a wrong form the tests must catch: 4-row blocks add each block's terms to acc last
-constexpr bool kMutant = true;
-#else
-constexpr bool kMutant = false;
-#endif
-
-template <class T, int MR>
-inline float32x4_t apply(float32x4_t acc, const typename T::Blk& k, const Row& r, int64_t b) {
-  if constexpr (kMutant && MR == 4) return vaddq_f32(acc, T::step(vdupq_n_f32(0.f), k, r, b));
-  return T::step(acc, k, r, b);
-}
-
-struct Call {
-  const BlockActs& a;
-  const BlockWeights& w;
-  const BlockShape& s;
-  float* y;
-  int64_t ns, nq, nz, rb;  // records a tile, 32-blocks a row, zs a row, bytes a record
-
-  template <class T>
-  static Call make(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y) {
-    return {a, w, s, y, s.K / T::kSuper, s.K / kQBlock, T::kType == kQ6_K ? s.K / 16 : s.K / kQBlock, record_bytes(T::kType)};
-  }
-  Row row(int64_t m) const {
-    return {a.q + m * s.K, a.sa + m * nq, a.qsa ? a.qsa + m * nq : nullptr, a.zs ? a.zs + m * nz : nullptr};
-  }
-  const uint8_t* record(int64_t t, int64_t i) const { return w.blocks + (t * ns + i) * rb; }
+struct Q4 {  // quarter tiles (4 columns, one q register)
+  using Vec = float32x4_t;
+  static constexpr int kParts = 4, kOneRow = 1, kGroup = 1;
+  static constexpr bool kLoadAll = false;
+  static Vec zero() { return vdupq_n_f32(0.f); }
+  static Vec add(Vec a, Vec b) { return vaddq_f32(a, b); }
+  static Vec load(const float* p) { return vld1q_f32(p); }
+  static void store(float* p, Vec v) { vst1q_f32(p, v); }
 };
-
-// MR rows x one quarter tile (qf = 4 * tile + quarter) over all of K.
-template <class T, int MR>
-void rows_quarter(const Call& c, int64_t m0, int64_t qf) {
-  const int64_t t = qf / 4;
-  const int qt = static_cast<int>(qf % 4);
-  float32x4_t acc[MR];
-  for (int i = 0; i < MR; ++i) acc[i] = vdupq_n_f32(0.f);
-  for (int64_t sb = 0; sb < c.ns; ++sb) {
-    const uint8_t* rec = c.record(t, sb);
-    typename T::Head head;
-    T::head(rec, qt, &head);
-    for (int j = 0; j < T::kSuper / 32; ++j) {
-      typename T::Blk blk;
-      T::load_blk(rec, j, qt, head, &blk);
-      const int64_t b = sb * (T::kSuper / 32) + j;
-      for (int i = 0; i < MR; ++i) acc[i] = apply<T, MR>(acc[i], blk, c.row(m0 + i), b);
-    }
-  }
-  for (int i = 0; i < MR; ++i) {
-    const float32x4_t out = c.w.bias ? vaddq_f32(acc[i], vld1q_f32(c.w.bias + 4 * qf)) : acc[i];
-    vst1q_f32(c.y + (m0 + i) * c.s.N + 4 * qf, out);
-  }
-}
-
-template <class T>
-void run(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
-  const Call c = Call::make<T>(a, w, s, y);
-  for (int64_t qf = 4 * t0; qf < 4 * t1; ++qf) {
-    int64_t m = 0;
-    for (; m + 4 <= s.M; m += 4) rows_quarter<T, 4>(c, m, qf);
-    switch (s.M - m) {
-      case 3: rows_quarter<T, 3>(c, m, qf); break;
-      case 2: rows_quarter<T, 2>(c, m, qf); break;
-      case 1: rows_quarter<T, 1>(c, m, qf); break;
-      default: break;
-    }
-  }
-}
 
 }  // namespace
 
-void SPECRT_ARM_FORM(ggml)(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0,
-                           int64_t t1) {
-  switch (s.type) {
-    case kQ4_0: return run<Legacy<kQ4_0>>(a, w, s, y, t0, t1);
-    case kQ8_0: return run<Legacy<kQ8_0>>(a, w, s, y, t0, t1);
-    case kQ4_K: return run<KQuant<false>>(a, w, s, y, t0, t1);
-    case kQ5_K: return run<KQuant<true>>(a, w, s, y, t0, t1);
-    case kQ6_K: return run<Q6K>(a, w, s, y, t0, t1);
-    default: return;
-  }
+void SPECRT_ARM_FORM(ggml)(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
+  ggml_drive<Q4, Legacy, KQuant, Q6K>(a, w, s, y, t0, t1);
 }
 
 }  // namespace specrt

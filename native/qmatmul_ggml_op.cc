@@ -134,35 +134,13 @@ OrtStatus* ORT_API_CALL create(const OrtCustomOp*, const OrtApi*, const OrtKerne
   return nullptr;
 }
 
-const char* ORT_API_CALL name(const OrtCustomOp*) { return "QMatMulGGML"; }
-ONNXTensorElementDataType ORT_API_CALL in_type(const OrtCustomOp*, size_t i) {
-  return i == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-}
-ONNXTensorElementDataType ORT_API_CALL out_type(const OrtCustomOp*, size_t) { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
-size_t ORT_API_CALL n_inputs(const OrtCustomOp*) { return 3; }
-size_t ORT_API_CALL n_outputs(const OrtCustomOp*) { return 1; }
-OrtCustomOpInputOutputCharacteristic ORT_API_CALL in_kind(const OrtCustomOp*, size_t i) {
-  return i < 2 ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
-}
-OrtCustomOpInputOutputCharacteristic ORT_API_CALL out_kind(const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; }
-
-OrtCustomOp make() {
-  OrtCustomOp op = kernel_op<Kernel, compute>();
-  op.CreateKernelV2 = create;
-  op.GetName = name;
-  op.GetInputType = in_type;
-  op.GetInputTypeCount = n_inputs;
-  op.GetOutputType = out_type;
-  op.GetOutputTypeCount = n_outputs;
-  op.GetInputCharacteristic = in_kind;
-  op.GetOutputCharacteristic = out_kind;
-  return op;
-}
-
-OrtCustomOp g_op = make();  // outlives every session
+// inputs x, blocks, bias (optional) -> y
+CustomOp g_op = custom_op<Kernel, compute>(
+    {"QMatMulGGML", 3, 1, {kF32, kU8, kF32}, {kF32}, {kRequired, kRequired, kOptional}, {kRequired}, 1},
+    create);  // outlives every session
 
 }  // namespace
 
-OrtCustomOp* qmatmul_ggml_op() { return &g_op; }
+OrtCustomOp* qmatmul_ggml_op() { return &g_op.op; }
 
 }  // namespace specrt

@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include "qmatmul_ggml.h"
+#include "qmatmul_ggml_drive.h"
 
 namespace specrt {
 namespace {
@@ -21,13 +22,6 @@ inline void nibbles(const uint8_t* p, __m512i* v) {
     v[j + 4] = _mm512_and_si512(_mm512_srli_epi16(b, 4), bytes(0x0F));
   }
 }
-
-struct Row {  // one activation row
-  const int8_t* q;
-  const float* sa;
-  const float* qsa;
-  const int32_t* zs;
-};
 
 // The 32-block's dots over its first and last 16 codes, exact in int32.
 inline void halves(const __m512i* v, const int8_t* q8, __m512i* lo, __m512i* hi) {
@@ -53,8 +47,8 @@ struct Legacy {
     __m512i v[8];
     __m512 d;
   };
-  static void head(const uint8_t* rec, Head* h) { h->d = fp16x16(rec); }
-  static void load_blk(const uint8_t* rec, int, const Head& h, Blk* k) {
+  static void head(const uint8_t* rec, int, Head* h) { h->d = fp16x16(rec); }
+  static void load_blk(const uint8_t* rec, int, int, const Head& h, Blk* k) {
     if constexpr (TYPE == kQ8_0) {
       for (int j = 0; j < 8; ++j) k->v[j] = load(rec + 32 + 64 * j);
     } else {
@@ -87,7 +81,7 @@ struct KQuant {
       _mm512_store_ps(out[j], _mm512_mul_ps(_mm512_cvtepi32_ps(v), f));
     }
   }
-  static void head(const uint8_t* rec, Head* h) {
+  static void head(const uint8_t* rec, int, Head* h) {
     const __m512 d = fp16x16(rec);
     const __m512 neg_dmin = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(fp16x16(rec + 32)),
                                                                  _mm512_set1_epi32(INT32_MIN)));
@@ -100,7 +94,7 @@ struct KQuant {
     store4(_mm512_and_si512(g1, bytes(0x3F)), neg_dmin, h->min);
     store4(m_hi, neg_dmin, h->min + 4);
   }
-  static void load_blk(const uint8_t* rec, int j, const Head& h, Blk* k) {
+  static void load_blk(const uint8_t* rec, int j, int, const Head& h, Blk* k) {
     const uint8_t* p = rec + 256 + j * (FIFTH ? 320 : 256);
     nibbles(p, k->v);
     if constexpr (FIFTH) {
@@ -132,8 +126,8 @@ struct Q6K {  // 16 sub-blocks of 16 with int8 scales, codes 0..63 with zero poi
     __m512i v[8], sc_lo, sc_hi;
     __m512 d;
   };
-  static void head(const uint8_t* rec, Head* h) { h->d = fp16x16(rec), h->sc = reinterpret_cast<const int8_t*>(rec + 32); }
-  static void load_blk(const uint8_t* rec, int j, const Head& h, Blk* k) {
+  static void head(const uint8_t* rec, int, Head* h) { h->d = fp16x16(rec), h->sc = reinterpret_cast<const int8_t*>(rec + 32); }
+  static void load_blk(const uint8_t* rec, int j, int, const Head& h, Blk* k) {
     const uint8_t* p = rec + 288 + 384 * j;
     nibbles(p, k->v);
     for (int half = 0; half < 2; ++half) {
@@ -157,98 +151,20 @@ struct Q6K {  // 16 sub-blocks of 16 with int8 scales, codes 0..63 with zero poi
   }
 };
 
-#ifdef SPECRT_MUTANT  // a wrong form the tests must catch: 4-row blocks add each block's terms to acc last
-constexpr bool kMutant = true;
-#else
-constexpr bool kMutant = false;
-#endif
-
-template <class T, int MR>
-inline __m512 apply(__m512 acc, const typename T::Blk& k, const Row& r, int64_t b) {
-  if constexpr (kMutant && MR == 4) return _mm512_add_ps(acc, T::step(_mm512_setzero_ps(), k, r, b));
-  return T::step(acc, k, r, b);
-}
-
-struct Call {  // what every loop below reads
-  const BlockActs& a;
-  const BlockWeights& w;
-  const BlockShape& s;
-  float* y;
-  int64_t ns, nq, nz, rb;  // records a tile, 32-blocks a row, zs a row, bytes a record
-
-  template <class T>
-  static Call make(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y) {
-    return {a, w, s, y, s.K / T::kSuper, s.K / kQBlock, T::kType == kQ6_K ? s.K / 16 : s.K / kQBlock, record_bytes(T::kType)};
-  }
-  Row row(int64_t m) const {
-    return {a.q + m * s.K, a.sa + m * nq, a.qsa ? a.qsa + m * nq : nullptr, a.zs ? a.zs + m * nz : nullptr};
-  }
-  const uint8_t* record(int64_t t, int64_t i) const { return w.blocks + (t * ns + i) * rb; }
-  float* out(int64_t m, int64_t t) const { return y + m * s.N + t * kTile; }
-  __m512 finish(__m512 acc, int64_t t) const {
-    return w.bias ? _mm512_add_ps(acc, _mm512_loadu_ps(w.bias + t * kTile)) : acc;
-  }
+struct Zmm {  // a tile in one vector
+  using Vec = __m512;
+  static constexpr int kParts = 1, kOneRow = 4, kGroup = 2;  // one row: 4 tiles keep the dots' chains independent
+  static constexpr bool kLoadAll = true;
+  static Vec zero() { return _mm512_setzero_ps(); }
+  static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 };
-
-// MR rows x NT column tiles in registers over all of K. Each row block decodes the tiles' heads
-// again: decoding them once for all rows into L1 measured slower (docs/design.md, "The GGUF's
-// blocks in the kernel").
-template <class T, int MR, int NT>
-void rows_tiles(const Call& c, int64_t m0, int64_t t0) {
-  __m512 acc[MR][NT];
-  for (int i = 0; i < MR; ++i)
-    for (int u = 0; u < NT; ++u) acc[i][u] = _mm512_setzero_ps();
-  for (int64_t sb = 0; sb < c.ns; ++sb) {
-    typename T::Head head[NT];
-    for (int u = 0; u < NT; ++u) T::head(c.record(t0 + u, sb), &head[u]);
-    for (int j = 0; j < T::kSuper / 32; ++j) {
-      typename T::Blk blk[NT];
-      for (int u = 0; u < NT; ++u) T::load_blk(c.record(t0 + u, sb), j, head[u], &blk[u]);
-      const int64_t b = sb * (T::kSuper / 32) + j;
-      for (int i = 0; i < MR; ++i) {
-        const Row r = c.row(m0 + i);
-        for (int u = 0; u < NT; ++u) acc[i][u] = apply<T, MR>(acc[i][u], blk[u], r, b);
-      }
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int u = 0; u < NT; ++u) _mm512_storeu_ps(c.out(m0 + i, t0 + u), c.finish(acc[i][u], t0 + u));
-}
-
-// Every row over NT tiles, in blocks of up to 4 rows.
-template <class T, int NT>
-void tiles(const Call& c, int64_t t0) {
-  int64_t m = 0;
-  for (; m + 4 <= c.s.M; m += 4) rows_tiles<T, 4, NT>(c, m, t0);
-  switch (c.s.M - m) {
-    case 3: return rows_tiles<T, 3, NT>(c, m, t0);
-    case 2: return rows_tiles<T, 2, NT>(c, m, t0);
-    case 1: return rows_tiles<T, 1, NT>(c, m, t0);
-    default: return;
-  }
-}
-
-template <class T>
-void vnni(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
-  const Call c = Call::make<T>(a, w, s, y);
-  int64_t t = t0;
-  if (s.M == 1)  // one row: 4 tiles at once keep the dot products' chains independent
-    for (; t + 4 <= t1; t += 4) rows_tiles<T, 1, 4>(c, 0, t);
-  for (; t + 2 <= t1; t += 2) tiles<T, 2>(c, t);
-  for (; t < t1; ++t) tiles<T, 1>(c, t);
-}
 
 }  // namespace
 
 void ggml_vnni(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
-  switch (s.type) {
-    case kQ4_0: return vnni<Legacy<kQ4_0>>(a, w, s, y, t0, t1);
-    case kQ8_0: return vnni<Legacy<kQ8_0>>(a, w, s, y, t0, t1);
-    case kQ4_K: return vnni<KQuant<false>>(a, w, s, y, t0, t1);
-    case kQ5_K: return vnni<KQuant<true>>(a, w, s, y, t0, t1);
-    case kQ6_K: return vnni<Q6K>(a, w, s, y, t0, t1);
-    default: return;
-  }
+  ggml_drive<Zmm, Legacy, KQuant, Q6K>(a, w, s, y, t0, t1);
 }
 
 }  // namespace specrt

@@ -7,6 +7,7 @@
 
 #include "arm_dot.h"
 #include "qmatmul.h"
+#include "qmatmul_drive.h"
 
 namespace specrt {
 namespace {
@@ -28,68 +29,36 @@ inline void load_codes(const uint8_t* p, int8x16_t* v) {
   }
 }
 
-template <int BITS, int BLK, int MR>
-void rows_quarter(const Activations& a, const Weights& w, const Shape& s, const int32_t* zs, float* y, int64_t m0,
-                  int64_t qf) {
-  constexpr int64_t bytes = int64_t{kTile} * BLK * BITS / 8;
-  const int64_t nb = s.K / BLK, nq = s.K / kQBlock, t = qf / 4, qt = qf % 4;
-  float32x4_t acc[MR];
-  for (int i = 0; i < MR; ++i) acc[i] = vdupq_n_f32(0.f);
-  for (int64_t b = 0; b < nb; ++b) {
-    int8x16_t v[BLK / 4];
-    load_codes<BITS, BLK>(w.codes + (t * nb + b) * bytes + 16 * qt, v);
-    const int64_t o = (t * nb + b) * kTile + 4 * qt;
-    const float32x4_t scale = vld1q_f32(w.scale + o);
-    for (int i = 0; i < MR; ++i) {
-      const int64_t m = m0 + i;
-      const int32_t* q = reinterpret_cast<const int32_t*>(a.q + m * s.K + b * BLK);
-      int32x4_t d0 = vdupq_n_s32(0), d1 = vdupq_n_s32(0);
-      for (int j = 0; j < BLK / 4; j += 2) {
-        d0 = dot4(d0, v[j], q[j]);
-        d1 = dot4(d1, v[j + 1], q[j + 1]);
-      }
-      int32x4_t dot = vaddq_s32(d0, d1);
-      if constexpr (BITS == 8) dot = vaddq_s32(dot, vdupq_n_s32(zs[m * nb + b]));
-      acc[i] = vfmaq_f32(acc[i], vcvtq_f32_s32(dot), vmulq_n_f32(scale, a.sa[m * nq + b * BLK / kQBlock]));
-      if (w.min) acc[i] = vfmaq_f32(acc[i], vld1q_f32(w.min + o), vdupq_n_f32(a.qsa[m * nb + b]));
+struct Q4 {  // quarter tiles (4 columns, one q register)
+  using Vec = float32x4_t;
+  using Code = int8x16_t;
+  static constexpr int kParts = 4;
+  static Vec zero() { return vdupq_n_f32(0.f); }
+  static Vec add(Vec a, Vec b) { return vaddq_f32(a, b); }
+  static Vec fma(Vec a, Vec b, Vec c) { return vfmaq_f32(c, a, b); }
+  static Vec set1(float x) { return vdupq_n_f32(x); }
+  static Vec load(const float* p) { return vld1q_f32(p); }
+  static void store(float* p, Vec v) { vst1q_f32(p, v); }
+  template <int BITS, int BLK>
+  static void load_codes(const uint8_t* p, Code* v) { specrt::load_codes<BITS, BLK>(p, v); }
+  template <int BITS, int BLK>
+  static Vec dot_step(Vec acc, const Code* v, const int8_t* q8, int32_t zs, Vec scale, float sa) {
+    const int32_t* q = reinterpret_cast<const int32_t*>(q8);
+    int32x4_t d0 = vdupq_n_s32(0), d1 = vdupq_n_s32(0);
+    for (int j = 0; j < BLK / 4; j += 2) {
+      d0 = dot4(d0, v[j], q[j]);
+      d1 = dot4(d1, v[j + 1], q[j + 1]);
     }
+    int32x4_t dot = vaddq_s32(d0, d1);
+    if constexpr (BITS == 8) dot = vaddq_s32(dot, vdupq_n_s32(zs));
+    return vfmaq_f32(acc, vcvtq_f32_s32(dot), vmulq_n_f32(scale, sa));
   }
-  for (int i = 0; i < MR; ++i) {
-    float* out = y + (m0 + i) * s.N + 4 * qf;
-    vst1q_f32(out, w.bias ? vaddq_f32(acc[i], vld1q_f32(w.bias + 4 * qf)) : acc[i]);
-  }
-}
-
-template <int BITS, int BLK>
-void run(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1) {
-  const int64_t nb = s.K / BLK;
-  std::vector<int32_t> zs;  // 8 bits: 128 * sum of q per row and block
-  if constexpr (BITS == 8) {
-    zs.resize(static_cast<size_t>(s.M * nb));
-    for (int64_t i = 0; i < s.M * nb; ++i) {
-      int sum = 0;
-      for (int k = 0; k < BLK; ++k) sum += a.q[i * BLK + k];
-      zs[i] = 128 * sum;
-    }
-  }
-  for (int64_t qf = 4 * t0; qf < 4 * t1; ++qf) {
-    int64_t m = 0;
-    for (; m + 4 <= s.M; m += 4) rows_quarter<BITS, BLK, 4>(a, w, s, zs.data(), y, m, qf);
-    switch (s.M - m) {
-      case 3: rows_quarter<BITS, BLK, 3>(a, w, s, zs.data(), y, m, qf); break;
-      case 2: rows_quarter<BITS, BLK, 2>(a, w, s, zs.data(), y, m, qf); break;
-      case 1: rows_quarter<BITS, BLK, 1>(a, w, s, zs.data(), y, m, qf); break;
-      default: break;
-    }
-  }
-}
+};
 
 }  // namespace
 
 void SPECRT_ARM_FORM(matmul)(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1) {
-  if (s.bits == 4) return run<4, 32>(a, w, s, y, t0, t1);
-  if (s.block == 16) return run<8, 16>(a, w, s, y, t0, t1);
-  return run<8, 32>(a, w, s, y, t0, t1);
+  matmul_drive<Q4>(a, w, s, y, t0, t1);
 }
 
 }  // namespace specrt

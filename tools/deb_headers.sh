@@ -4,7 +4,9 @@
 # with (apt-get indextargets reads /etc/apt/sources.list{,.d}), is checked against the pinned
 # sha256, and is unpacked into DEST. No root is needed. An already-unpacked copy is used as it is
 # (make skips this script then), so no network is needed. DEB_URL=... names the file directly on
-# a machine without apt.
+# a machine without apt. Once Debian has dropped the pinned file from its pool (a newer build
+# superseded it), the package's current version in DEB_SUITES (default bookworm's) is taken
+# instead, verified through Debian's signed indexes (tools/debian_fetch.sh).
 #   usage: tools/deb_headers.sh POOL_PATH SHA256 DEST
 #   e.g.   tools/deb_headers.sh pool/main/n/nlohmann-json3/nlohmann-json3-dev_3.11.2-2_all.deb <sha> .cache/nlohmann-json
 set -euo pipefail
@@ -36,4 +38,9 @@ for url in $urls; do
   fi
 done
 rm -f "$tmp"
-fail "$deb was not found at: $(echo $urls | tr '\n' ' ')"
+[ -z "${DEB_URL:-}" ] || fail "$deb was not found at $DEB_URL"
+# Debian drops a superseded build from its pool: then the package's current version in the
+# suites it came from (DEB_SUITES), verified through Debian's signed indexes (tools/debian_fetch.sh)
+suites=${DEB_SUITES:-bookworm,bookworm-updates,bookworm-security}
+echo "$deb is gone from $(echo $urls | tr '\n' ' '); taking ${deb%%_*}'s current version in $suites" >&2
+exec "$(dirname "$0")/debian_fetch.sh" "$dest" "$suites" "${deb%%_*}"

@@ -47,12 +47,13 @@ def run_one(pipe, ids: list[int], kw: dict, window: int | None, new: int) -> dic
             "per_round": st.mean_accepted_per_round, "rounds": st.rounds, "drafted": st.draft_tokens}
 
 
-def start_llama(engines: str, ctx: int, threads: int = 2, port: int = 8097):
-    """llama-server on the target's GGUF, one slot of `ctx` tokens. -> (process, url)."""
+def start_llama(engines: str, ctx: int, threads: int = 2, port: int = 8097, binary: str | None = None):
+    """llama-server (`binary`, default `make llama-server`'s) on the target's GGUF, one slot of
+    `ctx` tokens. -> (process, url)."""
     from specrt.runtime.bench.arms import gguf_of, llama_server
     from specrt.runtime.bundle.manifest import load_manifest
 
-    binary, gguf = llama_server(), gguf_of(load_manifest(Path(engines)).target)
+    binary, gguf = binary or llama_server(), gguf_of(load_manifest(Path(engines)).target)
     if not binary or not gguf:
         raise SystemExit("--llama needs `make llama-server` and the target's GGUF under .cache/models")
     proc = subprocess.Popen([binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
@@ -95,6 +96,9 @@ def main() -> None:
     ap.add_argument("--out", default="bench/long_context.json")
     ap.add_argument("--llama", action="store_true", help="llama-server on the target's GGUF as one more arm")
     ap.add_argument("--ids", default=None, help="comma-separated prompt ids of the workload to run")
+    ap.add_argument("--llama-server", action="append", default=[],
+                    help="a llama-server binary as an arm (repeat for several builds, e.g. native and AVX2-only; "
+                         "implies --llama)")
     a = ap.parse_args()
     windows = [None if w == "none" else int(w) for w in a.windows.split(",")]
     pipe = specrt.load(a.engines, prefix_cache=False, hugepages=False)  # 4 slots: adaptive by default
@@ -102,7 +106,9 @@ def main() -> None:
     prompts = [json.loads(line) for line in open(a.workload)]
     if a.ids:
         prompts = [p for p in prompts if p["id"] in a.ids.split(",")]
-    llama = start_llama(a.engines, pipe.max_seq_len) if a.llama else None
+    binaries = a.llama_server or ([None] if a.llama else [])
+    llamas = {("llama-server" if len(binaries) == 1 else f"llama-server ({Path(b).parent.parent.name})"):
+              start_llama(a.engines, pipe.max_seq_len, port=8097 + i, binary=b) for i, b in enumerate(binaries)}
     rows = []
     for p in prompts[: a.limit]:
         ids = pipe.tokenizer.encode(p["prompt"], chat=True)
@@ -110,17 +116,17 @@ def main() -> None:
             print(f"{p['id']}: {len(ids)} tokens + {a.max_new_tokens} exceed max_seq_len {pipe.max_seq_len}: skipped")
             continue
         res = {name: run_one(pipe, ids, kw, w, a.max_new_tokens) for name, kw, w in arms(windows)}
-        if llama:
-            res["llama-server"] = run_llama(llama[1], ids, a.max_new_tokens)
+        for name, (_, url) in llamas.items():
+            res[name] = run_llama(url, ids, a.max_new_tokens)
         ref = res["target-only"]["tokens"]
         for name, r in res.items():
             r["same"] = r.pop("tokens") == ref
             rows.append({"id": p["id"], "prompt_tokens": len(ids), "arm": name, **r})
             print(json.dumps(rows[-1]), flush=True)
     pipe.close()
-    if llama:
-        llama[0].terminate()
-        llama[0].wait(30)
+    for proc, _ in llamas.values():
+        proc.terminate()
+        proc.wait(30)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(rows, indent=1))
     print(table(rows))

@@ -11,6 +11,11 @@
   rayN-pow2       the same behind Ray's default power-of-two router
   llama           llama-server on a GGUF of the same weights
   llama-draft     llama-server with a draft model (-md)
+
+An instruction set after `@` pins it (issue 52: the AVX2 forms against llama.cpp built for AVX2
+in one run): `specrt-policy@avx2` runs the server with SPECRT_KERNELS_ISA=avx2 (one of
+ISAS: a form no higher than the CPU's), `llama@avx2` the llama-server built beside
+`--llama-server`'s in `build-avx2` (tools/build_llama_server.sh LLAMA_ISA=avx2).
 """
 
 from __future__ import annotations
@@ -62,9 +67,39 @@ def gguf_of(entry) -> str | None:
     return str(found[0]) if found else None
 
 
+# the kernels' forms SPECRT_KERNELS_ISA takes (native/ort_glue.h), and llama.cpp's builds
+ISAS = ("ref", "avx2", "vnni", "amx", "neon", "dotprod")
+LLAMA_BUILDS = {"avx2": "build-avx2"}
+
+
 def arms(names: list[str], s: Servers) -> list[Arm]:
     """The arms named, in order. Raises ValueError for a name unknown or not configured."""
-    return [_arm(name, s) for name in names]
+    return [_pinned(name, s) for name in names]
+
+
+def _pinned(name: str, s: Servers) -> Arm:
+    """`NAME@ISA`: the arm NAME on one instruction set (the kernels' form, or llama.cpp's build)."""
+    if "@" not in name:
+        return _arm(name, s)
+    base, isa = name.split("@", 1)
+    if base.startswith(("specrt-", "ray")) and isa in ISAS:
+        arm = _arm(base, s)
+        env = {**arm.env, "SPECRT_KERNELS_ISA": isa}
+        # the call-cost cache's key names the kernel library, not the form it runs: each form's
+        # costs are probed and cached apart, so one form never plans with another's
+        from ..policy.cost_cache import cache_dir
+
+        if (d := cache_dir()) is not None:
+            env["SPECRT_CACHE_DIR"] = str(d / f"isa-{isa}")
+        return Arm(name, arm.cmd, arm.model, env)
+    if base in ("llama", "llama-draft") and isa in LLAMA_BUILDS and s.llama_server:
+        build = Path(s.llama_server).parent.parent.parent / LLAMA_BUILDS[isa] / "bin" / Path(s.llama_server).name
+        if not build.is_file():
+            raise ValueError(f"arm {name!r}: no llama-server at {build} (LLAMA_ISA={isa} tools/build_llama_server.sh)")
+        arm = _arm(base, Servers(**{**s.__dict__, "llama_server": str(build)}))
+        return Arm(name, arm.cmd, arm.model, arm.env)
+    raise ValueError(f"unknown or unconfigured arm {name!r} (@ takes one of {', '.join(ISAS)} after a specrt "
+                     f"arm, {', '.join(LLAMA_BUILDS)} after a llama arm)")
 
 
 def _arm(name: str, s: Servers) -> Arm:

@@ -24,7 +24,8 @@ from .common import engines_default, engines_option, fail, load_flags, progress
               help="comma-separated: specrt-off, specrt-fixed, specrt-policy, specrt-nocache, specrt-unpacked, "
                    "specrt-nokernels, specrt-off-nokernels, "
                    "rayN (specrt-policy on N Ray Serve replicas, prefix affinity), rayN-pow2 (Ray's default router), "
-                   "llama, llama-draft")
+                   "llama, llama-draft; NAME@ISA pins an instruction set: specrt-policy@avx2 "
+                   "(SPECRT_KERNELS_ISA), llama@avx2 (llama.cpp's build-avx2 beside --llama-server's)")
 @click.option("--k", "k", type=int, default=None, help="specrt-fixed's k (default: the bundle's)")
 @click.option("--llama-server", type=click.Path(), default=None,
               help="llama-server binary (arms llama, llama-draft; default: what `make llama-server` built)")

@@ -189,6 +189,31 @@ def test_serve_bench_arms_by_name(tmp_path):
                                                         "--spec-draft-n-max", "8"]
 
 
+def test_serve_bench_arms_pin_an_instruction_set(tmp_path):
+    """`NAME@ISA`: a specrt arm with SPECRT_KERNELS_ISA set, a llama arm on llama.cpp's build-avx2
+    beside --llama-server's build; an unknown set, or a build not there, refused."""
+    from specrt.runtime.bench.arms import Servers, arms
+
+    native = tmp_path / "llama.cpp" / "build" / "bin" / "llama-server"
+    avx2 = tmp_path / "llama.cpp" / "build-avx2" / "bin" / "llama-server"
+    native.parent.mkdir(parents=True)
+    native.write_text("")
+    s = Servers(tmp_path / "b", 4, 2, llama_server=str(native), llama_model="m.gguf")
+    policy, plain = arms(["specrt-policy@avx2", "specrt-policy"], s)
+    assert policy.name == "specrt-policy@avx2" and policy.env["SPECRT_KERNELS_ISA"] == "avx2"
+    assert policy.env["SPECRT_CACHE_DIR"].endswith("isa-avx2")  # its call costs cached apart
+    assert policy.cmd == plain.cmd and plain.env == {}
+    with pytest.raises(ValueError, match="no llama-server at .*build-avx2"):
+        arms(["llama@avx2"], s)
+    avx2.parent.mkdir(parents=True)
+    avx2.write_text("")
+    llama, llama_native = arms(["llama@avx2", "llama"], s)
+    assert llama.cmd[0] == str(avx2) and llama.cmd[1:] == llama_native.cmd[1:] and llama.name == "llama@avx2"
+    for name in ("specrt-policy@sse2", "llama@vnni", "nothing@avx2"):
+        with pytest.raises(ValueError, match="unknown or unconfigured arm"):
+            arms([name], s)
+
+
 def test_the_llama_arms_find_the_ggufs_a_bundle_came_from(tmp_path, monkeypatch):
     from types import SimpleNamespace
 

@@ -6,8 +6,8 @@ and as one with it. Each form must give the portable form's bits for QMatMulGGML
 QMatMul4/8 (1 .. 64 rows, row by row, 2 threads) and PackedAttention (contexts across the
 softmax's chunks, 1 and 2 threads); a NEON form built with SPECRT_MUTANT must differ.
 
-The toolchain and qemu-user-static are pinned Debian packages fetched once into .cache
-(tools/aarch64_cross.sh), as `make kernels` fetches onnxruntime's headers.
+The toolchain and qemu-user-static are bookworm's current packages, verified through Debian's
+signed indexes and fetched once into .cache (tools/aarch64_cross.sh, tools/debian_fetch.sh).
 """
 
 from __future__ import annotations
@@ -36,6 +36,21 @@ def test_neon_forms_are_the_portable_bits_under_qemu():
     assert all(ln.endswith("every one the portable form's bits") for ln in lines[:3]), r.stdout
     assert lines[3].endswith("DIFFERENT bits"), r.stdout
     assert all(int(ln.split(": ")[2].split()[0]) > 400 for ln in lines[:3]), r.stdout  # calls compared
+
+
+def test_the_avx2_forms_run_on_a_cpu_without_avx512():
+    """The x86-64 driver under qemu-x86_64 as a Haswell (AVX2, FMA, F16C; no AVX-512): the AVX2
+    form alone is chosen, gives the portable bits, and never executes an AVX-512 instruction (qemu
+    would stop it with SIGILL) -- what an AVX2-only host runs, checked from this AVX-512 one."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("an x86-64 check")
+    if not (shutil.which("make") and shutil.which("dpkg-deb") and shutil.which("curl")):
+        pytest.skip("qemu-user-static is fetched with curl and dpkg-deb")
+    r = subprocess.run(["make", "-s", "kernels-avx2-only"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("kernel_forms: ")]
+    assert len(lines) == 1 and lines[0].startswith("kernel_forms: avx2: "), r.stdout
+    assert lines[0].endswith("every one the portable form's bits"), r.stdout
 
 
 def test_this_hosts_forms_are_the_portable_bits_in_the_driver():

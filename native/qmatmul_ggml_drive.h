@@ -1,0 +1,143 @@
+// The row x column driver the fast forms of ggml_ref share (qmatmul_ggml_{x86,avx2,neon}.cc):
+// rows in registers over all of K, a type's Head decoded per record and its Blk per 32-block,
+// T::step adding one 32-block of one row to an accumulator, bias last. A form supplies its types
+// (Legacy<Q4_0 / Q8_0>, KQuant<Q4_K / Q5_K>, Q6K) and its vector (F below); no number is
+// computed here, so every form keeps the definition's steps in the definition's order.
+//
+// F: the form's float vector and how it covers a 16-column tile:
+//   Vec, zero(), add(a, b), load(const float*), store(float*, v)
+//   kParts    vectors a tile (1: AVX-512, 2: AVX2, 4: NEON); part p is columns
+//             [p * 16 / kParts, (p + 1) * 16 / kParts) of y, in record p / kParts
+//   kOneRow   parts a lone row takes at once (independent accumulator chains)
+//   kGroup    parts several rows take at once (then single parts for the rest)
+//   kLoadAll  decode every part's block before the rows (true) or part by part (false)
+// T: kType, kSuper, Head, Blk, head(rec, part in record, Head*), load_blk(rec, j, part, Head,
+//   Blk*), step(acc, Blk, Row, 32-block index).
+//
+// Included only by the forms' objects, with internal linkage: each object compiles its own copy
+// for its instruction set.
+#pragma once
+#include <cstdint>
+
+#include "qmatmul_ggml.h"
+
+namespace specrt {
+namespace {
+
+struct Row {  // one activation row
+  const int8_t* q;
+  const float* sa;
+  const float* qsa;
+  const int32_t* zs;
+};
+
+#ifdef SPECRT_MUTANT  // a wrong form the tests must catch: 4-row blocks add each block's terms to acc last
+constexpr bool kMutant = true;
+#else
+constexpr bool kMutant = false;
+#endif
+
+template <class F>
+struct GgmlDrive {
+  using Vec = typename F::Vec;
+  static constexpr int kWidth = kTile / F::kParts;  // columns a vector
+
+  struct Call {  // what every loop below reads
+    const BlockActs& a;
+    const BlockWeights& w;
+    const BlockShape& s;
+    float* y;
+    int64_t ns, nq, nz, rb;  // records a tile, 32-blocks a row, zs a row, bytes a record
+
+    Row row(int64_t m) const {
+      return {a.q + m * s.K, a.sa + m * nq, a.qsa ? a.qsa + m * nq : nullptr, a.zs ? a.zs + m * nz : nullptr};
+    }
+    const uint8_t* record(int64_t p, int64_t i) const { return w.blocks + ((p / F::kParts) * ns + i) * rb; }
+  };
+
+  template <class T, int MR>
+  static Vec apply(Vec acc, const typename T::Blk& k, const Row& r, int64_t b) {
+    if constexpr (kMutant && MR == 4) return F::add(acc, T::step(F::zero(), k, r, b));
+    return T::step(acc, k, r, b);
+  }
+
+  // MR rows x NP parts from p0 in registers over all of K. Each row block decodes the parts'
+  // heads again: decoding them once for all rows into L1 measured slower (docs/design.md, "The
+  // GGUF's blocks in the kernel").
+  template <class T, int MR, int NP>
+  static void rows_parts(const Call& c, int64_t m0, int64_t p0) {
+    Vec acc[MR][NP];
+    for (int i = 0; i < MR; ++i)
+      for (int u = 0; u < NP; ++u) acc[i][u] = F::zero();
+    for (int64_t sb = 0; sb < c.ns; ++sb) {
+      typename T::Head head[NP];
+      for (int u = 0; u < NP; ++u) T::head(c.record(p0 + u, sb), static_cast<int>((p0 + u) % F::kParts), &head[u]);
+      for (int j = 0; j < T::kSuper / 32; ++j) {
+        const int64_t b = sb * (T::kSuper / 32) + j;
+        if constexpr (F::kLoadAll) {
+          typename T::Blk blk[NP];
+          for (int u = 0; u < NP; ++u)
+            T::load_blk(c.record(p0 + u, sb), j, static_cast<int>((p0 + u) % F::kParts), head[u], &blk[u]);
+          for (int i = 0; i < MR; ++i) {
+            const Row r = c.row(m0 + i);
+            for (int u = 0; u < NP; ++u) acc[i][u] = apply<T, MR>(acc[i][u], blk[u], r, b);
+          }
+        } else {
+          for (int u = 0; u < NP; ++u) {
+            typename T::Blk blk;
+            T::load_blk(c.record(p0 + u, sb), j, static_cast<int>((p0 + u) % F::kParts), head[u], &blk);
+            for (int i = 0; i < MR; ++i) acc[i][u] = apply<T, MR>(acc[i][u], blk, c.row(m0 + i), b);
+          }
+        }
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int u = 0; u < NP; ++u) {
+        const int64_t o = kWidth * (p0 + u);
+        F::store(c.y + (m0 + i) * c.s.N + o, c.w.bias ? F::add(acc[i][u], F::load(c.w.bias + o)) : acc[i][u]);
+      }
+  }
+
+  // Every row over NP parts, in blocks of up to 4 rows.
+  template <class T, int NP>
+  static void all_rows(const Call& c, int64_t p0) {
+    int64_t m = 0;
+    for (; m + 4 <= c.s.M; m += 4) rows_parts<T, 4, NP>(c, m, p0);
+    switch (c.s.M - m) {
+      case 3: return rows_parts<T, 3, NP>(c, m, p0);
+      case 2: return rows_parts<T, 2, NP>(c, m, p0);
+      case 1: return rows_parts<T, 1, NP>(c, m, p0);
+      default: return;
+    }
+  }
+
+  template <class T>
+  static void run(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
+    const Call c{a, w, s, y, s.K / T::kSuper, s.K / kQBlock, T::kType == kQ6_K ? s.K / 16 : s.K / kQBlock,
+                 record_bytes(T::kType)};
+    int64_t p = F::kParts * t0;
+    const int64_t p1 = F::kParts * t1;
+    if (s.M == 1)
+      for (; p + F::kOneRow <= p1; p += F::kOneRow) rows_parts<T, 1, F::kOneRow>(c, 0, p);
+    for (; p + F::kGroup <= p1; p += F::kGroup) all_rows<T, F::kGroup>(c, p);
+    if constexpr (F::kGroup > 1)
+      for (; p < p1; ++p) all_rows<T, 1>(c, p);
+  }
+};
+
+// ggml_ref's contract for the form F with its types.
+template <class F, template <int> class Legacy, template <bool> class KQuant, class Q6K>
+void ggml_drive(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
+  using D = GgmlDrive<F>;
+  switch (s.type) {
+    case kQ4_0: return D::template run<Legacy<kQ4_0>>(a, w, s, y, t0, t1);
+    case kQ8_0: return D::template run<Legacy<kQ8_0>>(a, w, s, y, t0, t1);
+    case kQ4_K: return D::template run<KQuant<false>>(a, w, s, y, t0, t1);
+    case kQ5_K: return D::template run<KQuant<true>>(a, w, s, y, t0, t1);
+    case kQ6_K: return D::template run<Q6K>(a, w, s, y, t0, t1);
+    default: return;
+  }
+}
+
+}  // namespace
+}  // namespace specrt
