@@ -84,14 +84,9 @@ def _pinned(name: str, s: Servers) -> Arm:
     base, isa = name.split("@", 1)
     if base.startswith(("specrt-", "ray")) and isa in ISAS:
         arm = _arm(base, s)
-        env = {**arm.env, "SPECRT_KERNELS_ISA": isa}
-        # the call-cost cache's key names the kernel library, not the form it runs: each form's
-        # costs are probed and cached apart, so one form never plans with another's
-        from ..policy.cost_cache import cache_dir
-
-        if (d := cache_dir()) is not None:
-            env["SPECRT_CACHE_DIR"] = str(d / f"isa-{isa}")
-        return Arm(name, arm.cmd, arm.model, env)
+        # the call-cost cache's key names the form (runtime/policy/store.py), so each form plans
+        # with its own costs
+        return Arm(name, arm.cmd, arm.model, {**arm.env, "SPECRT_KERNELS_ISA": isa})
     if base in ("llama", "llama-draft") and isa in LLAMA_BUILDS and s.llama_server:
         build = Path(s.llama_server).parent.parent.parent / LLAMA_BUILDS[isa] / "bin" / Path(s.llama_server).name
         if not build.is_file():

@@ -13,16 +13,18 @@ PRIOR_RANGE = (0.05, 0.95)  # a measured agreement is a few dozen tokens of one 
 
 
 def _graph_stamp(model) -> str:
-    """The graph file a packed model runs (its kernel form or not) as it is on disk, and the
-    kernel library's, which set its costs as much as the bundle does."""
+    """The graph file a packed model runs (its kernel form or not) as it is on disk, the kernel
+    library's, and the instruction set its operators run with (SPECRT_KERNELS_ISA lowers it:
+    an avx2 server must not plan with the vnni form's costs), which set its costs as much as
+    the bundle does."""
     graph = model.graph
     if graph is None:
         return ""
     stamp = f"{graph.name}:{graph.stat().st_mtime_ns}"
     if model.kernels:
-        from ..kernels import library_path
+        from ..kernels import isa, library_path
 
-        stamp += f":{library_path().stat().st_mtime_ns}"
+        stamp += f":{library_path().stat().st_mtime_ns}:{isa()}"
     return stamp
 
 

@@ -201,7 +201,6 @@ def test_serve_bench_arms_pin_an_instruction_set(tmp_path):
     s = Servers(tmp_path / "b", 4, 2, llama_server=str(native), llama_model="m.gguf")
     policy, plain = arms(["specrt-policy@avx2", "specrt-policy"], s)
     assert policy.name == "specrt-policy@avx2" and policy.env["SPECRT_KERNELS_ISA"] == "avx2"
-    assert policy.env["SPECRT_CACHE_DIR"].endswith("isa-avx2")  # its call costs cached apart
     assert policy.cmd == plain.cmd and plain.env == {}
     with pytest.raises(ValueError, match="no llama-server at .*build-avx2"):
         arms(["llama@avx2"], s)

@@ -114,3 +114,22 @@ def test_the_probe_runs_at_load_not_in_the_first_requests(tiny_bundles, cache):
         assert pipe.scheduler.costs is None
     finally:
         pipe.close()
+
+
+def test_the_key_names_the_kernels_form(tmp_path, monkeypatch):
+    """A server pinned to a lower form (SPECRT_KERNELS_ISA=avx2 on an AVX-512 host) plans with
+    that form's call costs, never with the best form's cached ones."""
+    from types import SimpleNamespace
+
+    from specrt.runtime import kernels
+
+    graph = tmp_path / "packed8.kernels.onnx"
+    graph.write_bytes(b"")
+    model = SimpleNamespace(graph=graph, kernels=True)
+    monkeypatch.delenv("SPECRT_KERNELS_ISA", raising=False)
+    best = kernels.isa()
+    assert best != "ref", "this suite runs where the library has a fast form (AVX2 or better, NEON)"
+    stamp = policies._graph_stamp(model)
+    monkeypatch.setenv("SPECRT_KERNELS_ISA", "ref")
+    assert kernels.isa() == "ref" and policies._graph_stamp(model) != stamp
+    assert policies._graph_stamp(SimpleNamespace(graph=graph, kernels=False)) == f"{graph.name}:{graph.stat().st_mtime_ns}"
