@@ -108,7 +108,7 @@ def export_bundle(
                 lm_head_precision=lm_head_precision, kv_dtype=kv_dtype, trt=trt, draft_precision=draft_precision,
                 draft_vocab=draft_vocab, portable=portable)
     cfg = Settings(max_seq_len, max_draft_tokens, precision, lowering, greedy_steps, accuracy_level, lm_head_precision,
-                   kv_dtype)
+                   kv_dtype, portable)
     kind = draft_kind(draft)
     _check_settings(cfg, kind, draft, k, trt, portable)
     _check_draft_precision(cfg, kind, draft_precision)
@@ -128,6 +128,8 @@ def export_bundle(
         ref = tgt.reference(cfg)
         step(f"building target graph ({lowering}, {precision})")
         t_entry = target_entry(tmp, tgt, cfg, features=kind == "eagle", echo=echo)
+        if packed.packable(t_entry):  # its packed and kernel graphs first: the check observes what a load runs
+            packed.pack_entry(tmp, t_entry, gguf=tgt.src.path if tgt.src.gguf_file else None)
         d_entry = None
         if kind == "self":  # from the same weights, before the target's check releases them
             step(f"building draft graph ({draft})")
@@ -263,7 +265,7 @@ def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry 
     man.save(tmp)
     genai.write(tmp, man)  # onnxruntime-genai reads the same graphs (runtime/bundle/genai.py)
     if packed.packable(t_entry):  # one call for many sequences (export/packed.py)
-        packed.pack_bundle(tmp, gguf=tgt.src.path if tgt.src.gguf_file else None)
+        packed.pack_bundle(tmp, gguf=tgt.src.path if tgt.src.gguf_file else None, skip_packed=True)
     return load_manifest(tmp)
 
 

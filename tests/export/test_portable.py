@@ -125,3 +125,24 @@ def test_older_manifests_hold_their_portable_graphs():
 def test_portable_false_needs_the_ort_lowering(tmp_path):
     with pytest.raises(ValueError, match="kernel graphs"):
         export_bundle("x.gguf", tmp_path / "b", draft="none", lowering="standard", portable=False, echo=None)
+
+
+@pytest.mark.skipif(form_for(True)[0] == "none", reason="needs the kernel library (make kernels) and a fast form")
+def test_the_checks_observe_the_kernel_graph_and_the_portable_one_only_where_kept(pair):
+    full, once = (load_manifest(pair[b]).target.parity for b in ("full", "once"))
+    assert once["accuracy_level_4"]["graph"] == full["accuracy_level_4"]["graph"] == "kernels"
+    assert once["accuracy_level_4"] == full["accuracy_level_4"]  # the same graph, the same numbers
+    assert "portable_accuracy_level_4" in full and "portable_accuracy_level_4" not in once
+    assert once["passed"] and once["checked_at_accuracy_level"] == 0  # the gate: the level-0 twin, as before
+
+
+def test_level0_twins_are_checked_unpacked():
+    """MatMulNBits computes another model unpacked only at accuracy level 4; a level-0 check
+    session holds the weights as loaded (no packed copy beside them)."""
+    from specrt.runtime.backends.ort import needs_prepack
+    from specrt.runtime.bundle.manifest import ModelEntry
+
+    assert needs_prepack(ModelEntry(precision="gguf", quantization={"accuracy_level": 4}))
+    assert needs_prepack(ModelEntry(precision="int4"))  # a draft's RTN graph records none: level 4
+    assert not needs_prepack(ModelEntry(precision="gguf", quantization={"accuracy_level": 0}))
+    assert not needs_prepack(ModelEntry(precision="fp32"))
