@@ -146,3 +146,16 @@ def test_level0_twins_are_checked_unpacked():
     assert needs_prepack(ModelEntry(precision="int4"))  # a draft's RTN graph records none: level 4
     assert not needs_prepack(ModelEntry(precision="gguf", quantization={"accuracy_level": 0}))
     assert not needs_prepack(ModelEntry(precision="fp32"))
+
+
+def test_the_config_key_and_the_flag(tmp_path):
+    from specrt.export.config import ConfigError, export_plan
+
+    cfg = tmp_path / "pair.toml"
+    cfg.write_text('name = "p"\n[target]\nsource = "t.gguf"\n[export]\nportable = false\n')
+    assert export_plan({}, str(cfg))[2]["portable"] is False
+    assert export_plan({"portable": True}, str(cfg))[2]["portable"] is True  # a flag wins
+    assert export_plan({"target": "t.gguf"})[2]["portable"] is True  # the default: a bundle any onnxruntime reads
+    cfg.write_text('[target]\nsource = "t.gguf"\n[export]\nportable = "no"\n')
+    with pytest.raises(ConfigError, match="portable must be true or false"):
+        export_plan({}, str(cfg))
