@@ -149,7 +149,9 @@ def _value(t, graph: Path) -> bytes:
 def add_portable(folder: str | Path, echo=print) -> Manifest:
     """The bundle at `folder` with its portable graphs (module docstring). Raises BundleError
     where it has no recipe or the re-export's kernel weights are not the bundle's."""
-    from .api import export_bundle  # the export needs torch; the runtime side of this module does not
+    from .api import (
+        export_bundle,  # the export needs torch; the runtime side of this module does not
+    )
 
     folder = Path(folder).resolve()
     man = load_manifest(folder)

@@ -23,7 +23,14 @@ from ..backends.protocol import PoolModel
 from ..options import DRAFTS, LoadOptions, load_options
 from . import memory
 from .hugepages import anonymous_pages, collapse
-from .manifest import SELF_DRAFT_PRECISION, BundleError, Manifest, ModelEntry, load_manifest, needs_portable
+from .manifest import (
+    SELF_DRAFT_PRECISION,
+    BundleError,
+    Manifest,
+    ModelEntry,
+    load_manifest,
+    needs_portable,
+)
 from .tokenizer import Tokenizer
 
 __all__ = ["DRAFTS", "LoadedModels", "load_models", "memory_plan", "size_load"]
