@@ -155,9 +155,7 @@ def level0_twin(folder: Path, entry) -> object:
     model.graph.initializer.extend(kept)
     twin = src.with_name(src.stem + ".level0.onnx")
     onnx.save(model, str(twin))
-    # level 0: its check session holds the weights as loaded, no packed copy (runtime/backends/ort.py needs_prepack)
-    return dataclasses.replace(entry, graph=str(Path(entry.graph).with_name(twin.name)),
-                               quantization={**entry.quantization, "accuracy_level": 0})
+    return dataclasses.replace(entry, graph=str(Path(entry.graph).with_name(twin.name)))
 
 
 def parity(folder: Path, entry, make_dec: Callable[[], object], model, opts: GraphOptions, k: int, steps: int,

@@ -69,13 +69,6 @@ DISABLE_PREPACKING = "session.disable_prepacking"
 PACKED_PRECISIONS = ("int8", "int4", "gguf")
 
 
-def needs_prepack(entry: ModelEntry) -> bool:
-    """Whether `entry`'s graph computes another model unpacked: MatMulNBits at accuracy_level 4
-    (int8 activations only in its packed form). At level 0 both forms compute in fp32 over the
-    same weights (unpacked: dequantized per call, no packed copy held: the export's level-0 checks)."""
-    return entry.precision in PACKED_PRECISIONS and (entry.quantization or {}).get("accuracy_level", 4) != 0
-
-
 def session_options(threads: int | None = None, spin: bool = True, global_pool: bool = False,
                     prepack: bool = True, kernels: bool = False) -> ort.SessionOptions:
     """Draft and target sessions alternate on the same cores. Spinning workers pick up the next
@@ -159,7 +152,7 @@ class OrtModel(FeatureBuffers, PoolModel):
         providers, self.device_type = pick_providers(pool.device)
         if self.device_type != pool.device:
             raise ValueError(f"KV pool on {pool.device!r} but the session runs on {self.device_type!r}")
-        so = session_options(threads, global_pool=global_pool, prepack=prepack or needs_prepack(entry))
+        so = session_options(threads, global_pool=global_pool, prepack=prepack or entry.precision in PACKED_PRECISIONS)
         self.session = ort.InferenceSession(str(graph), so, providers=providers)
         self.entry, self.pool, self.track = entry, pool, pool.track(track)
         self.name = track
@@ -262,7 +255,7 @@ class OrtBackend(OrtModel):
         """hugepages: move the memory this session allocates (prepacked weights, KV, buffers) onto
         2 MiB pages once it is built (runtime/bundle/hugepages.py; CPU, Linux >= 6.1). prepack=False:
         float weights stay as loaded (half the peak of building the session; slower calls);
-        MatMulNBits graphs at accuracy level 4 are packed regardless (`needs_prepack`). max_seq_len: the slot's rows
+        MatMulNBits graphs are packed regardless (PACKED_PRECISIONS). max_seq_len: the slot's rows
         (None: the bundle's S_max)."""
         _, dev = pick_providers(device)
         before = anonymous_pages() if hugepages and dev == "cpu" else None

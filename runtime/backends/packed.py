@@ -30,7 +30,7 @@ import onnxruntime as ort
 from ..bundle.manifest import ModelEntry
 from .batch import Batch, BatchOut
 from .kvpool import KVPool
-from .ort import PREFILL_TOKENS, needs_prepack, pick_providers, prefill_width, session_options
+from .ort import PACKED_PRECISIONS, PREFILL_TOKENS, pick_providers, prefill_width, session_options
 from .protocol import PoolModel
 
 
@@ -56,7 +56,7 @@ class PackedModel(PoolModel):
         providers, self.device_type = pick_providers(pool.device)
         if self.device_type != "cpu":
             raise ValueError("packed calls run on the CPU execution provider only")
-        so = session_options(threads, global_pool=global_pool, prepack=prepack or needs_prepack(entry),
+        so = session_options(threads, global_pool=global_pool, prepack=prepack or entry.precision in PACKED_PRECISIONS,
                              kernels=kernels)
         self.session = ort.InferenceSession(str(graph), so, providers=providers)
         self.graph, self.kernels = Path(graph), kernels

@@ -136,18 +136,6 @@ def test_the_checks_observe_the_kernel_graph_and_the_portable_one_only_where_kep
     assert once["passed"] and once["checked_at_accuracy_level"] == 0  # the gate: the level-0 twin, as before
 
 
-def test_level0_twins_are_checked_unpacked():
-    """MatMulNBits computes another model unpacked only at accuracy level 4; a level-0 check
-    session holds the weights as loaded (no packed copy beside them)."""
-    from specrt.runtime.backends.ort import needs_prepack
-    from specrt.runtime.bundle.manifest import ModelEntry
-
-    assert needs_prepack(ModelEntry(precision="gguf", quantization={"accuracy_level": 4}))
-    assert needs_prepack(ModelEntry(precision="int4"))  # a draft's RTN graph records none: level 4
-    assert not needs_prepack(ModelEntry(precision="gguf", quantization={"accuracy_level": 0}))
-    assert not needs_prepack(ModelEntry(precision="fp32"))
-
-
 def test_the_config_key_and_the_flag(tmp_path):
     from specrt.export.config import ConfigError, export_plan
 
