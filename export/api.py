@@ -27,6 +27,7 @@ from .emitter import kv_buffer_dtype
 from .errors import SourceError
 from .gguf_stream import forget_readers
 from .nbits import WEIGHT_ONLY
+from .portable import drop_bundle, recipe
 from .sources import peek_source, resolve_source
 from .steps import (
     LoadedModel,
@@ -80,6 +81,7 @@ def export_bundle(
     trt: bool = False,
     draft_precision: str | None = None,
     draft_vocab: int = 0,
+    portable: bool = True,
     echo: Callable[[str], None] | None = print,
 ) -> Manifest:
     """Export `target` (and a draft) into the bundle folder `out`, validated against transformers.
@@ -95,14 +97,20 @@ def export_bundle(
     target's precision). kv_dtype: "auto" (KV buffers in the activations' dtype) | "fp16" (float16
     KV in every graph of the bundle, ort lowering; parity then held to fp16's tolerance).
     draft_vocab: > 0 cuts a separate draft model's LM head to that many most frequent tokens
-    (export/vocab_subset.py; exact: the draft only proposes). Returns the written manifest. Models are loaded one at a time and
+    (export/vocab_subset.py; exact: the draft only proposes). portable: False stores a model that has
+    kernel graphs (export/kernel_graph.py) as those only, its weights once (export/portable.py;
+    `python -m specrt.export.portable` adds the portable graphs later). Returns the written manifest. Models are loaded one at a time and
     dropped before onnxruntime loads their graphs (a quantized target's parity check keeps its
     model until the check is done).
     """
+    args = dict(draft=draft, k=k, max_seq_len=max_seq_len, max_draft_tokens=max_draft_tokens, precision=precision,
+                lowering=lowering, greedy_steps=greedy_steps, accuracy_level=accuracy_level,
+                lm_head_precision=lm_head_precision, kv_dtype=kv_dtype, trt=trt, draft_precision=draft_precision,
+                draft_vocab=draft_vocab, portable=portable)
     cfg = Settings(max_seq_len, max_draft_tokens, precision, lowering, greedy_steps, accuracy_level, lm_head_precision,
-                   kv_dtype)
+                   kv_dtype, portable)
     kind = draft_kind(draft)
-    _check_settings(cfg, kind, draft, k, trt)
+    _check_settings(cfg, kind, draft, k, trt, portable)
     _check_draft_precision(cfg, kind, draft_precision)
     _check_draft_vocab(kind, draft_vocab)
     out = Path(out)
@@ -120,6 +128,8 @@ def export_bundle(
         ref = tgt.reference(cfg)
         step(f"building target graph ({lowering}, {precision})")
         t_entry = target_entry(tmp, tgt, cfg, features=kind == "eagle", echo=echo)
+        if packed.packable(t_entry):  # its packed and kernel graphs first: the check observes what a load runs
+            packed.pack_entry(tmp, t_entry, gguf=tgt.src.path if tgt.src.gguf_file else None)
         d_entry = None
         if kind == "self":  # from the same weights, before the target's check releases them
             step(f"building draft graph ({draft})")
@@ -149,7 +159,10 @@ def export_bundle(
             trt_plans(tmp, [e for e in (t_entry, d_entry) if e is not None])
 
         step("writing tokenizer and manifest")
-        man = write_bundle(tmp, out.name, t_entry, d_entry, tgt)
+        man = write_bundle(tmp, out.name, t_entry, d_entry, tgt, recipe({"target": target, **args}))
+        if not portable:
+            drop_bundle(tmp, man, echo)
+            man = load_manifest(tmp)
         forget_readers()  # the files' parsed metadata, kept for this export only
         tokcheck.read_gguf_tokens.cache_clear()
         gc.collect()
@@ -178,7 +191,7 @@ def _read_before_graphs(tgt: LoadedModel, kind: str, draft: str, echo) -> dict |
     return None
 
 
-def _check_settings(cfg: Settings, kind: str, draft: str, k: int | None, trt: bool) -> None:
+def _check_settings(cfg: Settings, kind: str, draft: str, k: int | None, trt: bool, portable: bool = True) -> None:
     if cfg.lowering not in LOWERINGS:
         raise ValueError(f"lowering must be one of {LOWERINGS}, got {cfg.lowering!r}")
     if cfg.precision not in PRECISIONS:
@@ -192,6 +205,8 @@ def _check_settings(cfg: Settings, kind: str, draft: str, k: int | None, trt: bo
         raise ValueError("need max_draft_tokens >= 1 and max_seq_len >= max_draft_tokens + 32")
     if k is not None and not 1 <= k <= cfg.max_draft_tokens:
         raise ValueError(f"k must be between 1 and max_draft_tokens ({cfg.max_draft_tokens}), got {k}")
+    if not portable and cfg.lowering != "ort":
+        raise ValueError("portable = false keeps only the kernel graphs, which the 'ort' lowering has")
     if trt and cfg.lowering != "standard":
         raise ValueError("TensorRT plans are built from the standard lowering: add --lowering standard")
     if kind == "self" and cfg.lowering != "ort":
@@ -229,7 +244,8 @@ def trt_plans(tmp: Path, entries: list[ModelEntry]) -> None:
         entry.trt_plans.append(save_engine(tmp, entry.graph.split("/")[0], entry))
 
 
-def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry | None, tgt: LoadedModel) -> Manifest:
+def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry | None, tgt: LoadedModel,
+                 export: dict | None = None) -> Manifest:
     """Entries + the target's tokenizer -> specrt.json (and genai_config.json), read back by the
     runtime's own check before the staging folder is swapped in."""
     tok_info = _save_tokenizer(tgt.tok, tgt.config, tmp)
@@ -244,11 +260,12 @@ def write_bundle(tmp: Path, name: str, t_entry: ModelEntry, d_entry: ModelEntry 
         target=t_entry,
         draft=d_entry,
         tokenizer=tok_info,
+        export=export or {},
     )
     man.save(tmp)
     genai.write(tmp, man)  # onnxruntime-genai reads the same graphs (runtime/bundle/genai.py)
     if packed.packable(t_entry):  # one call for many sequences (export/packed.py)
-        packed.pack_bundle(tmp, gguf=tgt.src.path if tgt.src.gguf_file else None)
+        packed.pack_bundle(tmp, gguf=tgt.src.path if tgt.src.gguf_file else None, skip_packed=True)
     return load_manifest(tmp)
 
 

@@ -20,6 +20,7 @@ _FROM_CONFIG = {
     "kv_dtype": ("export", "kv_dtype", "auto"),
     "lowering": ("export", "lowering", "ort"),
     "trt": ("export", "trt", False),
+    "portable": ("export", "portable", True),
 }
 
 
@@ -63,8 +64,9 @@ def export_plan(given: dict, config_path: str | None = None) -> tuple[str, str, 
     kwargs["draft_vocab"] = vocab if vocab is not None else (dr.get("vocab_subset", 0) if draft is None else 0)
     if not isinstance(kwargs["draft_vocab"], int) or isinstance(kwargs["draft_vocab"], bool):
         raise ConfigError(f"{cfg_file}: [draft] vocab_subset must be a number of tokens, got {kwargs['draft_vocab']!r}")
-    if not isinstance(kwargs["trt"], bool):
-        raise ConfigError(f"{cfg_file}: [export] trt must be true or false, got {kwargs['trt']!r}")
+    for key in ("trt", "portable"):
+        if not isinstance(kwargs[key], bool):
+            raise ConfigError(f"{cfg_file}: [export] {key} must be true or false, got {kwargs[key]!r}")
     return target, given.get("out") or f"engines/{cfg.get('name', 'default')}", kwargs
 
 

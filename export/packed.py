@@ -167,32 +167,40 @@ def _rewrite_io(g: onnx.GraphProto, entry, src, io: PackedIO, lanes: int) -> Non
     del g.value_info[:]
 
 
-def pack_bundle(folder: str | Path, lanes=LANES, gguf: str | Path | None = None) -> list[Path]:
+def pack_bundle(folder: str | Path, lanes=LANES, gguf: str | Path | None = None, skip_packed: bool = False) -> list[Path]:
     """Write the packed graphs (`<model>/packed{lanes}.onnx`, one per lane count) of a bundle's
     target, and of its draft model where it has one of the same form, and record them in the
     manifest (`packed` of each entry). A draft's packed calls batch its catch-up reads of several
     tokens with the one-token steps of other rows. gguf: the file the target was imported from,
-    whose blocks its kernel graphs read (export/kernel_graph.py). -> the graphs' paths."""
+    whose blocks its kernel graphs read (export/kernel_graph.py). skip_packed: leave an entry
+    that has them (the export packs its target before its checks). -> the graphs' paths."""
     folder = Path(folder)
     man = load_manifest(folder)
     out = []
     for entry in (man.target, man.draft):
-        if entry is None or not packable(entry):
+        if entry is None or not packable(entry) or (entry.packed.graph and skip_packed):
             continue
-        graph = folder / entry.graph
-        model = onnx.load(str(graph), load_external_data=False)
-        for n in lanes:
-            path = graph.with_name(GRAPH.format(lanes=n))
-            tmp = path.with_suffix(".tmp")
-            onnx.save(pack_graph(model, entry, n), str(tmp))
-            tmp.replace(path)
-            out.append(path)
-        entry.packed.graph = str(graph.with_name(GRAPH).relative_to(folder))
-        entry.packed.lanes = list(lanes)
-        # the same graphs on specrt's own kernels, where they apply
-        out += add_kernel_graphs(folder, entry, gguf if entry is man.target else None)
+        out += pack_entry(folder, entry, lanes, gguf if entry is man.target else None)
     man.save(folder)
     return out
+
+
+def pack_entry(folder: Path, entry, lanes=LANES, gguf: str | Path | None = None) -> list[Path]:
+    """`entry`'s packed graphs and their kernel form (export/kernel_graph.py), recorded in the
+    entry (the caller saves the manifest). -> the graphs' paths."""
+    graph = folder / entry.graph
+    model = onnx.load(str(graph), load_external_data=False)
+    out = []
+    for n in lanes:
+        path = graph.with_name(GRAPH.format(lanes=n))
+        tmp = path.with_suffix(".tmp")
+        onnx.save(pack_graph(model, entry, n), str(tmp))
+        tmp.replace(path)
+        out.append(path)
+    entry.packed.graph = str(graph.with_name(GRAPH).relative_to(folder))
+    entry.packed.lanes = list(lanes)
+    # the same graphs on specrt's own kernels, where they apply
+    return out + add_kernel_graphs(folder, entry, gguf)
 
 
 if __name__ == "__main__":  # python -m specrt.export.packed BUNDLE: add the packed graphs to a bundle

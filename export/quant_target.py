@@ -159,11 +159,15 @@ def level0_twin(folder: Path, entry) -> object:
 
 
 def parity(folder: Path, entry, make_dec: Callable[[], object], model, opts: GraphOptions, k: int, steps: int,
-           decoder: Callable[[Path, object], object]) -> tuple[dict, object]:
+           decoder: Callable[[Path, object], object], make_kernel_dec: Callable[[], object] | None = None,
+           portable: bool = True) -> tuple[dict, object]:
     """The gate's numbers for a weight-only target (see the module docstring), and the graph's
     decoder (`make_dec()`), made once the twin's session is gone (one session at a time); None
     for a `LazyReference` (a streamed model: each session is dropped before the reference runs).
-    model: the reference (a transformers model, a Reference of one, or a LazyReference)."""
+    model: the reference (a transformers model, a Reference of one, or a LazyReference).
+    make_kernel_dec: the entry's kernel graph (what a CPU load runs), observed too where given; its
+    numbers are then `accuracy_level_4` and its greedy tokens the drafts' probe, and the level-4
+    portable graph is observed only if the bundle keeps it (`portable`)."""
     exact_key = tolerance_key("fp32", entry.kv.dtype)  # fp32 compute; an fp16 KV cache's rounding
     if opts.int4_accuracy_level == 0:
         if isinstance(model, LazyReference):  # the session is gone before the reference runs
@@ -179,16 +183,25 @@ def parity(folder: Path, entry, make_dec: Callable[[], object], model, opts: Gra
             exact = check_decoder(decoder(folder, twin), model, k=k, steps=steps, precision=exact_key).as_dict()
     finally:
         (folder / twin.graph).unlink()
+    portable_own = None
     if lazy:
-        got_own = observe(make_dec(), model)
-        prefetch(model, [got_twin, got_own])
+        got_own = observe(make_dec(), model) if portable or make_kernel_dec is None else None
+        got_kernels = observe(make_kernel_dec(), model) if make_kernel_dec is not None else None
+        prefetch(model, [g for g in (got_twin, got_own, got_kernels) if g is not None])
         exact = compare(got_twin, model, exact_key).as_dict()
-        own = compare(got_own, model, "int8-activations").as_dict()  # (its greedy tokens: the probe's)
+        # the last compared graph's greedy tokens are the probe's: the kernel graph's where it ran
+        own = compare(got_own, model, "int8-activations").as_dict() if got_own is not None else None
+        if got_kernels is not None:
+            portable_own, own = own, compare(got_kernels, model, "int8-activations").as_dict()
         dec = None  # a streamed target's decoder is not kept (no EAGLE check reads it)
     else:
         dec = make_dec()
         own = check_decoder(dec, model, k=k, steps=steps, precision="int8-activations").as_dict()
-    exact["accuracy_level_4"] = {key: own[key] for key in
-                                 ("prefill_max_abs", "continuation_max_abs", "greedy_steps", "greedy_match")}
+    keys = ("prefill_max_abs", "continuation_max_abs", "greedy_steps", "greedy_match")
+    exact["accuracy_level_4"] = {key: own[key] for key in keys}
+    if lazy and make_kernel_dec is not None:  # which level-4 graph those are; the portable one's beside them
+        exact["accuracy_level_4"]["graph"] = "kernels"
+        if portable_own is not None:
+            exact["portable_accuracy_level_4"] = {key: portable_own[key] for key in keys}
     exact["checked_at_accuracy_level"] = 0
     return exact, dec

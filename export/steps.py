@@ -62,6 +62,7 @@ class Settings:
     accuracy_level: int = 4  # weight-only precisions: MatMulNBits compute (4: int8 activations, 0: fp32)
     lm_head_precision: str = ""  # weight-only precisions: the LM head's own ("": the target's)
     kv_dtype: str = "auto"  # every graph's KV buffers: "auto" (the activations') | "fp16"
+    portable: bool = True  # the bundle keeps its portable graphs (export/portable.py): their checks run
 
     @property
     def max_t(self) -> int:  # widest call: a verification of max_draft_tokens + the target's token
@@ -192,8 +193,10 @@ def check_target(tmp: Path, entry: ModelEntry, tgt: LoadedModel, cfg: Settings, 
         # a streamed model's reference is `ref` (lazy, the same weights); an RTN target's, its
         # fake-quantized model
         against = ref if tgt.streamed else tgt.model
+        kernel_dec = functools.partial(kernel_decoder, tmp, entry) if tgt.streamed and runs_kernels(entry) else None
         entry.parity, dec = quant_target.parity(tmp, entry, functools.partial(decoder, tmp, entry, keep_features),
-                                                against, opts, cfg.max_draft_tokens, cfg.greedy_steps, decoder)
+                                                against, opts, cfg.max_draft_tokens, cfg.greedy_steps, decoder,
+                                                kernel_dec, cfg.portable)
         if not keep_features:
             tgt.release()
     require_parity(entry, "target")
@@ -304,3 +307,38 @@ def decoder(folder: Path, entry: ModelEntry, keep_hidden: bool = False) -> Seque
 
 
 CHECK_ROWS = 2048  # the export's checks run prompts of tens of tokens
+
+
+def runs_kernels(entry: ModelEntry) -> bool:
+    """Whether `entry` has kernel graphs this process runs in a fast form (runtime/kernels)."""
+    from specrt.runtime import kernels
+
+    return bool(entry.packed.kernels) and kernels.form_for(True)[0] != "none"
+
+
+class _SlotZero:
+    """A packed model's slot 0 as the backend of a `SequenceHarness` (one sequence, one lane)."""
+
+    takes_hidden = has_hidden_out = False
+    hidden = None
+    hidden_size = 0
+
+    def __init__(self, model):
+        self.model = model
+        self.max_seq_len, self.max_t, self.max_prefill_t, self.vocab = (model.max_seq_len, model.max_t,
+                                                                        model.max_prefill_t, model.vocab)
+
+    def run(self, tokens, past_len: int, hidden=None, keep: int | None = None) -> np.ndarray:
+        return self.model.run(0, tokens, past_len, hidden, keep)
+
+
+def kernel_decoder(folder: Path, entry: ModelEntry) -> SequenceHarness:
+    """A written entry's kernel graph of one lane (export/kernel_graph.py: what a CPU load runs)
+    -> one-sequence decoder for the checks. Its operators read their initializers as they are:
+    the session holds the kernel data's bytes, ~1.0x the GGUF for a gguf target."""
+    from specrt.runtime.backends.kvpool import KVPool
+    from specrt.runtime.backends.packed import PackedModel
+
+    pool = KVPool(entry.kv, 1, "cpu", max_seq_len=min(entry.kv.max_seq_len, CHECK_ROWS))
+    model = PackedModel(folder / entry.packed.kernel_file(1), entry, pool, lanes=1, track="check", kernels=True)
+    return SequenceHarness(_SlotZero(model), entry.graph.split("/")[0])

@@ -101,6 +101,9 @@ def main() -> None:
         raise SystemExit(f"{a.bundle} has no {a.model} model")
     if a.kernels and not e.packed.kernels:
         raise SystemExit(f"{a.bundle}'s {a.model} has no kernel graphs (python -m specrt.export.kernel_graph)")
+    if not a.kernels and e.portable_missing:
+        raise SystemExit(f"{a.bundle}'s {a.model} holds only its kernel graphs: pass --kernels (or add the portable "
+                         f"graphs: python -m specrt.export.portable {a.bundle})")
     graph = e.packed.kernel_file(max(e.packed.lanes)) if a.kernels else e.graph
     forms, gathered = account(a.bundle / graph)
     mib = 2 ** 20

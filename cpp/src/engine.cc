@@ -28,6 +28,7 @@ Engine::Engine(const std::string& folder, const specrt_open_options& o) : folder
   config_.threads = o.threads;
   bool eagle = manifest_.draft && !manifest_.draft->io.hidden_in.empty();
   packed_ = o.packed != 0 && !eagle;  // the packed graphs, without an EAGLE pair (as the Python runtime)
+  no_kernels_ = eagle ? "an EAGLE pair" : "packed 0";
   if (packed_) choose_kernels(o);
   target_kv_ = std::make_shared<KvCache>(manifest_.target.kv, context_);
   models_.push_back(build(manifest_.target, target_kv_, "target", true, target_graph_));
@@ -76,8 +77,10 @@ bool Engine::settle(const specrt_open_options& o) {
 }
 
 void Engine::choose_kernels(const specrt_open_options& o) {
+  no_kernels_ = "kernels 0";
   if (o.kernels == 0) return;
   std::string lib = find_kernels_library(o.kernels_library ? o.kernels_library : "");
+  no_kernels_ = "specrt's kernel library was not found: run `make kernels`";
   if (lib.empty()) {
     if (o.kernels == 1)
       fail(SPECRT_ERR_UNSUPPORTED, "specrt's kernel library was not found (libspecrt_kernels.so beside libspecrt.so, "
@@ -85,6 +88,7 @@ void Engine::choose_kernels(const specrt_open_options& o) {
     return;
   }
   std::string isa = kernels_isa(lib);
+  no_kernels_ = "this CPU has no fast form of specrt's kernels";
   if (isa == "ref") {  // the portable form is the kernels' definition, far slower than onnxruntime's own
     if (o.kernels == 1)
       fail(SPECRT_ERR_UNSUPPORTED, "this CPU has no fast form of specrt's kernels (x86-64 with AVX2, FMA and F16C, "
@@ -102,6 +106,10 @@ std::unique_ptr<Model> Engine::build(const ModelEntry& e, std::shared_ptr<KvCach
   const PackedGraph& p = e.packed;
   bool packs = packed_ && !p.graph.empty() && std::count(p.lanes.begin(), p.lanes.end(), 1);
   bool own = packs && !kernels_.empty() && !p.kernels.empty();
+  if (!own && e.portable_missing())
+    fail(SPECRT_ERR_UNSUPPORTED, "bundle " + folder_ + " holds only its " + name + "'s kernel graphs (exported with "
+                                 "portable = false) and this open needs its portable graphs (" + no_kernels_ +
+                                 "); add them with: python -m specrt.export.portable " + folder_);
   graph = !packs ? e.graph : own ? lanes_file(p.kernels, 1) : lanes_file(p.graph, 1);
   std::string path = path_in(folder_, graph);
   if (!fs::is_regular_file(path) || (own && !fs::is_regular_file(path_in(folder_, p.kernel_data))))

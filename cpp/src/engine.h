@@ -46,6 +46,7 @@ class Engine {
   SessionConfig config_;
   bool packed_ = false;
   std::string kernels_;  // the kernel library the packed kernel graphs register ("": none)
+  std::string no_kernels_;  // why kernels_ is "" (for a bundle that holds only its kernel graphs)
   std::string target_graph_, draft_graph_;
   int context_ = 0;  // KV rows per sequence (the open's max_seq_len)
   int max_k_ = 0, k_ = 0;

@@ -46,6 +46,7 @@ ModelEntry read_entry(const json& j) {
   read(j, "vocab_size", e.vocab_size);
   read(j, "max_tokens_per_call", e.max_tokens_per_call);
   read(j, "default_k", e.default_k);
+  read(j, "portable", e.portable);
   if (auto q = j.find("quantization"); q != j.end() && q->is_object()) read(*q, "accuracy_level", e.accuracy_level);
   if (auto io = j.find("io"); io != j.end() && io->is_object()) e.io = read_io(*io);
   if (auto kv = j.find("kv"); kv != j.end() && kv->is_object()) {
@@ -110,7 +111,7 @@ void check_files(const fs::path& folder, const Manifest& m) {
   for (const auto* e : {&m.target, m.draft ? &*m.draft : nullptr}) {
     if (!e) continue;
     std::string role = e == &m.target ? "target" : "draft";
-    named.emplace_back(role, e->graph);
+    if (!e->portable_missing()) named.emplace_back(role, e->graph);
     if (!e->data.empty()) named.emplace_back(role, e->data);
   }
   for (const auto& [role, rel] : named)

@@ -71,6 +71,10 @@ struct ModelEntry {
   IONames io;
   KVLayout kv;
   PackedGraph packed;
+  // false: the bundle holds only the kernel graphs (exported with portable = false; `graph` and
+  // `packed.graph` name where `python -m specrt.export.portable BUNDLE` writes the others)
+  bool portable = true;
+  bool portable_missing() const { return !portable && !packed.kernels.empty(); }
 };
 
 struct TokenizerInfo {

@@ -12,7 +12,7 @@ from ..options import DEFAULT_DRAFT_WINDOW
 from ..text.toolcalls import template_has_tools
 from . import memory
 from .loader import memory_plan
-from .manifest import Manifest, ModelEntry
+from .manifest import ADD_PORTABLE, Manifest, ModelEntry
 
 
 def describe(folder: Path, man: Manifest) -> list[str]:
@@ -34,7 +34,8 @@ def kernel_line(man: Manifest) -> str:
 
 
 def _model_lines(folder: Path, role: str, e: ModelEntry) -> list[str]:
-    size = sum((folder / f).stat().st_size for f in filter(None, [e.graph, e.data]))
+    files = [e.data, e.packed.kernel_data] if e.portable_missing else [e.graph, e.data]
+    size = sum((folder / f).stat().st_size for f in filter(None, files))
     kvb = e.kv.bytes_per_token()
     lines = [f"  {role}: {e.family}/{e.model_type}  lowering={e.lowering}  precision={e.precision}  "
              f"recipe={e.recipe}  files={size / 2**20:.1f} MiB" + (f"  default k={e.default_k}" if e.default_k else "")]
@@ -45,7 +46,9 @@ def _model_lines(folder: Path, role: str, e: ModelEntry) -> list[str]:
     feat_in = f"{e.io.hidden_in} [B,T,{e.hidden_size}], " if e.io.hidden_in else ""
     feat_out = f", {e.io.hidden_out} [B,T,{e.hidden_size}]" if e.io.hidden_out else ""
     keep = f", {e.io.logits_to_keep} [1] (optional)" if e.io.logits_to_keep else ""
-    lines.append(f"    graph {e.graph}; inputs {e.io.input_ids} [B,T<={e.max_tokens_per_call}], {feat_in}"
+    where = (f"kernel graphs only ({e.packed.kernels}; portable graphs: "
+             f"{ADD_PORTABLE.format(folder=folder)})") if e.portable_missing else f"graph {e.graph}"
+    lines.append(f"    {where}; inputs {e.io.input_ids} [B,T<={e.max_tokens_per_call}], {feat_in}"
                  f"{e.io.attention_mask} [B,P+T], {e.io.past_key.format(i='i')}/{e.io.past_value.format(i='i')}{keep}; "
                  f"outputs {e.io.logits} [B,{'n' if keep else 'T'},{e.vocab_size}]{feat_out}, "
                  f"{e.io.present_key.format(i='i')}/..")

@@ -68,8 +68,8 @@ def speculative_overlay(draft: ModelEntry, max_draft_tokens: int, threads: int |
 
 
 def usable(man: Manifest) -> bool:
-    """genai runs the `ort` lowering of the families it knows."""
-    return man.target.lowering == "ort" and not man.target.io.hidden_out
+    """genai runs the `ort` lowering of the families it knows, from the portable graphs."""
+    return man.target.lowering == "ort" and not man.target.io.hidden_out and not man.target.portable_missing
 
 
 def write(folder: Path, man: Manifest) -> list[str]:
@@ -80,7 +80,7 @@ def write(folder: Path, man: Manifest) -> list[str]:
     (folder / CONFIG).write_text(json.dumps(config(man), indent=2))
     names = [CONFIG]
     d = man.draft
-    if d is not None and d.lowering == "ort" and not d.io.hidden_in:
+    if d is not None and d.lowering == "ort" and not d.io.hidden_in and not d.portable_missing:
         k = d.default_k or 4
         (folder / SPECULATIVE).write_text(json.dumps(speculative_overlay(d, k), indent=2))
         names.append(SPECULATIVE)

@@ -23,7 +23,14 @@ from ..backends.protocol import PoolModel
 from ..options import DRAFTS, LoadOptions, load_options
 from . import memory
 from .hugepages import anonymous_pages, collapse
-from .manifest import SELF_DRAFT_PRECISION, BundleError, Manifest, ModelEntry, load_manifest
+from .manifest import (
+    SELF_DRAFT_PRECISION,
+    BundleError,
+    Manifest,
+    ModelEntry,
+    load_manifest,
+    needs_portable,
+)
 from .tokenizer import Tokenizer
 
 __all__ = ["DRAFTS", "LoadedModels", "load_models", "memory_plan", "size_load"]
@@ -85,6 +92,11 @@ def load_models(folder: str | Path, options: LoadOptions | None = None, **kw) ->
     before = anonymous_pages() if o.hugepages and dev == "cpu" else None
     pool = KVPool(man.target.kv, slots, dev, allocate=False, max_seq_len=seq)  # after the sessions: lower peak RSS
     packs = _packs(o.packed, dev, eagle)
+    if not packs:  # the bundle graphs run: a bundle without them says how to add them, before any session
+        why = f"device {dev}" if dev != "cpu" else "an EAGLE pair" if eagle else "packed graphs off"
+        for role, e in (("target", man.target), ("draft", man.draft if want_draft else None)):
+            if e is not None and e.portable_missing:
+                raise needs_portable(folder, role, why)
     target = _model(folder, man.target, pool, "target", threads, global_pool, packed=packs, kernels=o.kernels)
     d = None
     shared = False
@@ -135,9 +147,13 @@ def memory_plan(folder: Path, man: Manifest, *, want_draft: bool, device: str = 
     entries = [("target", man.target)] + ([("draft", man.draft)] if want_draft else [])
     models = []
     for name, e in entries:
-        size = memory.file_bytes(folder, e.graph, e.data)
-        # prepacking on CPU changes the size; on a GPU the weights are the files' bytes
-        factor = memory.WEIGHT_FACTOR.get(e.precision, 1.0) if device == "cpu" else 1.0
+        if e.portable_missing:  # its kernel graphs' files: the operators read them as they are
+            size = memory.file_bytes(folder, e.data, e.packed.kernel_data)
+            factor = 1.0
+        else:
+            size = memory.file_bytes(folder, e.graph, e.data)
+            # prepacking on CPU changes the size; on a GPU the weights are the files' bytes
+            factor = memory.WEIGHT_FACTOR.get(e.precision, 1.0) if device == "cpu" else 1.0
         lanes = tuple(e.packed.lanes) if name == "target" and _packs(packed, device, eagle) else ()
         models.append(memory.ModelMemory(name, size, int(size * factor), e.vocab_size, prefill_width(e),
                                          e.hidden_size * (bool(e.io.hidden_in) + bool(e.io.hidden_out)),
@@ -179,7 +195,10 @@ def _model(folder: Path, entry: ModelEntry, pool: KVPool, track: str, threads, g
     try:
         if packed and entry.packed.graph:
             lanes = entry.packed.lanes_for(pool.slots)
-            own = kernel_library.form_for(bool(entry.packed.kernels), kernels)[0] != "none"
+            form, why = kernel_library.form_for(bool(entry.packed.kernels), kernels)
+            own = form != "none"
+            if not own and entry.portable_missing:
+                raise needs_portable(folder, track, why.split(": the packed graphs")[0])
             graph = entry.packed.kernel_file(lanes) if own else entry.packed.file(lanes)
             return PackedModel(folder / graph, entry, pool, lanes=lanes, track=track, threads=threads,
                                global_pool=global_pool, exact=exact, kernels=own)

@@ -131,6 +131,25 @@ class ModelEntry:
     # a draft whose LM head computes a frequency-ranked subset of the vocabulary (export/vocab_subset.py):
     # size, corpus, heldout_coverage, ids_sha256, rows_equal, agreement_full_head; {} for a full head
     vocab_subset: dict = field(default_factory=dict)
+    # whether the bundle holds the portable graphs (`graph`, `packed.graph`: onnxruntime's own
+    # operators, what CUDA, onnxruntime-genai, `--no-kernels` and a CPU without a fast kernel form
+    # run). False: only the kernel graphs (`packed.kernels`), whose weights are `packed.kernel_data`
+    # and `data` (the rest: embedding, norms); `graph` / `packed.graph` name where
+    # `python -m specrt.export.portable BUNDLE` writes them (docs/design.md "Weights stored once")
+    portable: bool = True
+
+    @property
+    def portable_missing(self) -> bool:
+        return not self.portable and bool(self.packed.kernels)
+
+
+ADD_PORTABLE = "python -m specrt.export.portable {folder}"
+
+
+def needs_portable(folder, role: str, why: str) -> BundleError:
+    """The one line a reader gives where a bundle exported without its portable graphs cannot run."""
+    return BundleError(f"bundle {folder} holds only its {role}'s kernel graphs (exported with portable = false) and "
+                       f"this load needs its portable graphs ({why}); add them with: {ADD_PORTABLE.format(folder=folder)}")
 
 
 @dataclass
@@ -176,6 +195,9 @@ class Manifest:
     target: ModelEntry = field(default_factory=ModelEntry)
     draft: ModelEntry | None = None
     tokenizer: TokenizerInfo = field(default_factory=TokenizerInfo)
+    # how it was exported: export_bundle's arguments (sources as given, local files made absolute),
+    # what `python -m specrt.export.portable` re-runs; {} for bundles exported before the field
+    export: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -253,9 +275,9 @@ def load_manifest(folder: str | Path) -> Manifest:
 def _check_files(folder: Path, man: Manifest) -> None:
     """Every file the manifest names exists (an interrupted copy is not a bundle)."""
     named = [(role, rel) for role, entry in (("target", man.target), ("draft", man.draft)) if entry is not None
-             for rel in filter(None, [entry.graph, entry.data])]
+             for rel in filter(None, [None if entry.portable_missing else entry.graph, entry.data])]
     named += [(role, entry.packed.file(n)) for role, entry in (("target", man.target), ("draft", man.draft))
-              if entry is not None and entry.packed.graph for n in entry.packed.lanes]
+              if entry is not None and entry.packed.graph and not entry.portable_missing for n in entry.packed.lanes]
     named += [(role, rel) for role, entry in (("target", man.target), ("draft", man.draft))
               if entry is not None and entry.packed.kernels
               for rel in [entry.packed.kernel_data] + [entry.packed.kernel_file(n) for n in entry.packed.lanes]]

@@ -29,6 +29,10 @@ from .common import fail
 @click.option("--kv-dtype", type=click.Choice(["auto", "fp16"]), default=None,
               help="KV cache: auto = the activations' dtype (default) | fp16 (half the bytes per token; ort lowering; config: [export] kv_dtype)")
 @click.option("--lowering", type=click.Choice(["ort", "standard"]), default=None)
+@click.option("--portable/--no-portable", default=None,
+              help="also store the portable graphs (onnxruntime's own operators: CUDA, onnxruntime-genai, --no-kernels) "
+                   "where the kernel graphs exist; --no-portable stores the weights once (config: [export] portable; "
+                   "python -m specrt.export.portable BUNDLE adds them later)")
 @click.option("--trt/--no-trt", default=None, help="also build TensorRT plans for this GPU (standard lowering, extra trt; config: [export] trt)")
 def export(config_path, **given):
     """Export a target (+ draft) to an ONNX bundle, validated against transformers."""
