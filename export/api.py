@@ -27,7 +27,6 @@ from .emitter import kv_buffer_dtype
 from .errors import SourceError
 from .gguf_stream import forget_readers
 from .nbits import WEIGHT_ONLY
-from .portable import drop_bundle, recipe
 from .sources import peek_source, resolve_source
 from .steps import (
     LoadedModel,
@@ -44,6 +43,7 @@ from .steps import (
 )
 from .tokcheck import VocabularyMismatch, check_same_vocabulary  # noqa: F401 (API: export.api.VocabularyMismatch)
 from .version import __version__
+from .weights_once import drop_bundle, recipe
 
 LOWERINGS = ("ort", "standard")
 PRECISIONS = ("fp32", "fp16", "int4", "int8", "gguf")  # int4/int8: RTN, gguf: the file's own blocks
@@ -98,7 +98,7 @@ def export_bundle(
     KV in every graph of the bundle, ort lowering; parity then held to fp16's tolerance).
     draft_vocab: > 0 cuts a separate draft model's LM head to that many most frequent tokens
     (export/vocab_subset.py; exact: the draft only proposes). portable: False stores a model that has
-    kernel graphs (export/kernel_graph.py) as those only, its weights once (export/portable.py;
+    kernel graphs (export/kernel_graph.py) as those only, its weights once (export/weights_once.py;
     `python -m specrt.export.portable` adds the portable graphs later). Returns the written manifest. Models are loaded one at a time and
     dropped before onnxruntime loads their graphs (a quantized target's parity check keeps its
     model until the check is done).
@@ -159,15 +159,22 @@ def export_bundle(
             trt_plans(tmp, [e for e in (t_entry, d_entry) if e is not None])
 
         step("writing tokenizer and manifest")
-        man = write_bundle(tmp, out.name, t_entry, d_entry, tgt, recipe({"target": target, **args}))
-        if not portable:
-            drop_bundle(tmp, man, echo)
-            man = load_manifest(tmp)
+        man = _write(tmp, out.name, t_entry, d_entry, tgt, recipe({"target": target, **args}), echo)
         forget_readers()  # the files' parsed metadata, kept for this export only
         tokcheck.read_gguf_tokens.cache_clear()
         gc.collect()
     step(f"bundle ready: {out}")
     return man
+
+
+def _write(tmp: Path, name: str, t_entry, d_entry, tgt, args: dict, echo) -> Manifest:
+    """The bundle's tokenizer and manifest; without portable graphs (args' `portable`), each
+    model with kernel graphs then keeps only those (export/weights_once.py)."""
+    man = write_bundle(tmp, name, t_entry, d_entry, tgt, args)
+    if args.get("portable", True):
+        return man
+    drop_bundle(tmp, man, echo)
+    return load_manifest(tmp)
 
 
 def draft_kind(draft: str) -> str:

