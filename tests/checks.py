@@ -99,13 +99,20 @@ def run_request(pipe, prompt, on_tokens=None, *, wait_s: float = 120, **kw):
 def second_token_dist(pipe, prompt, cfg, prepack: bool = True):
     """Exact target distribution of the 2nd new token: sum_x p(x) p(. | x), via the target graph
     (a session of its own: the pipeline's pool stays the engine's). cfg: a SamplingConfig.
-    prepack=False: that second session without prepacking (a big target: half its load peak)."""
+    prepack=False: that second session without prepacking (a big target: half its load peak).
+    A load on the kernel graphs is compared with the kernel graph (a bundle stored without its
+    portable graphs has no other)."""
     from specrt.runtime.backends.harness import SequenceHarness
     from specrt.runtime.backends.ort import OrtBackend
     from specrt.runtime.sampling.draws import probs
 
     man = pipe.manifest
-    dec = SequenceHarness(OrtBackend(pipe.folder / man.target.graph, man.target, prepack=prepack))
+    if pipe.parts.target.kernels:  # the graph the load runs: its kernel graph (one lane)
+        from specrt.export.steps import kernel_decoder
+
+        dec = kernel_decoder(pipe.folder, man.target)
+    else:
+        dec = SequenceHarness(OrtBackend(pipe.folder / man.target.graph, man.target, prepack=prepack))
     p1 = probs(dec.prefill(prompt), cfg)
     base = dec.length
     total = np.zeros_like(p1)
