@@ -21,21 +21,26 @@ import pytest
 from paths import ROOT
 
 
+def _forms(target: str, timeout: int = 900) -> tuple[list[str], str]:
+    """`make -s TARGET` (it must succeed) -> its `kernel_forms: ` lines and its whole stdout."""
+    r = subprocess.run(["make", "-s", target], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    return [ln for ln in r.stdout.splitlines() if ln.startswith("kernel_forms: ")], r.stdout
+
+
 def test_neon_forms_are_the_portable_bits_under_qemu():
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the cross check runs from an x86-64 host (an ARM64 host runs its forms natively)")
     if not (shutil.which("make") and shutil.which("dpkg-deb") and shutil.which("curl")):
         pytest.skip("the cross toolchain needs make, curl and dpkg-deb")
-    r = subprocess.run(["make", "-s", "kernels-arm64"], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("kernel_forms: ")]
+    lines, out = _forms("kernels-arm64")
     # cortex-a53 (no dotprod): the NEON form; max: NEON and dotprod; then the mutant, caught
-    assert len(lines) == 4, r.stdout
+    assert len(lines) == 4, out
     assert lines[0].startswith("kernel_forms: neon: ") and lines[1].startswith("kernel_forms: neon: ")
     assert lines[2].startswith("kernel_forms: dotprod: ")
-    assert all(ln.endswith("every one the portable form's bits") for ln in lines[:3]), r.stdout
-    assert lines[3].endswith("DIFFERENT bits"), r.stdout
-    assert all(int(ln.split(": ")[2].split()[0]) > 400 for ln in lines[:3]), r.stdout  # calls compared
+    assert all(ln.endswith("every one the portable form's bits") for ln in lines[:3]), out
+    assert lines[3].endswith("DIFFERENT bits"), out
+    assert all(int(ln.split(": ")[2].split()[0]) > 400 for ln in lines[:3]), out  # calls compared
 
 
 def test_the_avx2_forms_run_on_a_cpu_without_avx512():
@@ -46,11 +51,9 @@ def test_the_avx2_forms_run_on_a_cpu_without_avx512():
         pytest.skip("an x86-64 check")
     if not (shutil.which("make") and shutil.which("dpkg-deb") and shutil.which("curl")):
         pytest.skip("qemu-user-static is fetched with curl and dpkg-deb")
-    r = subprocess.run(["make", "-s", "kernels-avx2-only"], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("kernel_forms: ")]
-    assert len(lines) == 1 and lines[0].startswith("kernel_forms: avx2: "), r.stdout
-    assert lines[0].endswith("every one the portable form's bits"), r.stdout
+    lines, out = _forms("kernels-avx2-only")
+    assert len(lines) == 1 and lines[0].startswith("kernel_forms: avx2: "), out
+    assert lines[0].endswith("every one the portable form's bits"), out
 
 
 def test_this_hosts_forms_are_the_portable_bits_in_the_driver():
@@ -58,7 +61,5 @@ def test_this_hosts_forms_are_the_portable_bits_in_the_driver():
     here) on random shapes, beside the onnxruntime-level tests of the other files."""
     if not shutil.which("make"):
         pytest.skip("the driver is built by make")
-    r = subprocess.run(["make", "-s", "kernels-forms"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("kernel_forms: ")]
-    assert lines and all(ln.endswith("every one the portable form's bits") for ln in lines), r.stdout
+    lines, out = _forms("kernels-forms", timeout=600)
+    assert lines and all(ln.endswith("every one the portable form's bits") for ln in lines), out
