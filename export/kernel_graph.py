@@ -39,6 +39,22 @@ from .kernel_blocks import record_bytes, repack
 
 DATA = "kernels.onnx.data"
 
+# Operators whose output rows are each computed the same way at any call width, one row included:
+# specrt's (native/: the same bits for any M, tested) and onnxruntime's per-row and elementwise
+# ones. Not here: MatMul / Gemm / MatMulNBits (MLAS takes other kernels at M = 1) and
+# GroupQueryAttention (its one-token decode path): a graph with one needs a filler after a lone
+# token (docs/design.md "One-token calls of int8-activation graphs").
+ROW_EXACT = {"QMatMul4", "QMatMul8", BLOCK_OP, "PackedAttention", "SkipSimplifiedLayerNormalization",
+             "SimplifiedLayerNormalization", "Mul", "Add", "Sigmoid", "Split", "Concat", "Gather",
+             "GatherBlockQuantized", "Reshape", "Shape", "Unsqueeze", "Identity", "Expand", "Slice",
+             "ScatterElements", "Cast"}
+
+
+def one_row(model: onnx.ModelProto) -> bool:
+    """Whether every node of `model` is one of ROW_EXACT's: then a one-token call computes its
+    row as any wider call does, and a lone token runs as one row."""
+    return all(n.op_type in ROW_EXACT for n in model.graph.node)
+
 
 def _attrs(n) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in n.attribute}
@@ -281,6 +297,7 @@ def add_kernel_graphs(folder: Path, entry, gguf: Path | str | None = None) -> li
         out.append(path)
     entry.packed.kernels = str((base / GRAPH).relative_to(folder))
     entry.packed.kernel_data = str((base / DATA).relative_to(folder))
+    entry.packed.one_row = all(one_row(m) for m in models.values())
     return out
 
 

@@ -100,7 +100,8 @@ void Engine::choose_kernels(const specrt_open_options& o) {
 }
 
 // The entry's model over `kv`: its packed graph of one lane (on specrt's kernels where chosen)
-// when the load packs and the bundle has one, else its graph. exact: a target (filler rows).
+// when the load packs and the bundle has one, else its graph. exact: a target (filler rows, but
+// on a kernel graph that computes a lone row as any call does: none).
 std::unique_ptr<Model> Engine::build(const ModelEntry& e, std::shared_ptr<KvCache> kv, const std::string& name,
                                      bool exact, std::string& graph) {
   const PackedGraph& p = e.packed;
@@ -117,7 +118,7 @@ std::unique_ptr<Model> Engine::build(const ModelEntry& e, std::shared_ptr<KvCach
   SessionConfig config = config_;
   if (own) config.kernels_library = kernels_;
   try {
-    if (packs) return std::make_unique<PackedModel>(path, e, std::move(kv), config, name, exact);
+    if (packs) return std::make_unique<PackedModel>(path, e, std::move(kv), config, name, exact && !(own && p.one_row));
     return std::make_unique<BundleModel>(path, e, std::move(kv), config, name);
   } catch (const Ort::Exception& x) {
     fail(SPECRT_ERR_BAD_BUNDLE, "cannot load the " + name + " graph " + path + ": " + std::string(x.what()).substr(0, 300));

@@ -61,6 +61,7 @@ ModelEntry read_entry(const json& j) {
     read(*p, "lanes", e.packed.lanes);
     read(*p, "kernels", e.packed.kernels);
     read(*p, "kernel_data", e.packed.kernel_data);
+    read(*p, "one_row", e.packed.one_row);
     if (auto io = p->find("io"); io != p->end() && io->is_object()) {
       PackedIO& n = e.packed.io;
       read(*io, "lane_index", n.lane_index);

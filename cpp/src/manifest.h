@@ -56,6 +56,8 @@ struct PackedGraph {  // the entry's packed graphs (docs/bundle.md "Packed calls
   PackedIO io;
   std::string kernels;      // the same on specrt's own operators ("" = none)
   std::string kernel_data;  // the weights file those add
+  bool one_row = false;     // every node of those computes a lone row as a wide call does: no
+                            // filler after a lone token (runtime/bundle/manifest.py PackedGraph)
 };
 
 struct ModelEntry {

@@ -8,9 +8,9 @@
 namespace specrt {
 
 PackedModel::PackedModel(const std::string& graph, const ModelEntry& entry, std::shared_ptr<KvCache> kv,
-                         const SessionConfig& config, const std::string& model_name, bool exact)
-    : Model(model_name, entry, std::move(kv), 1, exact),
-      exact_(exact),
+                         const SessionConfig& config, const std::string& model_name, bool filler)
+    : Model(model_name, entry, std::move(kv), 1, filler),
+      filler_(filler),
       session_(ort_env(), graph.c_str(), session_options(config)),
       binding_(session_) {
   int cap = max_prefill_t + 2;  // a call's tokens, and a filler
@@ -36,7 +36,7 @@ PackedModel::PackedModel(const std::string& graph, const ModelEntry& entry, std:
 }
 
 const float* PackedModel::run(const int64_t* tokens, int T, int past, int keep, int* n_rows) {
-  int width = exact_ ? std::max(T, 2) : T;  // the lane's rows: a lone token's filler after it
+  int width = filler_ ? std::max(T, 2) : T;  // the lane's rows: a lone token's filler after it
   check_call(T, past, width);
   int k = keep <= 0 ? T : std::min(keep, T);
   std::copy(tokens, tokens + T, ids_.begin());
@@ -46,11 +46,11 @@ const float* PackedModel::run(const int64_t* tokens, int T, int past, int keep, 
   std::iota(unpack_.begin(), unpack_.begin() + T, 0);
   std::iota(keep_.begin(), keep_.begin() + k, T - k);
   int n = T, rows = k;
-  if (exact_ && n == 1) {  // a packed axis of one token would send the projections to M = 1 kernels
+  if (filler_ && n == 1) {  // a packed axis of one token would send the projections to M = 1 kernels
     ids_[1] = ids_[0], unpack_[1] = unpack_[0];
     n = 2;
   }
-  if (exact_ && rows == 1) {  // the same for the LM head: one kept row is asked for twice
+  if (filler_ && rows == 1) {  // the same for the LM head: one kept row is asked for twice
     keep_[1] = keep_[0];
     rows = 2;
   }

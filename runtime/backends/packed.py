@@ -11,10 +11,15 @@ in the batch's order):
       [min(keep, T), V] (views of one output buffer, valid until the next call).
 
 A sequence's rows are the same bits in any such call (alone, beside others, at any width), so
-`min_t` is 1: a lone token gets a filler after it inside its lane (its K/V row lands past the
-sequence's length, where the next call writes first). A lone token at the pool's last row has no
-row after it: the caller sends the token before it with it (runtime/engine/calls.py `_last_row`),
-which rewrites that row with the same bits. Lanes are bound to slots by pointer and stay bound while the same slots keep
+`min_t` is 1. On onnxruntime's operators (the portable packed graph) that needs a lone token to
+get a filler after it inside its lane (its K/V row lands past the sequence's length, where the
+next call writes first): a packed axis of one token would take MatMulNBits' and the GEMVs' M = 1
+paths. A lone token at the pool's last row has no row after it: the caller sends the token before
+it with it (runtime/engine/calls.py `_last_row`), which rewrites that row with the same bits. A
+kernel graph whose every node computes a lone row as a wide call does (specrt's operators, the
+same bits at any M, one included; the rest per row or elementwise: `entry.packed.one_row`) runs
+a lone token as one row: no filler (`filler` False; docs/design.md "One-token calls of
+int8-activation graphs"). Lanes are bound to slots by pointer and stay bound while the same slots keep
 coming (a call rebinds only lanes whose slot changed); a lane the call does not use runs two
 filler tokens over a two-row scratch buffer.
 """
@@ -49,8 +54,9 @@ class PackedModel(PoolModel):
         exact=False (a draft model, whose numbers only decide how much is accepted): no filler
         tokens, so a lone token is a one-token lane and a call of one token is one token.
         kernels: the graph is the entry's kernel form (export/kernel_graph.py), on specrt's own
-        operators: its session registers their library."""
-        self.exact = exact
+        operators: its session registers their library; where every node of it computes a lone
+        row as a wide call does (`entry.packed.one_row`), an exact model needs no filler."""
+        self.filler = exact and not (kernels and entry.packed.one_row)
         if pool.layout != entry.kv:
             raise ValueError(f"{graph}: KV layout {entry.kv} does not match the pool's {pool.layout}")
         providers, self.device_type = pick_providers(pool.device)
@@ -164,10 +170,10 @@ class PackedModel(PoolModel):
         by_lane, keeps, o, n = self._layout(seqs, self._assign_lanes([s for s, _, _, _ in seqs]))
         self._unpack_rows(by_lane)
         rows = n
-        if self.exact and o == 1:  # a packed axis of one token would send the projections to M = 1 kernels
+        if self.filler and o == 1:  # a packed axis of one token would send the projections to M = 1 kernels
             self._ids[1], self._unpack[1] = self._ids[0], self._unpack[0]
             o = 2
-        if self.exact:  # the same for the LM head: one kept row is asked for twice
+        if self.filler:  # the same for the LM head: one kept row is asked for twice
             rows = max(n, 2)
             self._keep[n:rows] = self._keep[0]
         self._bind_call(o, rows, {lane: got[2] for lane, got in by_lane.items()})
@@ -177,14 +183,14 @@ class PackedModel(PoolModel):
 
     def _layout(self, seqs, lanes):
         """Tokens onto the packed axis, each sequence's indices into its lane (a filler after a
-        lone token when exact), its lane's write position and its kept logits rows.
+        lone token when `filler`), its lane's write position and its kept logits rows.
         -> ({lane: (first packed index, tokens, lane width)}, [(first logits row, rows)],
         tokens, logits rows)."""
         by_lane: dict[int, tuple[int, int, int]] = {}
         keeps, o, n = [], 0, 0
         for (slot, tokens, past, keep), lane in zip(seqs, lanes, strict=True):
             T = len(tokens)
-            width = max(T, 2) if self.exact else T
+            width = max(T, 2) if self.filler else T
             if T < 1 or past + width > self.pool.capacity:
                 raise ValueError(f"{self.name}: {T} tokens at {past} do not fit slot {slot} (max_seq_len "
                                  f"{self.max_seq_len}; a lone token needs the row after it)")

@@ -63,8 +63,9 @@ class PoolModel(Protocol):
     lanes: int = 1  # sequences of any width one call holds
     max_tokens: int = 0  # tokens one call holds, every sequence's together (0: a call holds one
     #                     sequence's; the cost model then prices a call per verifying row)
-    exact: bool = False  # a lone token runs with a filler token after it, so that its rows are what any
-    #                     wider call computes (a packed target; a packed draft needs no invariance)
+    filler: bool = False  # a lone token runs with a filler token after it, so that its rows are what any
+    #                      wider call computes (a packed target on onnxruntime's operators; specrt's
+    #                      kernel graphs compute a row the same at any width; a draft needs no invariance)
     graph: Path | None = None  # the graph file it runs where that is not the bundle's own (a packed
     #                            graph: the cost probe's cache key names it); None: the manifest's graph
 

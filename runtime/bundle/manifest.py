@@ -92,6 +92,10 @@ class PackedGraph:
     kernels: str = ""  # the same graphs with their block-quantized projections on specrt's own
     #                    operators (export/kernel_graph.py, runtime/kernels), "{lanes}" in the name ("" = none)
     kernel_data: str = ""  # the weights file those graphs add (relative to the bundle)
+    # every node of the kernel graphs computes a row the same bits at any call width, one row
+    # included (export/kernel_graph.py `one_row`): a lone token needs no filler row after it
+    # (runtime/backends/packed.py). False (and bundles before it): fillers, as on the portable graphs
+    one_row: bool = False
 
     def file(self, lanes: int) -> str:
         return self.graph.format(lanes=lanes)

@@ -107,9 +107,9 @@ class ModelCalls:
 
     @staticmethod
     def _last_row(model, n: int, pos: int) -> bool:
-        """An exact packed model's lone token at the pool's last row: its lane has no row for the
-        filler after it (runtime/backends/packed.py), so the call takes the token before too."""
-        return model.exact and n == 1 and pos + 2 > model.pool.capacity
+        """A filler-writing packed model's lone token at the pool's last row: its lane has no row
+        for the filler after it (runtime/backends/packed.py), so the call takes the token before too."""
+        return model.filler and n == 1 and pos + 2 > model.pool.capacity
 
     @staticmethod
     def _widen(model, r: Request, tokens: np.ndarray, pos: int, width: int | None = None) -> tuple[int, np.ndarray, int]:

@@ -60,8 +60,9 @@ def _file(path: Path) -> str:
         return path.name
 
 
-PROBE = 4  # what `measure_costs` records; 2: a min_t target's narrow widths priced as its widened call;
-#           3: the growth per position of context (slope, draft_slope) beside the curves; 4: draft_read_ms
+PROBE = 5  # what `measure_costs` records; 2: a min_t target's narrow widths priced as its widened call;
+#           3: the growth per position of context (slope, draft_slope) beside the curves; 4: draft_read_ms;
+#           5: a kernel graph's one-token calls run one row (no filler): their prices changed
 
 
 def key(folder: Path, manifest, *, device: str, threads: int | None, extra: str = "") -> str:

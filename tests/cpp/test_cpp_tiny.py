@@ -28,7 +28,8 @@ PROMPT = [1, 5, 9, 33, 7, 5, 9]  # ends in a repeat: n-gram lookup proposes
 def bundles(tmp_path_factory):
     """bad: a separate random draft; int8: the target's int8 self-draft; kv16: a separate draft
     (the target itself) with float16 KV buffers; vsub: a separate int4 draft (the target) whose head
-    keeps 40 tokens of the vocabulary (-inf logits elsewhere, as engines/coder's draft)."""
+    keeps 40 tokens of the vocabulary (-inf logits elsewhere, as engines/coder's draft); q4: an
+    int4 target (level 4) whose kernel graph runs a lone token as one row (`packed.one_row`)."""
     from specrt.export import export_bundle
 
     base = tmp_path_factory.mktemp("cpp-tiny")
@@ -39,11 +40,15 @@ def bundles(tmp_path_factory):
     export_bundle(target, base / "int8", draft="self-int8", **kw)
     export_bundle(target, base / "kv16", draft=target, kv_dtype="fp16", **kw)
     export_bundle(target, base / "vsub", draft=target, draft_precision="int4", draft_vocab=40, **kw)
-    return {name: base / name for name in ("bad", "int8", "kv16", "vsub")}
+    export_bundle(target, base / "q4", precision="int4", draft="self-int8", **kw)
+    return {name: base / name for name in ("bad", "int8", "kv16", "vsub", "q4")}
 
 
-@pytest.mark.parametrize("name", ["bad", "int8", "kv16", "vsub"])
+@pytest.mark.parametrize("name", ["bad", "int8", "kv16", "vsub", "q4"])
 def test_tiny_greedy_is_target_only(bundles, name):
+    from specrt.runtime.bundle.manifest import load_manifest
+
+    assert load_manifest(bundles[name]).target.packed.one_row is (name == "q4")  # fillers on all but q4
     prompts = [PROMPT, [1, 20, 21, 22, 23, 20, 21, 22], list(range(3, 90))]  # the last: two prompt chunks
     with specrt.load(bundles[name], draft="none", max_batch=1, prefix_cache=False) as pipe:
         want = [[t for c in pipe.stream_ids(p, max_new_tokens=40, ignore_eos=True) for t in c] for p in prompts]

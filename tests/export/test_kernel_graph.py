@@ -35,6 +35,11 @@ def bundles(tiny_dirs, tmp_path_factory):
     export_bundle(str(gguf), base / "gguf", precision="gguf", accuracy_level=4, max_seq_len=256, **KW)
     export_bundle(str(gguf), base / "gguf-l0", precision="gguf", accuracy_level=0, max_seq_len=256, **KW)
     export_bundle(str(tiny_dirs["target"]), base / "int4-l0", precision="int4", accuracy_level=0, max_seq_len=256, **KW)
+    # a Q4_K_M-like file (the coder's types): every projection QMatMulGGML's, every node row-exact
+    km = write_tiny_gguf(base / "km.gguf", types=[{"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K",
+                                                    "attn_output": "Q4_K", "ffn_gate": "Q4_K", "ffn_up": "Q4_K",
+                                                    "ffn_down": "Q6_K"}] * 2)
+    export_bundle(str(km), base / "km", precision="gguf", accuracy_level=4, max_seq_len=256, **KW)
     # the same bundle with the kernel graphs made without the GGUF: QMatMul4 / QMatMul8 over the
     # packed graphs' fp32 scales and mins (a bundle exported before QMatMulGGML)
     shutil.copytree(base / "gguf", base / "gguf-qm")
@@ -42,7 +47,7 @@ def bundles(tiny_dirs, tmp_path_factory):
     add_kernel_graphs(base / "gguf-qm", man.target)
     man.save(base / "gguf-qm")
     return {"gguf": base / "gguf", "gguf-l0": base / "gguf-l0", "int4-l0": base / "int4-l0", "gguf-qm": base / "gguf-qm",
-            "file": gguf}
+            "km": base / "km", "file": gguf}
 
 
 def _ops(path) -> Counter:
@@ -81,7 +86,16 @@ def test_written_where_the_form_applies(bundles):
 
 
 def test_a_rows_bits_do_not_depend_on_the_call(bundles):
+    # MatMulNBits and the mins' fp32 MatMul left for the types QMatMulGGML does not read: fillers
+    assert not load_manifest(bundles["gguf"]).target.packed.one_row
     assert check_row_invariance(bundles["gguf"], [100, 3, 230, 40, 17, 200, 64, 120], kernels=True) == 18
+    # every node computes a lone row as a wide call does: a lone token runs as one row, no filler
+    # (the check's width 1 alone is then a one-row call against the same row beside others)
+    assert load_manifest(bundles["km"]).target.packed.one_row
+    e, _, pm = packed_model(bundles["km"], max_seq_len=64, kernels=True)
+    assert pm.filler is False and _ops(bundles["km"] / e.packed.kernel_file(2))["QMatMulGGML"] == 13
+    assert check_row_invariance(bundles["km"], [100, 3, 230, 40, 17, 200, 64, 120], kernels=True) == 18
+    assert not load_manifest(bundles["int4-l0"]).target.packed.one_row
     # fp32 projections (MLAS SGEMM, which the fillers keep off M = 1) with the attention operator
     assert check_row_invariance(bundles["int4-l0"], [70, 130, 5, 64, 63, 200, 1, 33], kernels=True) == 18
 

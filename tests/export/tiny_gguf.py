@@ -51,7 +51,7 @@ def _tokens() -> list[str]:
     return ["<unk>", "<s>", "</s>", *letters, *pairs]
 
 
-def write_tiny_gguf(path: Path, seed: int = 0, tie: bool = False) -> Path:
+def write_tiny_gguf(path: Path, seed: int = 0, tie: bool = False, types: list[dict] | None = None) -> Path:
     from gguf import GGMLQuantizationType, GGUFWriter
 
     rng = np.random.default_rng(seed)
@@ -80,10 +80,10 @@ def write_tiny_gguf(path: Path, seed: int = 0, tie: bool = False) -> Path:
         w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=GGMLQuantizationType[type_name])
 
     add("token_embd.weight", "Q8_0", VOCAB, HIDDEN)
-    for i, types in enumerate(TYPES):
+    for i, layer in enumerate(types or TYPES):  # types: per layer, each projection's GGUF type
         w.add_tensor(f"blk.{i}.attn_norm.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
-        for part, type_name in types.items():
+        for part, type_name in layer.items():
             add(f"blk.{i}.{part}.weight", type_name, *SHAPES[part])
     w.add_tensor("output_norm.weight", np.ones(HIDDEN, np.float32))
     if not tie:

@@ -79,7 +79,7 @@ def conforms(cls, proto, obj=None) -> None:
 
 def test_protocol_members_are_read_off_the_protocol():
     attrs, required, optional = members(PoolModel)
-    assert {"pool", "max_t", "lanes", "max_tokens", "exact", "graph", "kernels"} <= set(attrs)
+    assert {"pool", "max_t", "lanes", "max_tokens", "filler", "graph", "kernels"} <= set(attrs)
     assert required == ["run", "run_rows"] and optional == ["run_batch", "room"]
     assert PoolModel.max_tokens == 0 and PoolModel.lanes == 1  # the defaults a subclass takes
 
@@ -122,7 +122,7 @@ def test_loaded_models_conform(tiny_bundles):
 def test_packed_models_conform(tiny_bundles):
     parts = load_models(tiny_bundles["int8"], max_batch=2, hugepages=False)
     target = parts.target
-    assert isinstance(target, PackedModel) and target.max_tokens and target.exact and target.graph is not None
+    assert isinstance(target, PackedModel) and target.max_tokens and target.filler is not (target.kernels and target.entry.packed.one_row) and target.graph is not None
     conforms(PackedModel, PoolModel, target)
     assert target.lanes >= 2 and target.max_tokens >= target.max_prefill_t
 
