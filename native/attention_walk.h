@@ -1,8 +1,8 @@
 // What the fast forms of attend_ref (attention_x86.cc, attention_avx2.cc, attention_neon.cc)
-// share around their chunk function: gathering a work unit's queries (rotated q, a zeroed
-// accumulator), grouping queries of one position into blocks, walking the 64-key chunks up to
-// the last position (each chunk prepared once, e.g. transposed, then every block reaching it),
-// and out = acc / l. A form supplies only its vector code: the chunk's preparation and a block's
+// share around their chunk kernels (attention_chunk.h): gathering a work unit's queries (rotated
+// q, a zeroed accumulator), grouping queries of one position into blocks, walking the 64-key
+// chunks up to the last position (each chunk prepared once, e.g. transposed, then every block
+// reaching it), and out = acc / l. The caller supplies the chunk's preparation and a block's
 // chunk step. No number is computed here but the final division (IEEE, the same in any width).
 //
 // Included only by the forms' objects, and everything here has internal linkage: each object

@@ -1,8 +1,9 @@
 // The kernels' fast forms against their portable definitions, bit for bit, without onnxruntime:
 // for the ARM64 forms, cross-compiled and run under qemu-aarch64 (`make kernels-arm64`), and
 // natively on x86-64. Random shapes; QMatMulGGML (every type) and QMatMul4/8 at 1 .. 64 rows, in
-// one call, row by row and split over 2 threads; PackedAttention at contexts across the softmax's
-// chunk boundaries on 1 and 2 threads. Prints one line per form; exits 1 at the first difference
+// one call, row by row and split over 2 threads; PackedAttention at every head size the fast forms
+// are built for, 1 .. 7 query heads a KV head, contexts across the softmax's chunk boundaries, on 1
+// and 2 threads. Prints one line per form; exits 1 at the first difference
 // (with --expect-mismatch: 0 only if some form differs, for a library built with SPECRT_MUTANT).
 #include <cmath>
 #include <cstdio>
@@ -178,68 +179,70 @@ int check_qmatmul(const Form& f) {
 // One lane per context, each with `width` new tokens; H heads over G KV heads of size D.
 int check_attention(const Form& f) {
   int cases = 0;
-  for (int64_t D : {64, 128})
-    for (int rep = 0; rep < 2; ++rep) {
-      const int64_t G = 2, H = rep ? 6 : 2, rows = 700, positions = 1024;
-      const std::vector<int64_t> ctx = {0, 1, 62, 63, 64, 65, 127, 300, 640};
-      const int64_t R = ctx.size();
-      std::vector<int64_t> first, offset, width, token, target;
-      int64_t n = 0;
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t w = uniform(1, 5);
-        first.push_back(ctx[r]), offset.push_back(n), width.push_back(w);
-        for (int64_t e = 0; e < w; ++e) token.push_back(n + e), target.push_back(n + e);
-        n += w;
-      }
-      std::vector<float> qkv(n * (H + 2 * G) * D), cosv(positions * D / 2), sinv(positions * D / 2);
-      for (float& v : qkv) v = normal();
-      for (int64_t p = 0; p < positions; ++p)
-        for (int64_t i = 0; i < D / 2; ++i) {
-          const double ang = p / std::pow(10000.0, 2.0 * i / D);
-          cosv[p * D / 2 + i] = static_cast<float>(std::cos(ang)), sinv[p * D / 2 + i] = static_cast<float>(std::sin(ang));
-        }
-      std::vector<std::vector<float>> K(R, std::vector<float>(G * rows * D)), V = K;
-      for (auto* kv : {&K, &V})
-        for (auto& buf : *kv)
-          for (float& v : buf) v = normal();
-      std::vector<float*> kp, vp;
-      std::vector<int64_t> rws(R, rows);
-      for (int64_t r = 0; r < R; ++r) kp.push_back(K[r].data()), vp.push_back(V[r].data());
-      std::vector<float> want(n * H * D), got(n * H * D);
-      AttnCall c{H, G, D, D / 2, 1.f / std::sqrt(static_cast<float>(D)), qkv.data(), cosv.data(), sinv.data(), positions,
-                 want.data(), R, kp.data(), vp.data(), rws.data(), first.data(), offset.data(), width.data(),
-                 token.data(), target.data()};
-      for (int64_t r = 0; r < R; ++r) write_kv(c, r);
-      auto all = [&](AttnFn fn, float* out, int threads) {
-        c.out = out;
-        std::vector<std::thread> pool;
-        for (int t = 0; t < threads; ++t)
-          pool.emplace_back([&, t] {
-            int64_t u = 0;
-            for (int64_t r = 0; r < R; ++r)
-              for (int64_t g = 0; g < G; ++g, ++u)
-                if (u % threads == t) fn(c, r, g, 0, width[r]);
-          });
-        for (auto& th : pool) th.join();
-      };
-      all(attend_ref, want.data(), 1);
-      for (int threads : {1, 2}) {
-        std::fill(got.begin(), got.end(), 0.f);
-        all(f.attn, got.data(), threads);
-        cases += same(want.data(), got.data(), got.size(),
-                      std::string(f.name) + " PackedAttention D " + std::to_string(D) + " threads " + std::to_string(threads));
-      }
-      // each lane's last token alone (a one-entry call at its position) is its row in the wide call
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t e = width[r] - 1;
-        std::vector<float> one(n * H * D);
-        c.out = one.data();
-        f.attn(c, r, 0, e, e + 1), f.attn(c, r, 1, e, e + 1);
-        const int64_t o = target[offset[r] + e] * H * D;
-        cases += same(want.data() + o, one.data() + o, H * D,
-                      std::string(f.name) + " PackedAttention one token, context " + std::to_string(ctx[r]));
-      }
+  // head sizes the fast forms are built for, with 1 .. 7 query heads a KV head (the forms' blocks
+  // of same-position queries, whole and split; each V weighing's leftover vectors)
+  const int64_t shapes[][2] = {{64, 2}, {64, 6}, {128, 2}, {128, 6}, {32, 14}, {80, 12}, {96, 8}, {256, 4}};
+  for (const auto& [D, H] : shapes) {
+    const int64_t G = 2, rows = 700, positions = 1024;
+    const std::vector<int64_t> ctx = {0, 1, 62, 63, 64, 65, 127, 300, 640};
+    const int64_t R = ctx.size();
+    std::vector<int64_t> first, offset, width, token, target;
+    int64_t n = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t w = uniform(1, 5);
+      first.push_back(ctx[r]), offset.push_back(n), width.push_back(w);
+      for (int64_t e = 0; e < w; ++e) token.push_back(n + e), target.push_back(n + e);
+      n += w;
     }
+    std::vector<float> qkv(n * (H + 2 * G) * D), cosv(positions * D / 2), sinv(positions * D / 2);
+    for (float& v : qkv) v = normal();
+    for (int64_t p = 0; p < positions; ++p)
+      for (int64_t i = 0; i < D / 2; ++i) {
+        const double ang = p / std::pow(10000.0, 2.0 * i / D);
+        cosv[p * D / 2 + i] = static_cast<float>(std::cos(ang)), sinv[p * D / 2 + i] = static_cast<float>(std::sin(ang));
+      }
+    std::vector<std::vector<float>> K(R, std::vector<float>(G * rows * D)), V = K;
+    for (auto* kv : {&K, &V})
+      for (auto& buf : *kv)
+        for (float& v : buf) v = normal();
+    std::vector<float*> kp, vp;
+    std::vector<int64_t> rws(R, rows);
+    for (int64_t r = 0; r < R; ++r) kp.push_back(K[r].data()), vp.push_back(V[r].data());
+    std::vector<float> want(n * H * D), got(n * H * D);
+    AttnCall c{H, G, D, D / 2, 1.f / std::sqrt(static_cast<float>(D)), qkv.data(), cosv.data(), sinv.data(), positions,
+               want.data(), R, kp.data(), vp.data(), rws.data(), first.data(), offset.data(), width.data(),
+               token.data(), target.data()};
+    for (int64_t r = 0; r < R; ++r) write_kv(c, r);
+    auto all = [&](AttnFn fn, float* out, int threads) {
+      c.out = out;
+      std::vector<std::thread> pool;
+      for (int t = 0; t < threads; ++t)
+        pool.emplace_back([&, t] {
+          int64_t u = 0;
+          for (int64_t r = 0; r < R; ++r)
+            for (int64_t g = 0; g < G; ++g, ++u)
+              if (u % threads == t) fn(c, r, g, 0, width[r]);
+        });
+      for (auto& th : pool) th.join();
+    };
+    all(attend_ref, want.data(), 1);
+    for (int threads : {1, 2}) {
+      std::fill(got.begin(), got.end(), 0.f);
+      all(f.attn, got.data(), threads);
+      cases += same(want.data(), got.data(), got.size(),
+                    std::string(f.name) + " PackedAttention D " + std::to_string(D) + " threads " + std::to_string(threads));
+    }
+    // each lane's last token alone (a one-entry call at its position) is its row in the wide call
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t e = width[r] - 1;
+      std::vector<float> one(n * H * D);
+      c.out = one.data();
+      f.attn(c, r, 0, e, e + 1), f.attn(c, r, 1, e, e + 1);
+      const int64_t o = target[offset[r] + e] * H * D;
+      cases += same(want.data() + o, one.data() + o, H * D,
+                    std::string(f.name) + " PackedAttention one token, context " + std::to_string(ctx[r]));
+    }
+  }
   return cases;
 }
 

@@ -1,0 +1,152 @@
+// Two builds of the x86 fast forms in one process, timed interleaved (tools/native_ab.sh): each
+// form's PackedAttention and QMatMulGGML at the coder's shapes, `before` (a git ref's sources,
+// compiled with its entry points renamed *_before) against this tree's. One thread; for every
+// case the two run alternately (A B B A ...), median ms each, and after / before. Also checks
+// that both give the same bits.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "attention.h"
+#include "qmatmul.h"
+#include "qmatmul_ggml.h"
+
+namespace specrt {
+void attend_avx2_before(const AttnCall&, int64_t, int64_t, int64_t, int64_t);
+void attend_avx512_before(const AttnCall&, int64_t, int64_t, int64_t, int64_t);
+void ggml_avx2_before(const BlockActs&, const BlockWeights&, const BlockShape&, float*, int64_t, int64_t);
+void ggml_vnni_before(const BlockActs&, const BlockWeights&, const BlockShape&, float*, int64_t, int64_t);
+}  // namespace specrt
+
+using namespace specrt;
+
+namespace {
+
+using AttnFn = void (*)(const AttnCall&, int64_t, int64_t, int64_t, int64_t);
+using GgmlFn = void (*)(const BlockActs&, const BlockWeights&, const BlockShape&, float*, int64_t, int64_t);
+
+std::mt19937 rng(37);
+float normal() { return std::normal_distribution<float>(0.f, 1.f)(rng); }
+
+template <class F>
+double ms(F&& f) {
+  const auto t = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int mismatches = 0;
+
+// a and b fill y_a and y_b; reps alternating pairs (A B, then B A); prints one table row
+template <class A, class B>
+void compare(const char* what, int reps, A&& a, B&& b, const std::vector<float>& ya, const std::vector<float>& yb) {
+  std::vector<double> ta, tb;
+  a(), b();  // warm: caches, pages, the forms' thread-local buffers
+  for (int r = 0; r < reps; ++r) {
+    if (r % 2) {
+      tb.push_back(ms(b)), ta.push_back(ms(a));
+    } else {
+      ta.push_back(ms(a)), tb.push_back(ms(b));
+    }
+  }
+  const bool same = std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(float)) == 0;
+  mismatches += !same;
+  const double ma = median(ta), mb = median(tb);
+  std::printf("| %s | %.2f | %.2f | %.3f |%s\n", what, ma, mb, mb / ma, same ? "" : " DIFFERENT bits");
+}
+
+// The coder's attention (12 heads over 2 KV heads of 128) on 8 lanes of `ctx` rows, `width` new
+// tokens each.
+void attention(const char* form, AttnFn before, AttnFn after, int64_t ctx, int64_t width, int reps) {
+  const int64_t H = 12, G = 2, D = 128, R = 8, rows = ctx + width, n = R * width;
+  std::vector<int64_t> first(R, ctx), offset(R), wd(R, width), token(n), target(n), rws(R, rows);
+  for (int64_t r = 0; r < R; ++r) offset[r] = r * width;
+  for (int64_t i = 0; i < n; ++i) token[i] = target[i] = i;
+  std::vector<float> qkv(n * (H + 2 * G) * D), cs(rows * D / 2), sn(rows * D / 2);
+  for (float& v : qkv) v = normal();
+  for (int64_t i = 0; i < rows * D / 2; ++i) cs[i] = std::cos(0.01f * i), sn[i] = std::sin(0.01f * i);
+  std::vector<std::vector<float>> K(R, std::vector<float>(G * rows * D)), V = K;
+  for (auto* kv : {&K, &V})
+    for (auto& b : *kv)
+      for (float& v : b) v = normal();
+  std::vector<float*> kp, vp;
+  for (int64_t r = 0; r < R; ++r) kp.push_back(K[r].data()), vp.push_back(V[r].data());
+  std::vector<float> ya(n * H * D), yb(n * H * D);
+  AttnCall c{H, G, D, D / 2, 0.088f, qkv.data(), cs.data(), sn.data(), rows, nullptr, R, kp.data(), vp.data(),
+             rws.data(), first.data(), offset.data(), wd.data(), token.data(), target.data()};
+  auto run = [&](AttnFn fn, std::vector<float>& y) {
+    return [&, fn] {
+      AttnCall cc = c;
+      cc.out = y.data();
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t g = 0; g < G; ++g) fn(cc, r, g, 0, width);
+    };
+  };
+  char what[96];
+  std::snprintf(what, sizeof what, "%s PackedAttention 8 x %lld, context %lld", form, (long long)width, (long long)ctx);
+  compare(what, reps, run(before, ya), run(after, yb), ya, yb);
+}
+
+
+void ggml(const char* form, GgmlFn before, GgmlFn after, int64_t K, int64_t N, int type, int64_t M, int reps) {
+  std::vector<uint8_t> blocks(N / kTile * (K / kGgml[type].super) * record_bytes(type));
+  for (uint8_t& b : blocks) b = static_cast<uint8_t>(rng());
+  for (size_t r = 0; r < blocks.size(); r += record_bytes(type))  // finite fp16 fields: 2^-10 .. 2^-3
+    for (int c = 0; c < (type == kQ4_K || type == kQ5_K ? 32 : 16); ++c) blocks[r + 2 * c + 1] = 0x14 + rng() % 16;
+  std::vector<float> x(M * K), sa(M * K / 32), qsa(M * K / 32);
+  for (float& v : x) v = normal();
+  std::vector<int8_t> q(M * K);
+  quantize(x.data(), M, K, q.data(), sa.data());
+  block_sums(q.data(), sa.data(), M, K, 32, qsa.data());
+  std::vector<int32_t> zs(zero_sums_count(M, K, type));
+  zero_sums(q.data(), M, K, type, zs.data());
+  const BlockActs a{q.data(), sa.data(), qsa.data(), zs.empty() ? nullptr : zs.data()};
+  const BlockWeights w{blocks.data(), nullptr};
+  std::vector<float> ya(M * N), yb(M * N);
+  auto run = [&](GgmlFn fn, std::vector<float>& y) {
+    return [&, fn] { fn(a, w, BlockShape{M, K, N, type}, y.data(), 0, N / kTile); };
+  };
+  char what[96];
+  std::snprintf(what, sizeof what, "%s QMatMulGGML %s %lld x %lld, %lld rows", form, kGgml[type].name, (long long)K,
+                (long long)N, (long long)M);
+  compare(what, reps, run(before, ya), run(after, yb), ya, yb);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool attn = argc < 2 || std::strcmp(argv[1], "ggml") != 0, mm = argc < 2 || std::strcmp(argv[1], "attention") != 0;
+  const int reps = argc > 2 ? std::atoi(argv[2]) : 21;
+  std::printf("| case | before ms | after ms | after / before |\n| --- | --- | --- | --- |\n");
+  const struct {
+    const char* name;
+    AttnFn ab, aa;
+    GgmlFn gb, ga;
+  } forms[] = {{"avx2", attend_avx2_before, attend_avx2, ggml_avx2_before, ggml_avx2},
+               {"vnni", attend_avx512_before, attend_avx512, ggml_vnni_before, ggml_vnni}};
+  for (const auto& f : forms) {
+    if (attn)
+      for (int64_t ctx : {512, 2000})
+        for (int64_t width : {1, 4}) attention(f.name, f.ab, f.aa, ctx, width, reps);
+    if (mm) {
+      const struct {
+        int64_t K, N;
+        int type;
+      } shapes[] = {{1536, 8960, kQ4_K}, {8960, 1536, kQ6_K}, {1536, 1536, kQ5_K}, {1536, 1536, kQ8_0},
+                    {1536, 1536, kQ4_0}, {1536, 151936, kQ6_K}};
+      for (const auto& s : shapes)
+        for (int64_t M : {1, 2, 6, 17})  // the LM head: fewer
+          ggml(f.name, f.gb, f.ga, s.K, s.N, s.type, M, s.N > 100000 ? std::max(5, reps / 4) : reps);
+    }
+  }
+  return mismatches ? 1 : 0;
+}
