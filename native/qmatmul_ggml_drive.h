@@ -1,7 +1,8 @@
 // The row x column driver the fast forms of ggml_ref share (qmatmul_ggml_{x86,avx2,neon}.cc):
 // rows in registers over all of K, a type's Head decoded per record and its Blk per 32-block,
-// T::step adding one 32-block of one row to an accumulator, bias last. A form supplies its types
-// (Legacy<Q4_0 / Q8_0>, KQuant<Q4_K / Q5_K>, Q6K) and its vector (F below); no number is
+// T::step adding one 32-block of one row to an accumulator, bias last. The types (Legacy<Q4_0 / Q8_0>,
+// KQuant<Q4_K / Q5_K>, Q6K) come from qmatmul_ggml_types.h over the form's integer vectors, and
+// a form supplies its float vector (F below; `ggml_form<F, I>` puts them together); no number is
 // computed here, so every form keeps the definition's steps in the definition's order.
 //
 // F: the form's float vector and how it covers a 16-column tile:
