@@ -97,17 +97,19 @@ def head_key(arch: Arch, w: dict) -> str:
 
 
 def embedding_form(arch: Arch, w: dict, qw: dict, opts: GraphOptions) -> QuantWeight | None:
-    """The GGUF blocks a gguf target gathers its embedding from (`nbits.gather`), or None for
-    the fp32 table: other precisions, the standard lowering (no contrib ops), an embedding with
-    no exact form, or an LM head that multiplies by the fp32 table itself (tied, float head: the
-    Gemm shares the Gather's initializer)."""
-    q = qw.get(EMBED) if opts.precision == "gguf" and opts.lowering == "ort" else None
+    """The GGUF blocks a weight-only graph (gguf, int4, int8) gathers its embedding from
+    (`nbits.gather`; `qw[EMBED]`: the source file's token table, imported), or None for the fp32
+    table: fp32 / fp16 graphs, the standard lowering (no contrib ops), a source with no GGUF
+    blocks or none of an exact form, or an LM head that multiplies by the fp32 table itself (tied,
+    float head: the Gemm shares the Gather's initializer). An int4 / int8 graph's tied head is
+    quantized from the fp32 table (`Emitter.weight`), which the gather leaves it."""
+    q = qw.get(EMBED) if opts.precision in nbits.WEIGHT_ONLY and opts.lowering == "ort" else None
     if q is None or q.bits not in (4, 8):
         return None
-    if head_key(arch, w) == EMBED and nbits.runs_as_float(q, opts.lm_head_precision or opts.precision,
-                                                           opts.int4_accuracy_level):
-        return None
-    return q
+    head = opts.lm_head_precision or opts.precision
+    shares = (nbits.runs_as_float(q, head, opts.int4_accuracy_level) if opts.precision == "gguf"
+              else head in ("fp32", "fp16"))
+    return None if head_key(arch, w) == EMBED and shares else q
 
 
 class Emitter:

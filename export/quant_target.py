@@ -13,13 +13,13 @@ reference are recorded beside it (`parity["accuracy_level_4"]`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
 from .emitter import EMBED, GraphOptions, embedding_form
-from .gguf_import import fallback_message, import_gguf
+from .gguf_import import fallback_message, import_embedding, import_gguf
 from .nbits import QUANTIZED, WEIGHT_ONLY, resolve
 from .quantize import QuantWeight
 from .validate import LazyReference, check_decoder, compare, observe, prefetch, tolerance_key
@@ -36,16 +36,34 @@ def prepare(tgt, opts: GraphOptions, echo: Callable[[str], None] | None) -> tupl
             raise ValueError(f"precision gguf imports a GGUF file's blocks; {tgt.src.ref} is not a GGUF source "
                              "(use int4 or int8 for RTN from any source)")
         qw, report = import_gguf(tgt.src.path, tgt.model, tgt.weights, opts.int4_accuracy_level)
-        if (q := embedding_form(tgt.arch, tgt.weights, qw, opts)) is not None:
-            mins = " + per-block mins" if q.mins is not None else ""
-            report["embedding"] = f"GatherBlockQuantized over the file's {q.kind} blocks ({q.bits}-bit, block {q.block}{mins}; exact)"
+        report["embedding"] = describe_embedding(tgt.arch, tgt.weights, qw, opts) or report["embedding"]
         if echo and (msg := fallback_message(report)):
             echo(msg)
         return qw, report
     head = opts.lm_head_precision or opts.precision
+    qw = embedding_blocks(tgt, opts)
     report = {"method": "rtn", "bits": QUANTIZED[opts.precision], "block_size": opts.int4_block_size,
-              "accuracy_level": opts.int4_accuracy_level, "lm_head": head, "embedding": "fp32 Gather"}
-    return {}, report
+              "accuracy_level": opts.int4_accuracy_level, "lm_head": head,
+              "embedding": describe_embedding(tgt.arch, tgt.weights, qw, opts) or "fp32 Gather"}
+    return qw, report
+
+
+def embedding_blocks(m, opts: GraphOptions) -> Mapping[str, QuantWeight]:
+    """An RTN graph's (int4 / int8) embedding as its GGUF source's own blocks, {EMBED: blocks}
+    ({} for another source or precision): `embedding_form` decides whether the graph gathers
+    from them; its rows are the fp32 table's bit for bit (docs/design.md, "Quantized targets").
+    m: a LoadedModel (export/steps.py) whose model and weights are still there."""
+    if m.src.gguf_file is None or opts.precision not in QUANTIZED:
+        return {}
+    return import_embedding(m.src.path, m.model, m.weights)
+
+
+def describe_embedding(arch, weights, qw, opts: GraphOptions) -> str:
+    """The manifest's words for a gathered embedding ("" where the graph gathers the fp32 table)."""
+    if (q := embedding_form(arch, weights, qw, opts)) is None:
+        return ""
+    mins = " + per-block mins" if q.mins is not None else ""
+    return f"GatherBlockQuantized over the file's {q.kind} blocks ({q.bits}-bit, block {q.block}{mins}; exact)"
 
 
 def fake_quantize(model, weights: dict[str, np.ndarray], opts: GraphOptions) -> None:

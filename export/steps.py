@@ -164,7 +164,8 @@ def self_draft_entry(tmp: Path, tgt: LoadedModel, cfg: Settings, draft: str) -> 
     it (`measure_draft`)."""
     opts = GraphOptions(lowering="ort", precision=SELF_DRAFT_PRECISION[draft], max_seq_len=cfg.max_seq_len,
                         kv_dtype=cfg.kv_dtype)  # the target's KV layout: it works in the target's buffers
-    return write_model(tmp, "draft", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), draft)
+    return write_model(tmp, "draft", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), draft,
+                       quant_target.embedding_blocks(tgt, opts))
 
 
 def check_target(tmp: Path, entry: ModelEntry, tgt: LoadedModel, cfg: Settings, ref: Reference,
@@ -228,7 +229,9 @@ def model_draft_entry(tmp: Path, ref: str, cfg: Settings, probe: Probe, draft_pr
         recipe = f"model-{draft_precision}"
     else:
         opts, recipe = cfg.graph(), "model"
-    entry = write_model(tmp, "draft", d.arch, d.weights, opts, cfg.max_t, d.src.describe(), recipe)
+    # an int4 / int8 draft from a GGUF gathers its embedding from the file's blocks (exact)
+    entry = write_model(tmp, "draft", d.arch, d.weights, opts, cfg.max_t, d.src.describe(), recipe,
+                        quant_target.embedding_blocks(d, opts))
     d.release()
     return measure_draft(tmp, entry, reference, cfg, probe)
 
@@ -269,8 +272,9 @@ def eagle_entry(tmp: Path, tgt: LoadedModel, target_dec: SequenceHarness, head: 
 
 
 def write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, max_t: int,
-                source: dict, recipe: str, qw: dict | None = None) -> ModelEntry:
-    """Weights -> tmp/<role>/ graph + weights file, and its manifest entry (no parity yet)."""
+                source: dict, recipe: str, qw: Mapping | None = None) -> ModelEntry:
+    """Weights -> tmp/<role>/ graph + weights file, and its manifest entry (no parity yet). qw: HF
+    name -> imported GGUF form (a gguf graph's weights; an int4 / int8 graph's embedding)."""
     sink = ExternalData(tmp / role)
     try:
         graph = build_graph(arch, w, opts, qw or None, sink=sink)
