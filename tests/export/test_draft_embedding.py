@@ -1,7 +1,7 @@
 """An int4 / int8 graph from a GGUF gathers its embedding from the file's own blocks, as a gguf
 target's does (emitter.embedding_form, quant_target.embedding_blocks; docs/design.md "Quantized
 targets"): the coder's int4 draft, a tied one whose int4 head is cut to a vocabulary subset, an
-RTN target and its self-draft. Each graph computes the same logits bit for bit as the one that
+RTN target and its self-draft, an fp32 target's self-draft. Each graph computes the same logits bit for bit as the one that
 gathers the fp32 table (the export before this), and speculation over it equals target-only."""
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ def bundles(tmp_path_factory):
     export_bundle(target, base / "rtn", **rtn)
     _fp32_table(lambda: export_bundle(target, base / "rtn-fp32", **rtn))
     out["rtn"], out["rtn-fp32"] = base / "rtn", base / "rtn-fp32"
+    own = dict(precision="fp32", draft="self-int8", **KW)  # a streamed fp32 target's self-draft (the default pair's)
+    export_bundle(target, base / "self", **own)
+    _fp32_table(lambda: export_bundle(target, base / "self-fp32", **own))
+    out["self"], out["self-fp32"] = base / "self", base / "self-fp32"
     return out
 
 
@@ -56,7 +60,7 @@ def _nodes(folder, entry, op):
     return [n for n in m.graph.node if n.op_type == op]
 
 
-@pytest.mark.parametrize("name", ["untied", "tied", "rtn"])
+@pytest.mark.parametrize("name", ["untied", "tied", "rtn", "self"])
 def test_the_embedding_is_gathered_from_the_files_blocks(bundles, name):
     man, old = load_manifest(bundles[name]), load_manifest(bundles[f"{name}-fp32"])
     for e, o in ((man.draft, old.draft), (man.target, old.target)) if name == "rtn" else ((man.draft, old.draft),):
@@ -75,7 +79,7 @@ def test_the_embedding_is_gathered_from_the_files_blocks(bundles, name):
         assert heads and {a.i for n in heads for a in n.attribute if a.name in ("bits", "N")} == {4, 64}
 
 
-@pytest.mark.parametrize("name", ["untied", "tied", "rtn"])
+@pytest.mark.parametrize("name", ["untied", "tied", "rtn", "self"])
 def test_its_logits_are_the_fp32_tables_bit_for_bit(bundles, name):
     """The same logits as the graph over the dequantized table: the gathered rows are those
     values, and the LM head (tied: quantized from the table) kept its source."""
@@ -88,7 +92,7 @@ def test_its_logits_are_the_fp32_tables_bit_for_bit(bundles, name):
                 assert np.array_equal(got, want), (name, e.graph, make.__name__)
 
 
-@pytest.mark.parametrize("name", ["untied", "tied", "once", "rtn"])
+@pytest.mark.parametrize("name", ["untied", "tied", "once", "rtn", "self"])
 def test_speculative_equals_target_only(bundles, name):
     with specrt.load(bundles[name], max_batch=2) as pipe:
         for prompt in PROMPTS:
