@@ -20,9 +20,10 @@ import numpy as np
 
 from .emitter import EMBED, GraphOptions, embedding_form
 from .gguf_import import fallback_message, import_embedding, import_gguf
+from .gguf_stream import give_back
 from .nbits import QUANTIZED, WEIGHT_ONLY, resolve
 from .quantize import QuantWeight
-from .validate import LazyReference, check_decoder, compare, observe, prefetch, tolerance_key
+from .validate import LazyReference, check_decoder, compare, observe, observe_forced, prefetch, tolerance_key
 
 
 def prepare(tgt, opts: GraphOptions, echo: Callable[[str], None] | None) -> tuple[dict[str, QuantWeight], dict]:
@@ -176,6 +177,21 @@ def level0_twin(folder: Path, entry) -> object:
     return dataclasses.replace(entry, graph=str(Path(entry.graph).with_name(twin.name)))
 
 
+def _observe_all(folder: Path, twin, model, make_dec, make_kernel_dec, portable: bool, decoder) -> tuple:
+    """A streamed target's graphs observed one session at a time -> (twin, level-4 portable graph
+    or None, kernel graph or None). The level-4 graphs step their own greedy tokens (the kernel
+    graph's are the drafts' probe); the twin is teacher-forced on them (`observe_forced`: 6 wide
+    calls, not 34 one-token ones; docs/design.md "The export's gate, teacher-forced")."""
+    got_own = observe(make_dec(), model) if portable or make_kernel_dec is None else None
+    give_back()  # each session's memory back to the system before the next is built
+    got_kernels = observe(make_kernel_dec(), model) if make_kernel_dec is not None else None
+    give_back()
+    lead = got_kernels if got_kernels is not None else got_own
+    got_twin = observe_forced(decoder(folder, twin), model, lead.tokens)
+    give_back()
+    return got_twin, got_own, got_kernels
+
+
 def parity(folder: Path, entry, make_dec: Callable[[], object], model, opts: GraphOptions, k: int, steps: int,
            decoder: Callable[[Path, object], object], make_kernel_dec: Callable[[], object] | None = None,
            portable: bool = True) -> tuple[dict, object]:
@@ -195,16 +211,15 @@ def parity(folder: Path, entry, make_dec: Callable[[], object], model, opts: Gra
     twin = level0_twin(folder, entry)
     lazy = isinstance(model, LazyReference)
     try:
-        if lazy:  # both graphs observed, one session at a time, then one reference forward for both
-            got_twin = observe(decoder(folder, twin), model)
+        if lazy:  # every graph observed, one session at a time, then one reference forward for all
+            got_twin, got_own, got_kernels = _observe_all(folder, twin, model, make_dec, make_kernel_dec, portable,
+                                                         decoder)
         else:
             exact = check_decoder(decoder(folder, twin), model, k=k, steps=steps, precision=exact_key).as_dict()
     finally:
         (folder / twin.graph).unlink()
     portable_own = None
     if lazy:
-        got_own = observe(make_dec(), model) if portable or make_kernel_dec is None else None
-        got_kernels = observe(make_kernel_dec(), model) if make_kernel_dec is not None else None
         prefetch(model, [g for g in (got_twin, got_own, got_kernels) if g is not None])
         exact = compare(got_twin, model, exact_key).as_dict()
         # the last compared graph's greedy tokens are the probe's: the kernel graph's where it ran
