@@ -23,7 +23,8 @@ from .gguf_import import fallback_message, import_embedding, import_gguf
 from .gguf_stream import give_back
 from .nbits import QUANTIZED, WEIGHT_ONLY, resolve
 from .quantize import QuantWeight
-from .validate import LazyReference, check_decoder, compare, observe, observe_forced, prefetch, tolerance_key
+from .twin_pieces import observe_forced_in_pieces
+from .validate import LazyReference, check_decoder, compare, observe, prefetch, tolerance_key
 
 
 def prepare(tgt, opts: GraphOptions, echo: Callable[[str], None] | None) -> tuple[dict[str, QuantWeight], dict]:
@@ -177,19 +178,19 @@ def level0_twin(folder: Path, entry) -> object:
     return dataclasses.replace(entry, graph=str(Path(entry.graph).with_name(twin.name)))
 
 
-def _observe_all(folder: Path, twin, model, make_dec, make_kernel_dec, portable: bool, decoder) -> tuple:
+def _observe_all(folder: Path, twin, model, make_dec, make_kernel_dec, portable: bool) -> tuple:
     """A streamed target's graphs observed one session at a time -> (twin, level-4 portable graph
     or None, kernel graph or None). The level-4 graphs step their own greedy tokens (the kernel
     graph's are the drafts' probe); the twin is teacher-forced on them (`observe_forced`: 6 wide
-    calls, not 34 one-token ones; docs/design.md "The export's gate, teacher-forced")."""
+    calls, not 34 one-token ones), in pieces (export/twin_pieces.py; docs/design.md "The export's
+    time and peak, session 23")."""
     got_own = observe(make_dec(), model) if portable or make_kernel_dec is None else None
     give_back()  # each session's memory back to the system before the next is built
     got_kernels = observe(make_kernel_dec(), model) if make_kernel_dec is not None else None
     give_back()
     lead = got_kernels if got_kernels is not None else got_own
-    got_twin = observe_forced(decoder(folder, twin), model, lead.tokens)
-    give_back()
-    return got_twin, got_own, got_kernels
+    # in pieces of the graph, one session at a time: the twin's weights are never held at once
+    return observe_forced_in_pieces(folder, twin, model, lead.tokens), got_own, got_kernels
 
 
 def parity(folder: Path, entry, make_dec: Callable[[], object], model, opts: GraphOptions, k: int, steps: int,
@@ -212,8 +213,7 @@ def parity(folder: Path, entry, make_dec: Callable[[], object], model, opts: Gra
     lazy = isinstance(model, LazyReference)
     try:
         if lazy:  # every graph observed, one session at a time, then one reference forward for all
-            got_twin, got_own, got_kernels = _observe_all(folder, twin, model, make_dec, make_kernel_dec, portable,
-                                                         decoder)
+            got_twin, got_own, got_kernels = _observe_all(folder, twin, model, make_dec, make_kernel_dec, portable)
         else:
             exact = check_decoder(decoder(folder, twin), model, k=k, steps=steps, precision=exact_key).as_dict()
     finally:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-
 RTN_SLAB_ROWS = 4096  # rows quantized at a time
 
 

@@ -16,7 +16,14 @@ from specrt.export.gguf_stream import GGUFWeights, streamed_logits
 from specrt.export.graph import build_graph
 from specrt.export.quant_target import prepare
 from specrt.export.steps import LoadedModel, Settings, decoder, write_model
-from specrt.export.validate import LazyReference, Reference, check_decoder, compare, observe, observe_forced
+from specrt.export.validate import (
+    LazyReference,
+    Reference,
+    check_decoder,
+    compare,
+    observe,
+    observe_forced,
+)
 from specrt.runtime.bundle.manifest import load_manifest
 
 KW = dict(max_seq_len=256, max_draft_tokens=8, echo=None)
