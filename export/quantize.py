@@ -167,6 +167,19 @@ def fuse(parts: list[QuantWeight]) -> QuantWeight | None:
                        mins, kinds, source)
 
 
+def rtn_rows(read, n: int, k: int, block_size: int = 32, bits: int = 4) -> QuantWeight:
+    """`rtn` of an [n, k] weight read a slab of rows at a time (`read(slice)` -> fp32 rows): the
+    same bytes as `rtn` of the whole (rows are independent), without the whole fp32 weight."""
+    n_blocks = -(-k // block_size)
+    packed = np.empty((n, n_blocks, block_size * bits // 8), np.uint8)
+    scales = np.empty((n, n_blocks), np.float32)
+    for r0 in range(0, n, RTN_SLAB_ROWS):
+        sl = slice(r0, min(n, r0 + RTN_SLAB_ROWS))
+        packed[sl], scales[sl] = quantize_rtn_sym(read(sl), block_size, bits)
+    zp = np.full(scales.shape, 1 << (bits - 1), np.uint8)
+    return QuantWeight(bits, block_size, packed, scales, zp, None, "rtn")
+
+
 def rtn(w: np.ndarray, block_size: int = 32, bits: int = 4) -> QuantWeight:
     """`quantize_rtn_sym` as a QuantWeight (implicit zero point 2^(bits-1), no mins)."""
     packed, scales = quantize_rtn_sym(w, block_size, bits)

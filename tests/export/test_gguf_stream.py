@@ -74,9 +74,13 @@ def _graph_and_entry(tmp_path, m, cfg):
     return write_model(tmp_path, "target", m.arch, m.weights, opts, cfg.max_t, {}, "export", qw)
 
 
-def test_streamed_graph_is_byte_for_byte_the_whole_models(both, tmp_path):
+@pytest.mark.parametrize("precision", ["gguf", "int4", "int8"])  # int4 / int8: an RTN head from row slabs
+def test_streamed_graph_is_byte_for_byte_the_whole_models(both, tmp_path, precision, monkeypatch):
+    from specrt.export import quantize
+
+    monkeypatch.setattr(quantize, "RTN_SLAB_ROWS", 50)  # ragged slabs of the 128-row head
     whole, s = both
-    cfg = Settings(256, 8, "gguf", "ort", 8, 4)
+    cfg = Settings(256, 8, precision, "ort", 8, 4)
     a = _graph_and_entry(tmp_path / "whole", whole, cfg)
     b = _graph_and_entry(tmp_path / "streamed", s, cfg)
     assert (tmp_path / "whole" / a.data).read_bytes() == (tmp_path / "streamed" / b.data).read_bytes()
