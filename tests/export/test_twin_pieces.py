@@ -2,6 +2,8 @@
 session at a time, gives `observe_forced`'s rows bit for bit, for any number of pieces (cuts
 inside layers included: every tensor a later node reads crosses), and leaves no piece file."""
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -52,3 +54,21 @@ def test_a_piece_reads_only_its_own_weights(twin):
         names = {t.name for t in m.graph.initializer}
         assert sum(twin_pieces._bytes(t) for t in m.graph.initializer if t.name not in seen) <= 200_000 or b - a == 1
         seen |= names
+
+
+def test_an_export_whose_twin_is_off_writes_nothing(tmp_path, monkeypatch):
+    """The gate through export_bundle: twin rows 2e-3 off (prefill and continuation as they are)
+    fail the export, and no bundle is written."""
+    from specrt.export import export_bundle, quant_target
+    from specrt.export.validate import ParityError
+
+    def off(*a, **kw):
+        got = twin_pieces.observe_forced_in_pieces(*a, **kw)
+        return dataclasses.replace(got, forced=got.forced + 2e-3 * (np.arange(got.forced.shape[-1]) % 2))
+
+    monkeypatch.setattr(quant_target, "observe_forced_in_pieces", off)
+    src = write_tiny_gguf(tmp_path / "t.gguf")
+    with pytest.raises(ParityError, match="target graph failed parity"):
+        export_bundle(str(src), tmp_path / "b", draft="none", precision="gguf", accuracy_level=4, max_seq_len=256,
+                      max_draft_tokens=8, echo=None)
+    assert not (tmp_path / "b").exists()
