@@ -97,17 +97,19 @@ def head_key(arch: Arch, w: dict) -> str:
 
 
 def embedding_form(arch: Arch, w: dict, qw: dict, opts: GraphOptions) -> QuantWeight | None:
-    """The GGUF blocks a gguf target gathers its embedding from (`nbits.gather`), or None for
-    the fp32 table: other precisions, the standard lowering (no contrib ops), an embedding with
-    no exact form, or an LM head that multiplies by the fp32 table itself (tied, float head: the
-    Gemm shares the Gather's initializer)."""
-    q = qw.get(EMBED) if opts.precision == "gguf" and opts.lowering == "ort" else None
+    """The GGUF blocks a weight-only graph (gguf, int4, int8) gathers its embedding from
+    (`nbits.gather`; `qw[EMBED]`: the source file's token table, imported), or None for the fp32
+    table: fp32 / fp16 graphs, the standard lowering (no contrib ops), a source with no GGUF
+    blocks or none of an exact form, or an LM head that multiplies by the fp32 table itself (tied,
+    float head: the Gemm shares the Gather's initializer). An int4 / int8 graph's tied head is
+    quantized from the fp32 table (`Emitter.weight`), which the gather leaves it."""
+    q = qw.get(EMBED) if opts.precision in nbits.WEIGHT_ONLY and opts.lowering == "ort" else None
     if q is None or q.bits not in (4, 8):
         return None
-    if head_key(arch, w) == EMBED and nbits.runs_as_float(q, opts.lm_head_precision or opts.precision,
-                                                           opts.int4_accuracy_level):
-        return None
-    return q
+    head = opts.lm_head_precision or opts.precision
+    shares = (nbits.runs_as_float(q, head, opts.int4_accuracy_level) if opts.precision == "gguf"
+              else head in ("fp32", "fp16"))
+    return None if head_key(arch, w) == EMBED and shares else q
 
 
 class Emitter:
@@ -163,6 +165,18 @@ class Emitter:
         where there is one (precision gguf), else fp32."""
         q = self.imported.get(key) if self.opts.precision == "gguf" else None
         return q if q is not None else self.weights[key]  # (a streamed model's weights are read on access)
+
+    def head_source(self, key: str):
+        """The LM head's weight as `weight` gives it; an RTN head (int4 / int8) of a streamed
+        model quantized from row slabs of the file (`quantize.rtn_rows`: the same bytes), never
+        its whole fp32 table (a 151k-token head: 0.5-0.9 GB)."""
+        o = self.opts
+        bits = nbits.QUANTIZED.get(o.lm_head_precision or o.precision)
+        rows = getattr(self.weights, "rows", None)
+        if o.precision == "gguf" or bits is None or rows is None:
+            return self.weight(key)
+        n, k = weight_shape(self.weights, key)
+        return quantize.rtn_rows(lambda sl: rows(key, sl), n, k, o.int4_block_size, bits)
 
     def rms(self, x: str, key: str, skip: str | None = None):
         """RMSNorm over the last axis; with `skip`, normalizes x + skip and also returns the sum."""
@@ -270,7 +284,8 @@ class Emitter:
             g.const(keep, np.array([KEEP_ALL], dtype=np.int64))
             x = g.op("Slice", [x, g.op("Neg", [keep]), g.i64(np.iinfo(np.int64).max), g.i64(1)], "keep")
         key = head_key(arch, self.weights)
-        head = nbits.resolve(self.weight(key), o.lm_head_precision or o.precision, o.int4_block_size, o.int4_accuracy_level)
+        head = nbits.resolve(self.head_source(key), o.lm_head_precision or o.precision, o.int4_block_size,
+                             o.int4_accuracy_level)
         # float and equal to the embedding (a gguf import's weights are the fp32 ones, checked on import)
         if isinstance(head, np.ndarray) and arch.tie_embeddings and (o.precision == "gguf" or (o.lm_head_precision or o.precision) in ("fp32", "fp16")):
             # Share the embedding initializer: Gemm(transB=1) on [B*T, H] avoids a transposed copy.

@@ -109,6 +109,32 @@ def import_gguf(path: Path, model, weights, accuracy_level: int) -> tuple[Mappin
     return imported, report
 
 
+EMBED = "model.embed_tokens.weight"
+EMBED_TENSOR = "token_embd.weight"  # the token table's name in every llama.cpp GGUF
+
+
+def import_embedding(path: Path, model, weights) -> Mapping[str, QuantWeight]:
+    """{EMBED: the file's token table as its own blocks}, for a graph whose projections take
+    another precision (int4 / int8 RTN) to gather its embedding from (emitter.embedding_form);
+    {} where the table has no exact form. The same checks as `import_gguf`'s: a streamed model's
+    (GGUFWeights) first and last rows against gguf-py's values, imported when the graph reads it;
+    a loaded model's whole table against the fp32 one transformers holds."""
+    from .gguf_stream import GGUFWeights, gguf_reader
+
+    if EMBED not in weights:
+        return {}
+    if isinstance(weights, GGUFWeights):
+        t, plan = weights.tensor(EMBED), LazyImports()
+        qw, _ = _plan_one(t, t.tensor_type.name, weights.shape(EMBED), weights.processor, plan, EMBED)
+        return plan if qw is not None else {}
+    reader = gguf_reader(path)
+    t = next((t for t in reader.tensors if t.name == EMBED_TENSOR), None)
+    if t is None:
+        return {}
+    qw, _ = _import_one(t, t.tensor_type.name, weights[EMBED], processor_for(reader, model.config))
+    return {EMBED: qw} if qw is not None else {}
+
+
 def _import_one(t, kind: str, w: np.ndarray, processor) -> tuple[QuantWeight | None, str]:
     n, k = w.shape
     qw = import_blocks(t.data, kind, n, k)

@@ -55,9 +55,22 @@ def drop_metadata(path: Path | str) -> None:
         return
     for name in [k for k, f in r.fields.items() if len(f.data) > BIG_FIELD]:
         del r.fields[name]
+    give_back()
+
+
+def give_back() -> None:
+    """Collect garbage and hand the heap's free pages back to the system (glibc `malloc_trim`): a
+    parsed vocabulary is ~10^6 small objects and a check session's buffers are freed when it is
+    dropped, but glibc keeps freed heap memory in the process, where it counts in the export's
+    peak beside the next session."""
+    import ctypes
     import gc
 
     gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def forget_readers() -> None:
@@ -160,6 +173,29 @@ class GGUFWeights(Mapping):
         drop_pages(self.reader.data)
         return w
 
+    def rows(self, name: str, idx) -> np.ndarray:
+        """Rows `idx` (an int array or a slice) of a 2-D weight, dequantized from those rows' blocks
+        alone: `self[name][idx]`'s values without the whole tensor in fp32, for a tensor whose rows
+        transformers' processor keeps as stored (the token table, an LM head); else read whole."""
+        from gguf import dequantize
+
+        t = self._tensors[name]
+        n, k = self.shape(name)
+        raw = np.asarray(t.data)
+        if raw.ndim != 2 or raw.shape[0] != n or not self._rows_as_stored(name):
+            return self[name][idx]
+        w = np.asarray(dequantize(raw[idx], t.tensor_type), dtype=np.float32).reshape(-1, k)
+        drop_pages(self.reader.data)
+        return w if w.flags.writeable else w.copy()
+
+    def _rows_as_stored(self, name: str) -> bool:
+        """Whether the processor leaves tensor `name`'s rows as stored (run on row indices)."""
+        t = self._tensors[name]
+        n = self.shape(name)[0]
+        idx = np.arange(n, dtype=np.float64)[:, None]
+        out = self.processor.process(weights=idx, name=t.name, tensor_key_mapping={}, parsed_parameters={}).weights
+        return np.asarray(out).shape == idx.shape and np.array_equal(np.asarray(out), idx)
+
     def __contains__(self, name) -> bool:  # (Mapping's own would read the tensor)
         return name in self._tensors
 
@@ -250,8 +286,55 @@ def _install(model, weights: GGUFWeights) -> list:
 
     hooks = []
     for prefix, mod in _units(model):
+        if (table := _table_forward(prefix, mod, weights)) is not None:  # rows read as needed
+            mod.forward = table
+            hooks.append(_Restore(mod))
+            continue
         hooks += [mod.register_forward_pre_hook(load(prefix)), mod.register_forward_hook(drop(prefix))]
     return hooks
+
+
+class _Restore:
+    """A handle that takes a module's own forward back (`_install`'s hooks' `remove`)."""
+
+    def __init__(self, mod):
+        self.mod = mod
+
+    def remove(self) -> None:
+        del self.mod.forward
+
+
+HEAD_SLAB_ROWS = 8192  # the reference LM head's rows dequantized at a time
+
+
+def _table_forward(prefix: str, mod, weights: GGUFWeights):
+    """The embedding and the LM head of the reference without their whole fp32 table (4·V·H
+    bytes, 0.93 GB for the coder target): the embedding dequantizes the rows its ids name (the
+    same rows, exact), the LM head multiplies by row slabs of its matrix (the same products,
+    summed per slab as a whole matrix's; its logits agree to fp32 rounding). -> the module's
+    forward, or None for the other modules."""
+    import torch
+    import torch.nn.functional as F
+
+    if isinstance(mod, torch.nn.Embedding) and f"{prefix}.weight" in weights:
+        key = f"{prefix}.weight"
+
+        def embed(ids):
+            uniq, inv = torch.unique(ids, return_inverse=True)
+            return F.embedding(inv, torch.from_numpy(weights.rows(key, uniq.numpy())))
+        return embed
+    if prefix != "lm_head" or not isinstance(mod, torch.nn.Linear) or mod.bias is not None:
+        return None
+    key = "lm_head.weight" if "lm_head.weight" in weights else EMBED  # tied: the embedding's table
+
+    def head(x):
+        v = weights.shape(key)[0]
+        out = x.new_empty(*x.shape[:-1], v)
+        for r0 in range(0, v, HEAD_SLAB_ROWS):
+            r1 = min(v, r0 + HEAD_SLAB_ROWS)
+            out[..., r0:r1] = F.linear(x, torch.from_numpy(weights.rows(key, slice(r0, r1))))
+        return out
+    return head
 
 
 def streamed_logits(model, weights: GGUFWeights, seqs: list[np.ndarray]) -> list[np.ndarray]:

@@ -13,15 +13,17 @@ reference are recorded beside it (`parity["accuracy_level_4"]`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 
 from .emitter import EMBED, GraphOptions, embedding_form
-from .gguf_import import fallback_message, import_gguf
+from .gguf_import import fallback_message, import_embedding, import_gguf
+from .gguf_stream import give_back
 from .nbits import QUANTIZED, WEIGHT_ONLY, resolve
 from .quantize import QuantWeight
+from .twin_pieces import observe_forced_in_pieces
 from .validate import LazyReference, check_decoder, compare, observe, prefetch, tolerance_key
 
 
@@ -36,16 +38,34 @@ def prepare(tgt, opts: GraphOptions, echo: Callable[[str], None] | None) -> tupl
             raise ValueError(f"precision gguf imports a GGUF file's blocks; {tgt.src.ref} is not a GGUF source "
                              "(use int4 or int8 for RTN from any source)")
         qw, report = import_gguf(tgt.src.path, tgt.model, tgt.weights, opts.int4_accuracy_level)
-        if (q := embedding_form(tgt.arch, tgt.weights, qw, opts)) is not None:
-            mins = " + per-block mins" if q.mins is not None else ""
-            report["embedding"] = f"GatherBlockQuantized over the file's {q.kind} blocks ({q.bits}-bit, block {q.block}{mins}; exact)"
+        report["embedding"] = describe_embedding(tgt.arch, tgt.weights, qw, opts) or report["embedding"]
         if echo and (msg := fallback_message(report)):
             echo(msg)
         return qw, report
     head = opts.lm_head_precision or opts.precision
+    qw = embedding_blocks(tgt, opts)
     report = {"method": "rtn", "bits": QUANTIZED[opts.precision], "block_size": opts.int4_block_size,
-              "accuracy_level": opts.int4_accuracy_level, "lm_head": head, "embedding": "fp32 Gather"}
-    return {}, report
+              "accuracy_level": opts.int4_accuracy_level, "lm_head": head,
+              "embedding": describe_embedding(tgt.arch, tgt.weights, qw, opts) or "fp32 Gather"}
+    return qw, report
+
+
+def embedding_blocks(m, opts: GraphOptions) -> Mapping[str, QuantWeight]:
+    """An RTN graph's (int4 / int8) embedding as its GGUF source's own blocks, {EMBED: blocks}
+    ({} for another source or precision): `embedding_form` decides whether the graph gathers
+    from them; its rows are the fp32 table's bit for bit (docs/design.md, "Quantized targets").
+    m: a LoadedModel (export/steps.py) whose model and weights are still there."""
+    if m.src.gguf_file is None or opts.precision not in QUANTIZED:
+        return {}
+    return import_embedding(m.src.path, m.model, m.weights)
+
+
+def describe_embedding(arch, weights, qw, opts: GraphOptions) -> str:
+    """The manifest's words for a gathered embedding ("" where the graph gathers the fp32 table)."""
+    if (q := embedding_form(arch, weights, qw, opts)) is None:
+        return ""
+    mins = " + per-block mins" if q.mins is not None else ""
+    return f"GatherBlockQuantized over the file's {q.kind} blocks ({q.bits}-bit, block {q.block}{mins}; exact)"
 
 
 def fake_quantize(model, weights: dict[str, np.ndarray], opts: GraphOptions) -> None:
@@ -158,6 +178,21 @@ def level0_twin(folder: Path, entry) -> object:
     return dataclasses.replace(entry, graph=str(Path(entry.graph).with_name(twin.name)))
 
 
+def _observe_all(folder: Path, twin, model, make_dec, make_kernel_dec, portable: bool) -> tuple:
+    """A streamed target's graphs observed one session at a time -> (twin, level-4 portable graph
+    or None, kernel graph or None). The level-4 graphs step their own greedy tokens (the kernel
+    graph's are the drafts' probe); the twin is teacher-forced on them (`observe_forced`: 6 wide
+    calls, not 34 one-token ones), in pieces (export/twin_pieces.py; docs/design.md "The export's
+    time and peak, session 23")."""
+    got_own = observe(make_dec(), model) if portable or make_kernel_dec is None else None
+    give_back()  # each session's memory back to the system before the next is built
+    got_kernels = observe(make_kernel_dec(), model) if make_kernel_dec is not None else None
+    give_back()
+    lead = got_kernels if got_kernels is not None else got_own
+    # in pieces of the graph, one session at a time: the twin's weights are never held at once
+    return observe_forced_in_pieces(folder, twin, model, lead.tokens), got_own, got_kernels
+
+
 def parity(folder: Path, entry, make_dec: Callable[[], object], model, opts: GraphOptions, k: int, steps: int,
            decoder: Callable[[Path, object], object], make_kernel_dec: Callable[[], object] | None = None,
            portable: bool = True) -> tuple[dict, object]:
@@ -177,16 +212,14 @@ def parity(folder: Path, entry, make_dec: Callable[[], object], model, opts: Gra
     twin = level0_twin(folder, entry)
     lazy = isinstance(model, LazyReference)
     try:
-        if lazy:  # both graphs observed, one session at a time, then one reference forward for both
-            got_twin = observe(decoder(folder, twin), model)
+        if lazy:  # every graph observed, one session at a time, then one reference forward for all
+            got_twin, got_own, got_kernels = _observe_all(folder, twin, model, make_dec, make_kernel_dec, portable)
         else:
             exact = check_decoder(decoder(folder, twin), model, k=k, steps=steps, precision=exact_key).as_dict()
     finally:
         (folder / twin.graph).unlink()
     portable_own = None
     if lazy:
-        got_own = observe(make_dec(), model) if portable or make_kernel_dec is None else None
-        got_kernels = observe(make_kernel_dec(), model) if make_kernel_dec is not None else None
         prefetch(model, [g for g in (got_twin, got_own, got_kernels) if g is not None])
         exact = compare(got_twin, model, exact_key).as_dict()
         # the last compared graph's greedy tokens are the probe's: the kernel graph's where it ran

@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+RTN_SLAB_ROWS = 4096  # rows quantized at a time
+
 
 def quantize_rtn_sym(w: np.ndarray, block_size: int = 32, bits: int = 4) -> tuple[np.ndarray, np.ndarray]:
     """w: [N, K] (HF linear layout, out x in), fp32.
@@ -26,6 +28,14 @@ def quantize_rtn_sym(w: np.ndarray, block_size: int = 32, bits: int = 4) -> tupl
         raise ValueError(f"bits must be 4 or 8, got {bits}")
     n, k = w.shape
     n_blocks = -(-k // block_size)
+    if n > RTN_SLAB_ROWS:  # rows are independent: a slab at a time, the same bytes (a 151k-row head's
+        #                    fp32 temporaries were 4 copies of its table at once)
+        packed = np.empty((n, n_blocks, block_size * bits // 8), np.uint8)
+        scales = np.empty((n, n_blocks), np.float32)
+        for r0 in range(0, n, RTN_SLAB_ROWS):
+            packed[r0:r0 + RTN_SLAB_ROWS], scales[r0:r0 + RTN_SLAB_ROWS] = quantize_rtn_sym(
+                w[r0:r0 + RTN_SLAB_ROWS], block_size, bits)
+        return packed, scales
     pad = n_blocks * block_size - k
     wb = np.pad(w.astype(np.float32), ((0, 0), (0, pad))).reshape(n, n_blocks, block_size)
     idx = np.abs(wb).argmax(axis=-1)[..., None]
@@ -155,6 +165,19 @@ def fuse(parts: list[QuantWeight]) -> QuantWeight | None:
     return QuantWeight(first.bits, first.block, np.concatenate([p.packed for p in parts]),
                        np.concatenate([p.scales for p in parts]), np.concatenate([p.zero_points for p in parts]),
                        mins, kinds, source)
+
+
+def rtn_rows(read, n: int, k: int, block_size: int = 32, bits: int = 4) -> QuantWeight:
+    """`rtn` of an [n, k] weight read a slab of rows at a time (`read(slice)` -> fp32 rows): the
+    same bytes as `rtn` of the whole (rows are independent), without the whole fp32 weight."""
+    n_blocks = -(-k // block_size)
+    packed = np.empty((n, n_blocks, block_size * bits // 8), np.uint8)
+    scales = np.empty((n, n_blocks), np.float32)
+    for r0 in range(0, n, RTN_SLAB_ROWS):
+        sl = slice(r0, min(n, r0 + RTN_SLAB_ROWS))
+        packed[sl], scales[sl] = quantize_rtn_sym(read(sl), block_size, bits)
+    zp = np.full(scales.shape, 1 << (bits - 1), np.uint8)
+    return QuantWeight(bits, block_size, packed, scales, zp, None, "rtn")
 
 
 def rtn(w: np.ndarray, block_size: int = 32, bits: int = 4) -> QuantWeight:

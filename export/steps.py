@@ -34,7 +34,7 @@ from .arch import Arch, arch_from_model, numpy_weights
 from .bundle import ExternalData, save_graph
 from .eagle import draft_arch, draft_weights
 from .emitter import kv_buffer_dtype
-from .gguf_stream import GGUFWeights, drop_metadata, streamed_logits
+from .gguf_stream import GGUFWeights, drop_metadata, give_back, streamed_logits
 from .graph import EAGLE_FEATURES_OUT, FEATURES, GraphOptions, build_graph, graph_io
 from .sources import load_source, resolve_source, sha256_file
 from .validate import (
@@ -164,7 +164,8 @@ def self_draft_entry(tmp: Path, tgt: LoadedModel, cfg: Settings, draft: str) -> 
     it (`measure_draft`)."""
     opts = GraphOptions(lowering="ort", precision=SELF_DRAFT_PRECISION[draft], max_seq_len=cfg.max_seq_len,
                         kv_dtype=cfg.kv_dtype)  # the target's KV layout: it works in the target's buffers
-    return write_model(tmp, "draft", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), draft)
+    return write_model(tmp, "draft", tgt.arch, tgt.weights, opts, cfg.max_t, tgt.src.describe(), draft,
+                       quant_target.embedding_blocks(tgt, opts))
 
 
 def check_target(tmp: Path, entry: ModelEntry, tgt: LoadedModel, cfg: Settings, ref: Reference,
@@ -209,9 +210,18 @@ def measure_draft(tmp: Path, entry: ModelEntry, reference: Reference, cfg: Setti
     (verification keeps the output exact), so its logits have no tolerance; the agreement says
     how good a draft it is."""
     dec = decoder(tmp, entry)
-    entry.parity = check_decoder(dec, reference, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
-                                 precision=tolerance_key(entry.precision, entry.kv.dtype)).as_dict()
-    entry.parity["greedy_agreement_with_target"] = draft_agreement(dec, probe.target_tokens, probe.prompt)
+    precision = tolerance_key(entry.precision, entry.kv.dtype)
+    if isinstance(reference, LazyReference):  # the session is gone before the reference's forward runs
+        got = observe(dec, reference)
+        agreement = draft_agreement(dec, probe.target_tokens, probe.prompt)
+        del dec
+        give_back()
+        entry.parity = compare(got, reference, precision).as_dict()
+    else:
+        entry.parity = check_decoder(dec, reference, k=cfg.max_draft_tokens, steps=cfg.greedy_steps,
+                                     precision=precision).as_dict()
+        agreement = draft_agreement(dec, probe.target_tokens, probe.prompt)
+    entry.parity["greedy_agreement_with_target"] = agreement
     return entry
 
 
@@ -228,7 +238,9 @@ def model_draft_entry(tmp: Path, ref: str, cfg: Settings, probe: Probe, draft_pr
         recipe = f"model-{draft_precision}"
     else:
         opts, recipe = cfg.graph(), "model"
-    entry = write_model(tmp, "draft", d.arch, d.weights, opts, cfg.max_t, d.src.describe(), recipe)
+    # an int4 / int8 draft from a GGUF gathers its embedding from the file's blocks (exact)
+    entry = write_model(tmp, "draft", d.arch, d.weights, opts, cfg.max_t, d.src.describe(), recipe,
+                        quant_target.embedding_blocks(d, opts))
     d.release()
     return measure_draft(tmp, entry, reference, cfg, probe)
 
@@ -269,8 +281,9 @@ def eagle_entry(tmp: Path, tgt: LoadedModel, target_dec: SequenceHarness, head: 
 
 
 def write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, max_t: int,
-                source: dict, recipe: str, qw: dict | None = None) -> ModelEntry:
-    """Weights -> tmp/<role>/ graph + weights file, and its manifest entry (no parity yet)."""
+                source: dict, recipe: str, qw: Mapping | None = None) -> ModelEntry:
+    """Weights -> tmp/<role>/ graph + weights file, and its manifest entry (no parity yet). qw: HF
+    name -> imported GGUF form (a gguf graph's weights; an int4 / int8 graph's embedding)."""
     sink = ExternalData(tmp / role)
     try:
         graph = build_graph(arch, w, opts, qw or None, sink=sink)
@@ -278,6 +291,7 @@ def write_model(tmp: Path, role: str, arch: Arch, w: dict, opts: GraphOptions, m
         sink.close()
     name, data = save_graph(graph, tmp / role)
     del graph
+    give_back()
     return ModelEntry(
         graph=f"{role}/{name}",
         data=f"{role}/{data}",

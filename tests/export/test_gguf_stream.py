@@ -3,6 +3,8 @@ the weights and the layer-by-layer reference are transformers' own values, the t
 check gives the step-by-step check's numbers, and the bundle's graphs are the ones the whole-
 model path writes, byte for byte."""
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -14,7 +16,14 @@ from specrt.export.gguf_stream import GGUFWeights, streamed_logits
 from specrt.export.graph import build_graph
 from specrt.export.quant_target import prepare
 from specrt.export.steps import LoadedModel, Settings, decoder, write_model
-from specrt.export.validate import LazyReference, Reference, check_decoder
+from specrt.export.validate import (
+    LazyReference,
+    Reference,
+    check_decoder,
+    compare,
+    observe,
+    observe_forced,
+)
 from specrt.runtime.bundle.manifest import load_manifest
 
 KW = dict(max_seq_len=256, max_draft_tokens=8, echo=None)
@@ -65,9 +74,13 @@ def _graph_and_entry(tmp_path, m, cfg):
     return write_model(tmp_path, "target", m.arch, m.weights, opts, cfg.max_t, {}, "export", qw)
 
 
-def test_streamed_graph_is_byte_for_byte_the_whole_models(both, tmp_path):
+@pytest.mark.parametrize("precision", ["gguf", "int4", "int8"])  # int4 / int8: an RTN head from row slabs
+def test_streamed_graph_is_byte_for_byte_the_whole_models(both, tmp_path, precision, monkeypatch):
+    from specrt.export import quantize
+
+    monkeypatch.setattr(quantize, "RTN_SLAB_ROWS", 50)  # ragged slabs of the 128-row head
     whole, s = both
-    cfg = Settings(256, 8, "gguf", "ort", 8, 4)
+    cfg = Settings(256, 8, precision, "ort", 8, 4)
     a = _graph_and_entry(tmp_path / "whole", whole, cfg)
     b = _graph_and_entry(tmp_path / "streamed", s, cfg)
     assert (tmp_path / "whole" / a.data).read_bytes() == (tmp_path / "streamed" / b.data).read_bytes()
@@ -97,6 +110,31 @@ def test_teacher_forced_check_fails_a_graph_of_other_weights(both, tmp_path):
     dec = decoder(tmp_path, _graph_and_entry(tmp_path, whole, cfg))
     par = check_decoder(dec, other.reference(cfg), k=8, steps=12)
     assert not par.passed and par.prefill_max_abs > 1e-2
+
+
+def test_forced_steps_give_the_stepwise_numbers_and_hold_every_row(both, tmp_path):
+    """`observe_forced` (the level-0 twin's check, teacher-forced on the kernel graph's tokens):
+    on its own greedy tokens it gives `observe`'s numbers; on any other sequence every row is
+    still held to the tolerance; rows off by more than it fail, with prefill and continuation
+    within it; another file's reference fails."""
+    whole, s = both
+    cfg = Settings(256, 8, "gguf", "ort", 12, 0)
+    dec = decoder(tmp_path, _graph_and_entry(tmp_path, whole, cfg))
+    ref = s.reference(cfg)
+    own = observe(dec, ref)
+    stepped = compare(own, ref, "fp32")
+    forced = observe_forced(dec, ref, own.tokens)
+    par = compare(forced, ref, "fp32")
+    assert par.passed and par.greedy_match == stepped.greedy_match == 12 and par.forced_max_abs < 1e-3
+    assert (par.prefill_max_abs, par.continuation_max_abs) == (stepped.prefill_max_abs, stepped.continuation_max_abs)
+    other_tokens = np.random.default_rng(3).integers(3, 120, 12)
+    par = compare(observe_forced(dec, ref, other_tokens), ref, "fp32")
+    assert par.passed and par.forced_max_abs < 1e-3
+    off = dataclasses.replace(forced, forced=forced.forced + 2e-3 * (np.arange(forced.forced.shape[-1]) % 2))
+    par = compare(off, ref, "fp32")
+    assert not par.passed and par.prefill_max_abs < 1e-3 and par.forced_max_abs > 1e-3
+    other = LoadedModel(str(write_tiny_gguf(tmp_path / "other.gguf", seed=1)), 256, stream=True).reference(cfg)
+    assert not compare(observe_forced(dec, other, own.tokens), other, "fp32").passed
 
 
 def test_lazy_reference_runs_each_sequence_once():
@@ -182,3 +220,36 @@ def test_level0_twin_in_row_ranges_computes_the_same_logits(gguf, tmp_path, monk
     (n_whole, whole), (n_split, split) = outs
     assert n_split > n_whole  # something was split (the 8-bit projections and the Q6_K head)
     assert np.abs(split - whole).max() <= 1e-5
+
+
+def test_rows_are_the_whole_tensors_rows(both):
+    """`GGUFWeights.rows`: the rows of the token table and the LM head from their own blocks,
+    bit for bit the whole tensor's; a tensor whose rows the processor reorders (llama's q) is
+    read whole and indexed."""
+    _, s = both
+    idx = np.array([3, 0, 77, 3, 127])
+    for name in ("model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.q_proj.weight"):
+        if name not in s.weights:
+            continue
+        whole = s.weights[name]
+        assert np.array_equal(s.weights.rows(name, idx), whole[idx]), name
+        assert np.array_equal(s.weights.rows(name, slice(5, 70)), whole[5:70]), name
+    assert s.weights._rows_as_stored("model.embed_tokens.weight")
+    assert not s.weights._rows_as_stored("model.layers.0.self_attn.q_proj.weight")
+
+
+def test_the_reference_never_holds_a_whole_table(both, monkeypatch):
+    """The layer-by-layer reference reads the embedding's and the LM head's rows, never the
+    whole fp32 table; its logits are the whole model's to fp32 rounding."""
+    whole, s = both
+    read = []
+    orig = GGUFWeights.__getitem__
+    monkeypatch.setattr(GGUFWeights, "__getitem__", lambda self, name: read.append(name) or orig(self, name))
+    monkeypatch.setattr(gguf_stream, "HEAD_SLAB_ROWS", 50)  # ragged slabs of the 128-row head
+    seqs = [np.array([5, 6, 7, 8, 9, 10, 11]), np.array([3, 4, 5])]
+    got = streamed_logits(s.model, s.weights, seqs)
+    assert read and "model.embed_tokens.weight" not in read and "lm_head.weight" not in read
+    with torch.no_grad():
+        for seq, g in zip(seqs, got, strict=True):
+            want = whole.model(torch.from_numpy(seq[None])).logits[0].numpy()
+            assert np.abs(g - want).max() < 1e-5

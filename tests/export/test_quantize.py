@@ -3,6 +3,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from specrt.export import quantize
 from specrt.export.quantize import dequantize, quantize_rtn_sym
 
 
@@ -39,6 +40,17 @@ def test_roundtrip_error_bounded_and_padding(bits):
     assert (np.abs(back - w) <= bound + 1e-7).all()
     if bits == 8:  # 8 bits is 16x finer than 4: the error bound is the point of the int8 draft
         assert np.abs(back - w).max() < (blocks.max() / 128) * 1.0001
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_row_slabs_give_the_same_bytes(bits, monkeypatch):
+    """A tall weight is quantized a slab of rows at a time (its fp32 temporaries bounded): the
+    same codes and scales as in one piece, ragged last slab included."""
+    w = np.random.default_rng(1).standard_normal((23, 70)).astype(np.float32)
+    whole = quantize_rtn_sym(w, 32, bits)
+    monkeypatch.setattr(quantize, "RTN_SLAB_ROWS", 5)
+    slabs = quantize_rtn_sym(w, 32, bits)
+    assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(whole, slabs, strict=True))
 
 
 def test_bits_other_than_4_or_8_refused():

@@ -51,7 +51,10 @@ def _tokens() -> list[str]:
     return ["<unk>", "<s>", "</s>", *letters, *pairs]
 
 
-def write_tiny_gguf(path: Path, seed: int = 0, tie: bool = False, types: list[dict] | None = None) -> Path:
+def write_tiny_gguf(path: Path, seed: int = 0, tie: bool = False, embd: str = "Q8_0",
+                    types: list[dict] | None = None) -> Path:
+    """embd: the token table's block type (the coder's 0.5B: Q5_0, its 1.5B: Q4_K); types: per
+    layer, each projection's block type (default TYPES: every type the importer reads)."""
     from gguf import GGMLQuantizationType, GGUFWriter
 
     rng = np.random.default_rng(seed)
@@ -79,8 +82,8 @@ def write_tiny_gguf(path: Path, seed: int = 0, tie: bool = False, types: list[di
         raw = random_blocks(type_name, n, k, rng)
         w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=GGMLQuantizationType[type_name])
 
-    add("token_embd.weight", "Q8_0", VOCAB, HIDDEN)
-    for i, layer in enumerate(types or TYPES):  # types: per layer, each projection's GGUF type
+    add("token_embd.weight", embd, VOCAB, HIDDEN)
+    for i, layer in enumerate(types or TYPES):
         w.add_tensor(f"blk.{i}.attn_norm.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
         for part, type_name in layer.items():
