@@ -115,7 +115,7 @@ struct Avx2 {
 // chains, the codes used as they load).
 struct Ymm {
   using Vec = __m256;
-  static constexpr int kParts = 2, kOneRow = 2, kGroup = 1;
+  static constexpr int kParts = 2, kOneRow = 2, kGroup = 1, kRows = 8;
   static constexpr bool kLoadAll = false;
   static Vec zero() { return _mm256_setzero_ps(); }
   static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }

@@ -11,6 +11,7 @@
 //             [p * 16 / kParts, (p + 1) * 16 / kParts) of y, in record p / kParts
 //   kOneRow   parts a lone row takes at once (independent accumulator chains)
 //   kGroup    parts several rows take at once (then single parts for the rest)
+//   kRows     rows a block takes at most (each row block decodes the weights' blocks once)
 //   kLoadAll  decode every part's block before the rows (true) or part by part (false)
 // T: kType, kSuper, Head, Blk, head(rec, part in record, Head*), load_blk(rec, j, part, Head,
 //   Blk*), step(acc, Blk, Row, 32-block index).
@@ -99,16 +100,24 @@ struct GgmlDrive {
       }
   }
 
-  // Every row over NP parts, in blocks of up to 4 rows.
+  // n rows from m0 over NP parts: rows_parts<T, n, NP> for n in 1 .. R.
+  template <class T, int NP, int R = F::kRows>
+  static void rows_block(const Call& c, int64_t m0, int64_t n, int64_t p0) {
+    if (n == R) return rows_parts<T, R, NP>(c, m0, p0);
+    if constexpr (R > 1) return rows_block<T, NP, R - 1>(c, m0, n, p0);
+  }
+
+  // Every row over NP parts, in as few blocks of at most kRows rows as can hold them, their
+  // sizes within one of each other (17 rows at kRows 4: 4 4 3 3 3, not 4 4 4 4 1): each block
+  // decodes the parts' blocks again, so a lone row left over costs nearly a whole block.
   template <class T, int NP>
   static void all_rows(const Call& c, int64_t p0) {
-    int64_t m = 0;
-    for (; m + 4 <= c.s.M; m += 4) rows_parts<T, 4, NP>(c, m, p0);
-    switch (c.s.M - m) {
-      case 3: return rows_parts<T, 3, NP>(c, m, p0);
-      case 2: return rows_parts<T, 2, NP>(c, m, p0);
-      case 1: return rows_parts<T, 1, NP>(c, m, p0);
-      default: return;
+    if (c.s.M < 1) return;
+    const int64_t n = (c.s.M + F::kRows - 1) / F::kRows, base = c.s.M / n, extra = c.s.M % n;
+    for (int64_t i = 0, m = 0; i < n; ++i) {
+      const int64_t rows = base + (i < extra);
+      rows_block<T, NP>(c, m, rows, p0);
+      m += rows;
     }
   }
 
