@@ -6,6 +6,8 @@
 // dot is vpmaddubsw (u8 x s8 pairs -> s16, saturating) then vpmaddwd by ones (-> s32).
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include "qmatmul_ggml.h"
 #include "qmatmul_ggml_drive.h"
 #include "qmatmul_ggml_types.h"
@@ -110,17 +112,86 @@ struct Avx2 {
   }
 };
 
+// Q4_K over several rows, a whole tile (both halves) at once: a 32-block's codes are decoded once
+// into L1 (16 vectors: too many to keep in registers beside the rows), then each group of up to 4
+// rows takes them chunk by chunk, one broadcast of a row's 4 activations serving both halves.
+// The dot is dot32_nibbles' (the 8 chunks' pairs summed in int16: codes <= 15, 8 * 2 * 15 * 127 =
+// 30480), and each output's steps are KQuant<false>::step's, in its order.
+using Q4K = GgmlTypes<Avx2>::KQuant<false>;
+
+template <int G>  // rows r[0 .. G) of 32-block b (j in its ggml block), codes[chunk][half]
+inline void q4k_group(const Row* r, __m256* acc, const __m256i (*codes)[2], const Q4K::Head* head, int j, int64_t b,
+                      bool mutant) {
+  __m256i s[G][2];
+  for (int k = 0; k < 8; ++k) {
+    const __m256i c0 = codes[k][0], c1 = codes[k][1];
+    for (int i = 0; i < G; ++i) {
+      const __m256i qb = _mm256_set1_epi32(reinterpret_cast<const int32_t*>(r[i].q + 32 * b)[k]);
+      const __m256i p0 = _mm256_maddubs_epi16(c0, qb), p1 = _mm256_maddubs_epi16(c1, qb);
+      s[i][0] = k ? _mm256_add_epi16(s[i][0], p0) : p0;
+      s[i][1] = k ? _mm256_add_epi16(s[i][1], p1) : p1;
+    }
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int i = 0; i < G; ++i)
+    for (int u = 0; u < 2; ++u) {
+      const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[i][u], ones));
+      const __m256 scale = _mm256_mul_ps(_mm256_load_ps(head[u].scale[j]), _mm256_set1_ps(r[i].sa[b]));
+      __m256& a = acc[2 * i + u];
+      const __m256 from = mutant ? _mm256_setzero_ps() : a;  // SPECRT_MUTANT: the block's terms added last
+      __m256 t = _mm256_fmadd_ps(dot, scale, from);
+      t = _mm256_fmadd_ps(_mm256_load_ps(head[u].min[j]), _mm256_set1_ps(r[i].qsa[b]), t);
+      a = mutant ? _mm256_add_ps(a, t) : t;
+    }
+}
+
 // Half tiles (8 columns, one ymm): NH = 1 keeps a half's 8 code vectors and MR accumulators
 // within AVX2's 16 registers; one row takes both halves of a tile (two independent accumulator
-// chains, the codes used as they load).
-struct Ymm {
+// chains, the codes used as they load). Several rows take whole tiles (kGroup 2), Q4_K by
+// q4k_group above.
+struct Ymm : FormBase {
   using Vec = __m256;
-  static constexpr int kParts = 2, kOneRow = 2, kGroup = 1, kRows = 8;
+  static constexpr int kParts = 2, kOneRow = 2, kGroup = 2, kRows = 8;
   static constexpr bool kLoadAll = false;
   static Vec zero() { return _mm256_setzero_ps(); }
   static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
   static Vec load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+
+  template <class T, int MR, int NP>
+  static constexpr bool kOwn = std::is_same_v<T, Q4K> && NP == 2 && MR >= 2;
+  template <class T, int MR, int NP, class Call>
+  static void own(const Call& c, int64_t m0, int64_t p0) {  // p0 even: the tile p0 / 2
+    Row r[MR];
+    for (int i = 0; i < MR; ++i) r[i] = c.row(m0 + i);
+    __m256 acc[2 * MR];
+    for (auto& a : acc) a = zero();
+    alignas(32) __m256i codes[8][2];
+    for (int64_t sb = 0; sb < c.ns; ++sb) {
+      const uint8_t* rec = c.record(p0, sb);
+      Q4K::Head head[2];
+      Q4K::head(rec, 0, &head[0]);
+      Q4K::head(rec, 1, &head[1]);
+      for (int j = 0; j < 8; ++j) {
+        const int64_t b = sb * 8 + j;
+        const uint8_t* p = rec + 256 + 256 * j;
+        for (int k = 0; k < 4; ++k)
+          for (int u = 0; u < 2; ++u) {
+            const __m256i v = specrt::load(p + 64 * k + 32 * u);
+            codes[k][u] = _mm256_and_si256(v, bytes(0x0F));
+            codes[k + 4][u] = _mm256_and_si256(_mm256_srli_epi16(v, 4), bytes(0x0F));
+          }
+        int g = 0;
+        for (; g + 4 <= MR; g += 4) q4k_group<4>(r + g, acc + 2 * g, codes, head, j, b, kMutant && MR == 4);
+        if constexpr (MR % 4 != 0) q4k_group<MR % 4>(r + g, acc + 2 * g, codes, head, j, b, false);
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int u = 0; u < 2; ++u) {
+        const int64_t o = 8 * (p0 + u);
+        store(c.y + (m0 + i) * c.s.N + o, c.w.bias ? add(acc[2 * i + u], load(c.w.bias + o)) : acc[2 * i + u]);
+      }
+  }
 };
 
 }  // namespace

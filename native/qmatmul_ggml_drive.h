@@ -13,6 +13,8 @@
 //   kGroup    parts several rows take at once (then single parts for the rest)
 //   kRows     rows a block takes at most (each row block decodes the weights' blocks once)
 //   kLoadAll  decode every part's block before the rows (true) or part by part (false)
+//   kOwn<T, MR, NP>, own<T, MR, NP>(call, m0, p0): where kOwn is true, the form's own loop for
+//             rows_parts<T, MR, NP> (FormBase below: none); it must take the same steps
 // T: kType, kSuper, Head, Blk, head(rec, part in record, Head*), load_blk(rec, j, part, Head,
 //   Blk*), step(acc, Blk, Row, 32-block index).
 //
@@ -38,6 +40,13 @@ constexpr bool kMutant = true;
 #else
 constexpr bool kMutant = false;
 #endif
+
+struct FormBase {  // a form with no loop of its own
+  template <class T, int MR, int NP>
+  static constexpr bool kOwn = false;
+  template <class T, int MR, int NP, class Call>
+  static void own(const Call&, int64_t, int64_t) {}
+};
 
 template <class F>
 struct GgmlDrive {
@@ -68,6 +77,7 @@ struct GgmlDrive {
   // GGUF's blocks in the kernel").
   template <class T, int MR, int NP>
   static void rows_parts(const Call& c, int64_t m0, int64_t p0) {
+    if constexpr (F::template kOwn<T, MR, NP>) return F::template own<T, MR, NP>(c, m0, p0);
     Vec acc[MR][NP];
     for (int i = 0; i < MR; ++i)
       for (int u = 0; u < NP; ++u) acc[i][u] = F::zero();
