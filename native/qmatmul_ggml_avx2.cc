@@ -121,7 +121,7 @@ struct Avx2 {
 using Q4K = GgmlTypes<Avx2>::KQuant<false>;
 using Q6 = GgmlTypes<Avx2>::Q6K;
 
-inline const int32_t* quads(const Row& r, int64_t b) { return reinterpret_cast<const int32_t*>(r.q + 32 * b); }
+SPECRT_STEP const int32_t* quads(const Row& r, int64_t b) { return reinterpret_cast<const int32_t*>(r.q + 32 * b); }
 
 struct Q4KTile {  // the 8 chunks' pairs summed in int16 (codes <= 15: 8 * 2 * 15 * 127 = 30480), as dot32_nibbles
   using T = Q4K;
@@ -129,7 +129,7 @@ struct Q4KTile {  // the 8 chunks' pairs summed in int16 (codes <= 15: 8 * 2 * 1
     __m256i codes[8][2];  // [chunk][half]
     const float *scale[2], *min[2];
   };
-  static void load(const uint8_t* rec, int j, const T::Head* head, Blk* k) {
+  SPECRT_STEP static void load(const uint8_t* rec, int j, const T::Head* head, Blk* k) {
     const uint8_t* p = rec + 256 + 256 * j;
     for (int c = 0; c < 4; ++c)
       for (int u = 0; u < 2; ++u) {
@@ -140,7 +140,7 @@ struct Q4KTile {  // the 8 chunks' pairs summed in int16 (codes <= 15: 8 * 2 * 1
     for (int u = 0; u < 2; ++u) k->scale[u] = head[u].scale[j], k->min[u] = head[u].min[j];
   }
   template <int G>
-  static void group(const Row* r, __m256* acc, const Blk& k, int64_t b, bool mutant) {
+  SPECRT_STEP static void group(const Row* r, __m256* acc, const Blk& k, int64_t b, bool mutant) {
     __m256i s[G][2];
     for (int c = 0; c < 8; ++c) {
       const __m256i c0 = k.codes[c][0], c1 = k.codes[c][1];
@@ -177,7 +177,7 @@ struct Q6KTile {
     __m256i zsc[2];       // [half]: (32 sc_lo, 32 sc_hi) a column
     __m256 d[2];
   };
-  static void load(const uint8_t* rec, int j, const T::Head* head, Blk* k) {
+  SPECRT_STEP static void load(const uint8_t* rec, int j, const T::Head* head, Blk* k) {
     const uint8_t* p = rec + 288 + 384 * j;
     for (int u = 0; u < 2; ++u) {
       __m256i* v = &k->codes[0][u];  // stride 2
@@ -203,7 +203,7 @@ struct Q6KTile {
     }
   }
   template <int G>
-  static void group(const Row* r, __m256* acc, const Blk& k, int64_t b, bool mutant) {
+  SPECRT_STEP static void group(const Row* r, __m256* acc, const Blk& k, int64_t b, bool mutant) {
     __m256i I[G][2];
     for (int c = 0; c < 8; c += 2) {
       const __m256i sc0 = k.sc[c / 4][0], sc1 = k.sc[c / 4][1];
@@ -251,7 +251,7 @@ struct Tile<Q6> : Q6KTile {
 // Q6_K by Tile<T> above.
 struct Ymm : FormBase {
   using Vec = __m256;
-  static constexpr int kParts = 2, kOneRow = 2, kGroup = 2, kRows = 8;
+  static constexpr int kParts = 2, kOneRow = 2, kGroup = 2, kRows = 4;
   static constexpr bool kLoadAll = false;
   static Vec zero() { return _mm256_setzero_ps(); }
   static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }

@@ -28,6 +28,10 @@
 namespace specrt {
 namespace {
 
+// The per-block steps, inlined into the loops whatever gcc's size limits (the forms instantiate
+// many row counts; a step left out of line costs a call a 32-block and its vectors in memory)
+#define SPECRT_STEP inline __attribute__((always_inline))
+
 struct Row {  // one activation row
   const int8_t* q;
   const float* sa;
@@ -60,14 +64,14 @@ struct GgmlDrive {
     float* y;
     int64_t ns, nq, nz, rb;  // records a tile, 32-blocks a row, zs a row, bytes a record
 
-    Row row(int64_t m) const {
+    SPECRT_STEP Row row(int64_t m) const {
       return {a.q + m * s.K, a.sa + m * nq, a.qsa ? a.qsa + m * nq : nullptr, a.zs ? a.zs + m * nz : nullptr};
     }
-    const uint8_t* record(int64_t p, int64_t i) const { return w.blocks + ((p / F::kParts) * ns + i) * rb; }
+    SPECRT_STEP const uint8_t* record(int64_t p, int64_t i) const { return w.blocks + ((p / F::kParts) * ns + i) * rb; }
   };
 
   template <class T, int MR>
-  static Vec apply(Vec acc, const typename T::Blk& k, const Row& r, int64_t b) {
+  SPECRT_STEP static Vec apply(Vec acc, const typename T::Blk& k, const Row& r, int64_t b) {
     if constexpr (kMutant && MR == 4) return F::add(acc, T::step(F::zero(), k, r, b));
     return T::step(acc, k, r, b);
   }
