@@ -125,6 +125,7 @@ SPECRT_STEP const int32_t* quads(const Row& r, int64_t b) { return reinterpret_c
 
 struct Q4KTile {  // the 8 chunks' pairs summed in int16 (codes <= 15: 8 * 2 * 15 * 127 = 30480), as dot32_nibbles
   using T = Q4K;
+  static constexpr int kGroupRows = 2;  // 8 int16 sums (4 rows) spill
   struct Blk {
     __m256i codes[8][2];  // [chunk][half]
     const float *scale[2], *min[2];
@@ -171,6 +172,7 @@ struct Q4KTile {  // the 8 chunks' pairs summed in int16 (codes <= 15: 8 * 2 * 1
 // I within int32; 32 |sc| <= 4096 and |sum q| <= 16 * 127 fit int16.
 struct Q6KTile {
   using T = Q6;
+  static constexpr int kGroupRows = 4;
   struct Blk {
     __m256i codes[8][2];  // [chunk][half], codes 0..63
     __m256i sc[2][2];     // [sub-block][half]: each column's scale in both int16 lanes of its int32
@@ -276,9 +278,10 @@ struct Ymm : FormBase {
       for (int j = 0; j < 8; ++j) {
         const int64_t b = sb * 8 + j;
         K::load(rec, j, head, &blk);
+        constexpr int G = K::kGroupRows;
         int g = 0;
-        for (; g + 4 <= MR; g += 4) K::template group<4>(r + g, acc + 2 * g, blk, b, kMutant && MR == 4);
-        if constexpr (MR % 4 != 0) K::template group<MR % 4>(r + g, acc + 2 * g, blk, b, false);
+        for (; g + G <= MR; g += G) K::template group<G>(r + g, acc + 2 * g, blk, b, kMutant && MR == 4);
+        if constexpr (MR % G != 0) K::template group<MR % G>(r + g, acc + 2 * g, blk, b, kMutant && MR == 4);
       }
     }
     for (int i = 0; i < MR; ++i)
