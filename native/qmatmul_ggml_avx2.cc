@@ -50,10 +50,19 @@ inline __m256i dot16(const __m256i* v, const int32_t* q) {
 
 // The 32-block's dot over all 32 codes of 4 bits (<= 15: the 8 chunks' pairs stay within int16,
 // 8 * 2 * 15 * 127 = 30480), one widening.
+// The activations' 4-byte groups are broadcast from two 16-byte loads by vpshufd: loads, not
+// ALU slots, bound this loop (8 broadcasts a row from memory).
 inline __m256i dot32_nibbles(const __m256i* v, const int8_t* q8) {
-  const int32_t* q = reinterpret_cast<const int32_t*>(q8);
-  __m256i s = _mm256_maddubs_epi16(v[0], _mm256_set1_epi32(q[0]));
-  for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], _mm256_set1_epi32(q[j])));
+  const __m256i qa = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q8)));
+  const __m256i qb = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q8 + 16)));
+  __m256i s = _mm256_maddubs_epi16(v[0], _mm256_shuffle_epi32(qa, 0x00));
+  s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[1], _mm256_shuffle_epi32(qa, 0x55)));
+  s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[2], _mm256_shuffle_epi32(qa, 0xAA)));
+  s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[3], _mm256_shuffle_epi32(qa, 0xFF)));
+  s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[4], _mm256_shuffle_epi32(qb, 0x00)));
+  s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[5], _mm256_shuffle_epi32(qb, 0x55)));
+  s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[6], _mm256_shuffle_epi32(qb, 0xAA)));
+  s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[7], _mm256_shuffle_epi32(qb, 0xFF)));
   return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
 }
 
@@ -240,7 +249,7 @@ struct Tile {
 };
 template <>
 struct Tile<Q4K> : Q4KTile {
-  static constexpr bool kHas = true;
+  static constexpr bool kHas = false;
 };
 template <>
 struct Tile<Q6> : Q6KTile {
