@@ -2,8 +2,10 @@
 // for that instruction set only. Same numbers, bit for bit: the integer dot products are exact
 // (below: no sum ever saturates), and each output's float steps are the ref's, in its order.
 //
-// The types are qmatmul_ggml_types.h's, on half tiles (Avx2 below). Without vpdpbusd a chunk's
-// dot is vpmaddubsw (u8 x s8 pairs -> s16, saturating) then vpmaddwd by ones (-> s32).
+// The types are qmatmul_ggml_types.h's, on half tiles (Avx2 below); Q4_K and Q6_K at several rows
+// have loops of their own (Q4KTile, Q6KTile: docs/design.md "Forms for AVX2 hosts and ARM64").
+// Without vpdpbusd a chunk's dot is vpmaddubsw (u8 x s8 pairs -> s16, saturating) then vpmaddwd
+// by ones (-> s32), or by Q6_K's sub-block scales.
 #include <immintrin.h>
 
 #include <type_traits>
@@ -247,10 +249,10 @@ struct Tile<Q6> : Q6KTile {
   static constexpr bool kHas = true;
 };
 
-// Half tiles (8 columns, one ymm): NH = 1 keeps a half's 8 code vectors and MR accumulators
-// within AVX2's 16 registers; one row takes both halves of a tile (two independent accumulator
-// chains, the codes used as they load). Several rows take whole tiles (kGroup 2), Q4_K and
-// Q6_K by Tile<T> above.
+// Half tiles (8 columns, one ymm). One row takes both halves of a tile (two independent
+// accumulator chains, the codes used as they load). Several rows take whole tiles (kGroup 2) in
+// blocks of up to 4: Q4_K and Q6_K by Tile<T> above (own), the other types half by half, a
+// half's 8 code vectors in registers for the block's rows.
 struct Ymm : FormBase {
   using Vec = __m256;
   static constexpr int kParts = 2, kOneRow = 2, kGroup = 2, kRows = 4;
