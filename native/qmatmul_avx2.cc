@@ -57,7 +57,7 @@ inline __m256i block_dot(const __m256i* v, const int32_t* q) {
 struct Ymm {  // half tiles (8 columns, one ymm)
   using Vec = __m256;
   using Code = __m256i;
-  static constexpr int kParts = 2;
+  static constexpr int kParts = 2, kRows = 4;
   static Vec zero() { return _mm256_setzero_ps(); }
   static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
   static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }

@@ -7,6 +7,7 @@
 //
 // F: Vec, Code (a register of one part's codes), zero(), add(a, b), fma(a, b, c) = a * b + c,
 //   set1(x), load(const float*), store(float*, v);
+//   kRows: rows a block takes at most (each block loads the codes once);
 //   kParts: vectors a 16-column tile (2: AVX2, 4: NEON); part p is columns
 //   [p * 16 / kParts, (p + 1) * 16 / kParts), bytes [p * 64 / kParts, ...) of each 64-byte chunk;
 //   load_codes<BITS, BLK>(p, Code[BLK / 4]); dot_step<BITS, BLK>(acc, codes, q, zs, scale, sa):
@@ -69,16 +70,22 @@ struct QDrive {
         zs[i] = 128 * sum;
       }
     }
-    for (int64_t p = F::kParts * t0; p < F::kParts * t1; ++p) {
-      int64_t m = 0;
-      for (; m + 4 <= s.M; m += 4) rows_part<BITS, BLK, 4>(a, w, s, zs.data(), y, m, p);
-      switch (s.M - m) {
-        case 3: rows_part<BITS, BLK, 3>(a, w, s, zs.data(), y, m, p); break;
-        case 2: rows_part<BITS, BLK, 2>(a, w, s, zs.data(), y, m, p); break;
-        case 1: rows_part<BITS, BLK, 1>(a, w, s, zs.data(), y, m, p); break;
-        default: break;
+    // rows in as few blocks of at most F::kRows as hold them, sizes within one of each other
+    // (each block loads the codes again: 17 rows at 8 are 6 6 5, not 4 4 4 4 1)
+    const int64_t n = (s.M + F::kRows - 1) / F::kRows;
+    for (int64_t p = F::kParts * t0; n > 0 && p < F::kParts * t1; ++p)
+      for (int64_t i = 0, m = 0; i < n; ++i) {
+        const int64_t rows = s.M / n + (i < s.M % n);
+        rows_block<BITS, BLK>(a, w, s, zs.data(), y, m, rows, p);
+        m += rows;
       }
-    }
+  }
+
+  template <int BITS, int BLK, int R = F::kRows>
+  static void rows_block(const Activations& a, const Weights& w, const Shape& s, const int32_t* zs, float* y,
+                         int64_t m0, int64_t rows, int64_t p) {
+    if (rows == R) return rows_part<BITS, BLK, R>(a, w, s, zs, y, m0, p);
+    if constexpr (R > 1) return rows_block<BITS, BLK, R - 1>(a, w, s, zs, y, m0, rows, p);
   }
 };
 

@@ -2,9 +2,13 @@
 // for that instruction set only. Same numbers, bit for bit: the integer dot products are exact
 // (below: no sum ever saturates), and each output's float steps are the ref's, in its order.
 //
-// The types are qmatmul_ggml_types.h's, on half tiles (Avx2 below). Without vpdpbusd a chunk's
-// dot is vpmaddubsw (u8 x s8 pairs -> s16, saturating) then vpmaddwd by ones (-> s32).
+// The types are qmatmul_ggml_types.h's, on half tiles (Avx2 below); Q4_K and Q6_K at several rows
+// have loops of their own (Q4KTile, Q6KTile: docs/design.md "Forms for AVX2 hosts and ARM64").
+// Without vpdpbusd a chunk's dot is vpmaddubsw (u8 x s8 pairs -> s16, saturating) then vpmaddwd
+// by ones (-> s32), or by Q6_K's sub-block scales.
 #include <immintrin.h>
+
+#include <type_traits>
 
 #include "qmatmul_ggml.h"
 #include "qmatmul_ggml_drive.h"
@@ -110,17 +114,193 @@ struct Avx2 {
   }
 };
 
-// Half tiles (8 columns, one ymm): NH = 1 keeps a half's 8 code vectors and MR accumulators
-// within AVX2's 16 registers; one row takes both halves of a tile (two independent accumulator
-// chains, the codes used as they load).
-struct Ymm {
+// Several rows over a whole tile (both halves) at once, for Q4_K and Q6_K: a 32-block's codes are
+// decoded once into L1 (16 vectors: too many to keep in registers beside the rows), then each
+// group of up to 4 rows takes them chunk by chunk, one broadcast of a row's 4 activations serving
+// both halves. Each output's float steps are the type's step (qmatmul_ggml_types.h), in its order;
+// the integer dots are exact (bounds below). MUTANT: SPECRT_MUTANT's reordering (the block's terms
+// added to acc last).
+using Q4K = GgmlTypes<Avx2>::KQuant<false>;
+using Q6 = GgmlTypes<Avx2>::Q6K;
+
+SPECRT_STEP const int32_t* quads(const Row& r, int64_t b) { return reinterpret_cast<const int32_t*>(r.q + 32 * b); }
+
+struct Q4KTile {  // the 8 chunks' pairs summed in int16 (codes <= 15: 8 * 2 * 15 * 127 = 30480), as dot32_nibbles
+  using T = Q4K;
+  static constexpr int kGroupRows = 4;  // 2 measured slower at 9 and 17 rows (§40)
+  struct Blk {
+    __m256i codes[8][2];  // [chunk][half]
+    const float *scale[2], *min[2];
+  };
+  SPECRT_STEP static void load(const uint8_t* rec, int j, const T::Head* head, Blk* k) {
+    const uint8_t* p = rec + 256 + 256 * j;
+    for (int c = 0; c < 4; ++c)
+      for (int u = 0; u < 2; ++u) {
+        const __m256i v = specrt::load(p + 64 * c + 32 * u);
+        k->codes[c][u] = _mm256_and_si256(v, bytes(0x0F));
+        k->codes[c + 4][u] = _mm256_and_si256(_mm256_srli_epi16(v, 4), bytes(0x0F));
+      }
+    for (int u = 0; u < 2; ++u) k->scale[u] = head[u].scale[j], k->min[u] = head[u].min[j];
+  }
+  template <int G>
+  SPECRT_STEP static void group(const Row* r, __m256* acc, const Blk& k, int64_t b, bool mutant) {
+    __m256i s[G][2];
+    for (int c = 0; c < 8; ++c) {
+      const __m256i c0 = k.codes[c][0], c1 = k.codes[c][1];
+      for (int i = 0; i < G; ++i) {
+        const __m256i qb = _mm256_set1_epi32(quads(r[i], b)[c]);
+        const __m256i p0 = _mm256_maddubs_epi16(c0, qb), p1 = _mm256_maddubs_epi16(c1, qb);
+        s[i][0] = c ? _mm256_add_epi16(s[i][0], p0) : p0;
+        s[i][1] = c ? _mm256_add_epi16(s[i][1], p1) : p1;
+      }
+    }
+    for (int i = 0; i < G; ++i)
+      for (int u = 0; u < 2; ++u) {
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[i][u], _mm256_set1_epi16(1)));
+        const __m256 scale = _mm256_mul_ps(_mm256_load_ps(k.scale[u]), _mm256_set1_ps(r[i].sa[b]));
+        const __m256 mn = _mm256_load_ps(k.min[u]), qsa = _mm256_set1_ps(r[i].qsa[b]);
+        __m256& a = acc[2 * i + u];
+        __m256 t = _mm256_fmadd_ps(dot, scale, mutant ? _mm256_setzero_ps() : a);
+        t = _mm256_fmadd_ps(mn, qsa, t);
+        a = mutant ? _mm256_add_ps(a, t) : t;
+      }
+  }
+};
+
+// Q6_K: I = sc_lo * (dot_lo - zs_lo) + sc_hi * (dot_hi - zs_hi) as sum over chunk pairs of
+// vpmaddwd(pair's int16 sums, the sub-block's scale in both int16 lanes of a column) less
+// vpmaddwd((32 sc_lo, 32 sc_hi), (sum q_lo, sum q_hi)) (zs = 32 sum q): the same integer. Bounds:
+// a chunk pair's int16 sum <= 2 * 2 * 63 * 127 = 32004; |sc| <= 128, so each vpmaddwd <= 8.2e6 and
+// I within int32; 32 |sc| <= 4096 and |sum q| <= 16 * 127 fit int16.
+struct Q6KTile {
+  using T = Q6;
+  static constexpr int kGroupRows = 4;
+  struct Blk {
+    __m256i codes[8][2];  // [chunk][half], codes 0..63
+    __m256i sc[2][2];     // [sub-block][half]: each column's scale in both int16 lanes of its int32
+    __m256i zsc[2];       // [half]: (32 sc_lo, 32 sc_hi) a column
+    __m256 d[2];
+  };
+  SPECRT_STEP static void load(const uint8_t* rec, int j, const T::Head* head, Blk* k) {
+    const uint8_t* p = rec + 288 + 384 * j;
+    for (int u = 0; u < 2; ++u) {
+      __m256i* v = &k->codes[0][u];  // stride 2
+      for (int c = 0; c < 4; ++c) {
+        const __m256i b = specrt::load(p + 64 * c + 32 * u);
+        v[2 * c] = _mm256_and_si256(b, bytes(0x0F));
+        v[2 * (c + 4)] = _mm256_and_si256(_mm256_srli_epi16(b, 4), bytes(0x0F));
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256i hb = specrt::load(p + 256 + 64 * h + 32 * u);
+        for (int c = 0; c < 4; ++c) {
+          const int n = 4 - 2 * c;
+          const __m256i t = n >= 0 ? _mm256_slli_epi16(hb, n) : _mm256_srli_epi16(hb, -n);
+          v[2 * (4 * h + c)] = _mm256_or_si256(v[2 * (4 * h + c)], _mm256_and_si256(t, bytes(0x30)));
+        }
+      }
+      const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(head[u].sc + 16 * (2 * j)));
+      const __m128i hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(head[u].sc + 16 * (2 * j + 1)));
+      k->sc[0][u] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(lo, lo));
+      k->sc[1][u] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(hi, hi));
+      k->zsc[u] = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(lo, hi)), 5);
+      k->d[u] = head[u].d;
+    }
+  }
+  template <int G>
+  SPECRT_STEP static void group(const Row* r, __m256* acc, const Blk& k, int64_t b, bool mutant) {
+    __m256i I[G][2];
+    for (int c = 0; c < 8; c += 2) {
+      const __m256i sc0 = k.sc[c / 4][0], sc1 = k.sc[c / 4][1];
+      for (int i = 0; i < G; ++i) {
+        const __m256i qa = _mm256_set1_epi32(quads(r[i], b)[c]), qb = _mm256_set1_epi32(quads(r[i], b)[c + 1]);
+        const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(k.codes[c][0], qa), _mm256_maddubs_epi16(k.codes[c + 1][0], qb));
+        const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(k.codes[c][1], qa), _mm256_maddubs_epi16(k.codes[c + 1][1], qb));
+        const __m256i t0 = _mm256_madd_epi16(s0, sc0), t1 = _mm256_madd_epi16(s1, sc1);
+        I[i][0] = c ? _mm256_add_epi32(I[i][0], t0) : t0;
+        I[i][1] = c ? _mm256_add_epi32(I[i][1], t1) : t1;
+      }
+    }
+    for (int i = 0; i < G; ++i) {
+      const int32_t* zs = r[i].zs + 2 * b;  // 32 * sum q of each 16-sub-block: exact / 32
+      const __m256i sums = _mm256_set1_epi32(static_cast<int32_t>((static_cast<uint32_t>(zs[0] >> 5) & 0xFFFF) |
+                                                                  (static_cast<uint32_t>(zs[1] >> 5) << 16)));
+      const __m256 sa = _mm256_set1_ps(r[i].sa[b]);
+      for (int u = 0; u < 2; ++u) {
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_sub_epi32(I[i][u], _mm256_madd_epi16(k.zsc[u], sums)));
+        __m256& a = acc[2 * i + u];
+        const __m256 t = _mm256_fmadd_ps(dot, _mm256_mul_ps(k.d[u], sa), mutant ? _mm256_setzero_ps() : a);
+        a = mutant ? _mm256_add_ps(a, t) : t;
+      }
+    }
+  }
+};
+
+// Tile<T>: the type's tile kernel, where it has one.
+template <class T>
+struct Tile {
+  static constexpr bool kHas = false;
+};
+template <>
+struct Tile<Q4K> : Q4KTile {
+  static constexpr bool kHas = true;
+};
+template <>
+struct Tile<Q6> : Q6KTile {
+  static constexpr bool kHas = true;
+};
+
+// Half tiles (8 columns, one ymm). One row takes both halves of a tile (two independent
+// accumulator chains, the codes used as they load). Several rows take whole tiles (kGroup 2) in
+// blocks of up to 4: Q4_K and Q6_K by Tile<T> above (own), the other types half by half, a
+// half's 8 code vectors in registers for the block's rows.
+struct Ymm : FormBase {
   using Vec = __m256;
-  static constexpr int kParts = 2, kOneRow = 2, kGroup = 1;
+  static constexpr int kParts = 2, kOneRow = 2, kGroup = 2, kRows = 4;
   static constexpr bool kLoadAll = false;
   static Vec zero() { return _mm256_setzero_ps(); }
   static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
   static Vec load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+
+  template <class T, int MR, int NP>
+  static constexpr bool kOwn = NP == 2 && MR >= 2;
+  template <class T, int MR, int NP, class Call>
+  static void own(const Call& c, int64_t m0, int64_t p0) {  // p0 even: the tile p0 / 2
+    if constexpr (Tile<T>::kHas) {
+      tile_rows<T, MR>(c, m0, p0);
+    } else {  // the other types half by half, as before the tile loops (measured slower by tiles)
+      GgmlDrive<Ymm>::template rows_parts<T, MR, 1>(c, m0, p0);
+      GgmlDrive<Ymm>::template rows_parts<T, MR, 1>(c, m0, p0 + 1);
+    }
+  }
+  template <class T, int MR, class Call>
+  static void tile_rows(const Call& c, int64_t m0, int64_t p0) {
+    using K = Tile<T>;
+    Row r[MR];
+    for (int i = 0; i < MR; ++i) r[i] = c.row(m0 + i);
+    __m256 acc[2 * MR];
+    for (auto& a : acc) a = zero();
+    alignas(32) typename K::Blk blk;
+    for (int64_t sb = 0; sb < c.ns; ++sb) {
+      const uint8_t* rec = c.record(p0, sb);
+      typename T::Head head[2];
+      T::head(rec, 0, &head[0]);
+      T::head(rec, 1, &head[1]);
+      for (int j = 0; j < 8; ++j) {
+        const int64_t b = sb * 8 + j;
+        K::load(rec, j, head, &blk);
+        constexpr int G = K::kGroupRows;
+        int g = 0;
+        for (; g + G <= MR; g += G) K::template group<G>(r + g, acc + 2 * g, blk, b, kMutant && MR == 4);
+        if constexpr (MR % G != 0) K::template group<MR % G>(r + g, acc + 2 * g, blk, b, kMutant && MR == 4);
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int u = 0; u < 2; ++u) {
+        const int64_t o = 8 * (p0 + u);
+        store(c.y + (m0 + i) * c.s.N + o, c.w.bias ? add(acc[2 * i + u], load(c.w.bias + o)) : acc[2 * i + u]);
+      }
+  }
 };
 
 }  // namespace

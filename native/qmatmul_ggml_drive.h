@@ -11,7 +11,10 @@
 //             [p * 16 / kParts, (p + 1) * 16 / kParts) of y, in record p / kParts
 //   kOneRow   parts a lone row takes at once (independent accumulator chains)
 //   kGroup    parts several rows take at once (then single parts for the rest)
+//   kRows     rows a block takes at most (each row block decodes the weights' blocks once)
 //   kLoadAll  decode every part's block before the rows (true) or part by part (false)
+//   kOwn<T, MR, NP>, own<T, MR, NP>(call, m0, p0): where kOwn is true, the form's own loop for
+//             rows_parts<T, MR, NP> (FormBase below: none); it must take the same steps
 // T: kType, kSuper, Head, Blk, head(rec, part in record, Head*), load_blk(rec, j, part, Head,
 //   Blk*), step(acc, Blk, Row, 32-block index).
 //
@@ -24,6 +27,10 @@
 
 namespace specrt {
 namespace {
+
+// The per-block steps, inlined into the loops whatever gcc's size limits (the forms instantiate
+// many row counts; a step left out of line costs a call a 32-block and its vectors in memory)
+#define SPECRT_STEP inline __attribute__((always_inline))
 
 struct Row {  // one activation row
   const int8_t* q;
@@ -38,6 +45,13 @@ constexpr bool kMutant = true;
 constexpr bool kMutant = false;
 #endif
 
+struct FormBase {  // a form with no loop of its own
+  template <class T, int MR, int NP>
+  static constexpr bool kOwn = false;
+  template <class T, int MR, int NP, class Call>
+  static void own(const Call&, int64_t, int64_t) {}
+};
+
 template <class F>
 struct GgmlDrive {
   using Vec = typename F::Vec;
@@ -50,14 +64,14 @@ struct GgmlDrive {
     float* y;
     int64_t ns, nq, nz, rb;  // records a tile, 32-blocks a row, zs a row, bytes a record
 
-    Row row(int64_t m) const {
+    SPECRT_STEP Row row(int64_t m) const {
       return {a.q + m * s.K, a.sa + m * nq, a.qsa ? a.qsa + m * nq : nullptr, a.zs ? a.zs + m * nz : nullptr};
     }
-    const uint8_t* record(int64_t p, int64_t i) const { return w.blocks + ((p / F::kParts) * ns + i) * rb; }
+    SPECRT_STEP const uint8_t* record(int64_t p, int64_t i) const { return w.blocks + ((p / F::kParts) * ns + i) * rb; }
   };
 
   template <class T, int MR>
-  static Vec apply(Vec acc, const typename T::Blk& k, const Row& r, int64_t b) {
+  SPECRT_STEP static Vec apply(Vec acc, const typename T::Blk& k, const Row& r, int64_t b) {
     if constexpr (kMutant && MR == 4) return F::add(acc, T::step(F::zero(), k, r, b));
     return T::step(acc, k, r, b);
   }
@@ -67,6 +81,7 @@ struct GgmlDrive {
   // GGUF's blocks in the kernel").
   template <class T, int MR, int NP>
   static void rows_parts(const Call& c, int64_t m0, int64_t p0) {
+    if constexpr (F::template kOwn<T, MR, NP>) return F::template own<T, MR, NP>(c, m0, p0);
     Vec acc[MR][NP];
     for (int i = 0; i < MR; ++i)
       for (int u = 0; u < NP; ++u) acc[i][u] = F::zero();
@@ -99,16 +114,24 @@ struct GgmlDrive {
       }
   }
 
-  // Every row over NP parts, in blocks of up to 4 rows.
+  // n rows from m0 over NP parts: rows_parts<T, n, NP> for n in 1 .. R.
+  template <class T, int NP, int R = F::kRows>
+  static void rows_block(const Call& c, int64_t m0, int64_t n, int64_t p0) {
+    if (n == R) return rows_parts<T, R, NP>(c, m0, p0);
+    if constexpr (R > 1) return rows_block<T, NP, R - 1>(c, m0, n, p0);
+  }
+
+  // Every row over NP parts, in as few blocks of at most kRows rows as can hold them, their
+  // sizes within one of each other (17 rows at kRows 4: 4 4 3 3 3, not 4 4 4 4 1): each block
+  // decodes the parts' blocks again, so a lone row left over costs nearly a whole block.
   template <class T, int NP>
   static void all_rows(const Call& c, int64_t p0) {
-    int64_t m = 0;
-    for (; m + 4 <= c.s.M; m += 4) rows_parts<T, 4, NP>(c, m, p0);
-    switch (c.s.M - m) {
-      case 3: return rows_parts<T, 3, NP>(c, m, p0);
-      case 2: return rows_parts<T, 2, NP>(c, m, p0);
-      case 1: return rows_parts<T, 1, NP>(c, m, p0);
-      default: return;
+    if (c.s.M < 1) return;
+    const int64_t n = (c.s.M + F::kRows - 1) / F::kRows, base = c.s.M / n, extra = c.s.M % n;
+    for (int64_t i = 0, m = 0; i < n; ++i) {
+      const int64_t rows = base + (i < extra);
+      rows_block<T, NP>(c, m, rows, p0);
+      m += rows;
     }
   }
 

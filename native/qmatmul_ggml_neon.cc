@@ -79,9 +79,9 @@ struct Neon {
   }
 };
 
-struct Q4 {  // quarter tiles (4 columns, one q register)
+struct Q4 : FormBase {  // quarter tiles (4 columns, one q register)
   using Vec = float32x4_t;
-  static constexpr int kParts = 4, kOneRow = 1, kGroup = 1;
+  static constexpr int kParts = 4, kOneRow = 1, kGroup = 1, kRows = 4;
   static constexpr bool kLoadAll = false;
   static Vec zero() { return vdupq_n_f32(0.f); }
   static Vec add(Vec a, Vec b) { return vaddq_f32(a, b); }

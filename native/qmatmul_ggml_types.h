@@ -44,8 +44,8 @@ struct GgmlTypes {
       Codes v[8];
       Vec d;
     };
-    static void head(const uint8_t* rec, int part, Head* h) { h->d = I::fp16(rec + 2 * C * part); }
-    static void load_blk(const uint8_t* rec, int, int part, const Head& h, Blk* k) {
+    SPECRT_STEP static void head(const uint8_t* rec, int part, Head* h) { h->d = I::fp16(rec + 2 * C * part); }
+    SPECRT_STEP static void load_blk(const uint8_t* rec, int, int part, const Head& h, Blk* k) {
       if constexpr (TYPE == kQ8_0) {
         for (int j = 0; j < 8; ++j) {
           k->v[j] = I::bytes(rec + 32 + 64 * j + 4 * C * part);
@@ -56,7 +56,7 @@ struct GgmlTypes {
       }
       k->d = h.d;
     }
-    static Vec step(Vec acc, const Blk& k, const Row& r, int64_t b) {
+    SPECRT_STEP static Vec step(Vec acc, const Blk& k, const Row& r, int64_t b) {
       Ints dot = I::template dot32<TYPE == kQ8_0 ? 8 : 4>(k.v, r.q + 32 * b);
       if constexpr (TYPE == kQ4_0 || !I::kQ8Signed) dot = I::subi(dot, I::set1i(r.zs[b]));
       return I::fma(I::cvt(dot), I::mul(k.d, I::set1(r.sa[b])), acc);
@@ -74,10 +74,10 @@ struct GgmlTypes {
       Codes v[8];
       const float *scale, *min;  // into the head: read where the step uses them (fewer live registers)
     };
-    static void store4(Codes six, Vec f, float (*out)[C]) {  // 4 bytes a column -> 4 vectors
+    SPECRT_STEP static void store4(Codes six, Vec f, float (*out)[C]) {  // 4 bytes a column -> 4 vectors
       for (int j = 0; j < 4; ++j) I::store(out[j], I::mul(I::byte_float(six, j), f));
     }
-    static void head(const uint8_t* rec, int part, Head* h) {
+    SPECRT_STEP static void head(const uint8_t* rec, int part, Head* h) {
       const Vec d = I::fp16(rec + 2 * C * part), neg_dmin = I::neg(I::fp16(rec + 32 + 2 * C * part));
       const Codes g0 = I::bytes(rec + 64 + 4 * C * part), g1 = I::bytes(rec + 128 + 4 * C * part);
       const Codes g2 = I::bytes(rec + 192 + 4 * C * part);
@@ -88,7 +88,7 @@ struct GgmlTypes {
       store4(I::and8(g1, 0x3F), neg_dmin, h->min);
       store4(m_hi, neg_dmin, h->min + 4);
     }
-    static void load_blk(const uint8_t* rec, int j, int part, const Head& h, Blk* k) {
+    SPECRT_STEP static void load_blk(const uint8_t* rec, int j, int part, const Head& h, Blk* k) {
       const uint8_t* p = rec + 256 + j * (FIFTH ? 320 : 256);
       I::nibbles(p + 4 * C * part, k->v);
       if constexpr (FIFTH) {
@@ -98,7 +98,7 @@ struct GgmlTypes {
       k->scale = h.scale[j];
       k->min = h.min[j];
     }
-    static Vec step(Vec acc, const Blk& k, const Row& r, int64_t b) {
+    SPECRT_STEP static Vec step(Vec acc, const Blk& k, const Row& r, int64_t b) {
       const Ints dot = I::template dot32<FIFTH ? 5 : 4>(k.v, r.q + 32 * b);
       acc = I::fma(I::cvt(dot), I::mul(I::load(k.scale), I::set1(r.sa[b])), acc);
       return I::fma(I::load(k.min), I::set1(r.qsa[b]), acc);
@@ -116,10 +116,10 @@ struct GgmlTypes {
       Ints sc_lo, sc_hi;
       Vec d;
     };
-    static void head(const uint8_t* rec, int part, Head* h) {
+    SPECRT_STEP static void head(const uint8_t* rec, int part, Head* h) {
       h->d = I::fp16(rec + 2 * C * part), h->sc = reinterpret_cast<const int8_t*>(rec + 32 + C * part);
     }
-    static void load_blk(const uint8_t* rec, int j, int part, const Head& h, Blk* k) {
+    SPECRT_STEP static void load_blk(const uint8_t* rec, int j, int part, const Head& h, Blk* k) {
       const uint8_t* p = rec + 288 + 384 * j;
       I::nibbles(p + 4 * C * part, k->v);
       for (int half = 0; half < 2; ++half) {
@@ -130,7 +130,7 @@ struct GgmlTypes {
       k->sc_hi = I::widen_sc(h.sc + 16 * (2 * j + 1));
       k->d = h.d;
     }
-    static Vec step(Vec acc, const Blk& k, const Row& r, int64_t b) {
+    SPECRT_STEP static Vec step(Vec acc, const Blk& k, const Row& r, int64_t b) {
       Ints lo, hi;
       I::template halves<6>(k.v, r.q + 32 * b, &lo, &hi);
       lo = I::mulli(I::subi(lo, I::set1i(r.zs[2 * b])), k.sc_lo);

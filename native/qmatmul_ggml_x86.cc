@@ -72,9 +72,9 @@ struct Avx512 {
   }
 };
 
-struct Zmm {  // a tile in one vector
+struct Zmm : FormBase {  // a tile in one vector
   using Vec = __m512;
-  static constexpr int kParts = 1, kOneRow = 4, kGroup = 2;  // one row: 4 tiles keep the dots' chains independent
+  static constexpr int kParts = 1, kOneRow = 4, kGroup = 2, kRows = 4;  // one row: 4 tiles keep the dots' chains independent
   static constexpr bool kLoadAll = true;
   static Vec zero() { return _mm512_setzero_ps(); }
   static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }

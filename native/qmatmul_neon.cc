@@ -32,7 +32,7 @@ inline void load_codes(const uint8_t* p, int8x16_t* v) {
 struct Q4 {  // quarter tiles (4 columns, one q register)
   using Vec = float32x4_t;
   using Code = int8x16_t;
-  static constexpr int kParts = 4;
+  static constexpr int kParts = 4, kRows = 4;
   static Vec zero() { return vdupq_n_f32(0.f); }
   static Vec add(Vec a, Vec b) { return vaddq_f32(a, b); }
   static Vec fma(Vec a, Vec b, Vec c) { return vfmaq_f32(c, a, b); }

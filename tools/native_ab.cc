@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -115,7 +116,7 @@ void ggml(const char* form, GgmlFn before, GgmlFn after, int64_t K, int64_t N, i
   auto run = [&](GgmlFn fn, std::vector<float>& y) {
     return [&, fn] { fn(a, w, BlockShape{M, K, N, type}, y.data(), 0, N / kTile); };
   };
-  char what[96];
+  char what[128];
   std::snprintf(what, sizeof what, "%s QMatMulGGML %s %lld x %lld, %lld rows", form, kGgml[type].name, (long long)K,
                 (long long)N, (long long)M);
   compare(what, reps, run(before, ya), run(after, yb), ya, yb);
@@ -124,9 +125,32 @@ void ggml(const char* form, GgmlFn before, GgmlFn after, int64_t K, int64_t N, i
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool attn = argc < 2 || std::strcmp(argv[1], "ggml") != 0, mm = argc < 2 || std::strcmp(argv[1], "attention") != 0;
+  // `forms`: QMatMulGGML's AVX2 form, before against after, then this tree's VNNI form ("before"
+  // column) against its AVX2 form, at the coder target's Q4_K / Q6_K shapes and the rows of argv[3]
+  const bool forms_mode = argc > 1 && std::strcmp(argv[1], "forms") == 0;
+  const bool attn = argc < 2 || std::strcmp(argv[1], "all") == 0 || std::strcmp(argv[1], "attention") == 0;
+  const bool mm = argc < 2 || std::strcmp(argv[1], "all") == 0 || std::strcmp(argv[1], "ggml") == 0;
   const int reps = argc > 2 ? std::atoi(argv[2]) : 21;
+  std::vector<int64_t> rows;
+  for (const char* p = argc > 3 ? argv[3] : "1,2,6,17"; *p;) {
+    char* end;
+    rows.push_back(std::strtoll(p, &end, 10));
+    p = *end ? end + 1 : end;
+  }
   std::printf("| case | before ms | after ms | after / before |\n| --- | --- | --- | --- |\n");
+  if (forms_mode) {
+    const struct {
+      int64_t K, N;
+      int type;
+    } shapes[] = {{1536, 17920, kQ4_K}, {8960, 1536, kQ6_K}, {1536, 1536, kQ4_K}, {1536, 151936, kQ6_K}};
+    for (const auto& s : shapes)
+      for (int64_t M : rows) {
+        const int r = s.N > 100000 ? std::max(5, reps / 4) : reps;
+        ggml("avx2", ggml_avx2_before, ggml_avx2, s.K, s.N, s.type, M, r);
+        ggml("vnni (before) / avx2 (after)", ggml_vnni, ggml_avx2, s.K, s.N, s.type, M, r);
+      }
+    return mismatches ? 1 : 0;
+  }
   const struct {
     const char* name;
     AttnFn ab, aa;
@@ -144,7 +168,7 @@ int main(int argc, char** argv) {
       } shapes[] = {{1536, 8960, kQ4_K}, {8960, 1536, kQ6_K}, {1536, 1536, kQ5_K}, {1536, 1536, kQ8_0},
                     {1536, 1536, kQ4_0}, {1536, 151936, kQ6_K}};
       for (const auto& s : shapes)
-        for (int64_t M : {1, 2, 6, 17})  // the LM head: fewer
+        for (int64_t M : rows)  // the LM head: fewer
           ggml(f.name, f.gb, f.ga, s.K, s.N, s.type, M, s.N > 100000 ? std::max(5, reps / 4) : reps);
     }
   }

@@ -1,7 +1,7 @@
 #!/bin/sh
 # The x86 fast forms of a git ref (default HEAD) against this tree's, in one process, interleaved
 # (tools/native_ab.cc): PackedAttention and QMatMulGGML at the coder's shapes, one thread.
-#   tools/native_ab.sh [REF] [attention|ggml|all] [REPS]     (after `make kernels`; a timing: under
+#   tools/native_ab.sh [REF] [attention|ggml|all|forms] [REPS] [ROWS, e.g. 1,2,4,5,9,17]     (after `make kernels`; a timing: under
 #   flock /work/heavy.lock on a shared host)
 set -eu
 ref=${1:-HEAD}
@@ -16,9 +16,9 @@ avx512="-mavx512f -mavx512bw -mavx512vnni -mamx-tile -mamx-int8 -w"
 avx2="-mavx2 -mfma -mf16c"
 for f in attention_x86 qmatmul_ggml_x86; do g++ $flags $avx512 $rename -c "$out/src/native/$f.cc" -o "$out/$f.o"; done
 for f in attention_avx2 qmatmul_ggml_avx2; do g++ $flags $avx2 $rename -c "$out/src/native/$f.cc" -o "$out/$f.o"; done
-k=.cache/kernels
+k=${NATIVE_AB_AFTER:-.cache/kernels}  # the objects of "after" (default: this tree's build)
 g++ -O2 -std=c++17 -Inative tools/native_ab.cc "$out"/*.o $k/attention_ref.o $k/qmatmul_ref.o $k/qmatmul_ggml_ref.o \
   $k/attention_x86.o $k/attention_avx2.o $k/qmatmul_ggml_x86.o $k/qmatmul_ggml_avx2.o $k/qmatmul_x86.o $k/qmatmul_avx2.o \
   -o "$out/native_ab"
 echo "before: $(git rev-parse --short "$ref"), after: this tree; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
-"$out/native_ab" "$what" "$reps"
+"$out/native_ab" "$what" "$reps" ${4:+"$4"}
