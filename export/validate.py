@@ -144,15 +144,22 @@ class Observed:
     forced: np.ndarray | None = None  # `observe_forced`: its next-token rows along prompt + `tokens`
 
 
-def observe(decoder, ref: LazyReference) -> Observed:
-    """Run the checks' calls on `decoder`. Kept apart from `compare` so a caller can drop the
-    graph's session before the reference's layer-by-layer forward runs (one at a time)."""
+def _probe_rows(decoder, ref: LazyReference | Reference) -> tuple[np.ndarray, np.ndarray]:
+    """The probe's rows on `decoder` from an empty cache: the prefix in calls of max_t tokens,
+    then the continuation in one call -> (prefill rows, continuation rows); the cache reset after."""
     ids, prefix = ref.ids, ref.prefix
     decoder.reset()
     pre = np.concatenate([decoder.forward(ids[s : min(s + decoder.max_t, prefix)]).copy()
                           for s in range(0, prefix, decoder.max_t)])
     cont = decoder.forward(ids[prefix:]).copy()
     decoder.reset()
+    return pre, cont
+
+
+def observe(decoder, ref: LazyReference) -> Observed:
+    """Run the checks' calls on `decoder`. Kept apart from `compare` so a caller can drop the
+    graph's session before the reference's layer-by-layer forward runs (one at a time)."""
+    pre, cont = _probe_rows(decoder, ref)
     row = decoder.prefill(ref.prompt)
     tokens = []
     for i in range(ref.steps):
@@ -169,16 +176,11 @@ def observe_forced(decoder, ref: LazyReference, tokens: np.ndarray) -> Observed:
     of max_t tokens instead of one call per step. `compare` then holds every one of those rows to
     the tolerance and counts the leading ones whose argmax is the reference's (its rows along the
     same sequence: the other graph's, already computed). A level-0 twin runs 6 calls, not 34."""
-    ids, prefix = ref.ids, ref.prefix
-    decoder.reset()
-    pre = np.concatenate([decoder.forward(ids[s : min(s + decoder.max_t, prefix)]).copy()
-                          for s in range(0, prefix, decoder.max_t)])
-    cont = decoder.forward(ids[prefix:]).copy()
-    decoder.reset()
+    pre, cont = _probe_rows(decoder, ref)
     seq = np.concatenate([ref.prompt, tokens[:-1]]).astype(np.int64)
     rows = np.concatenate([decoder.forward(seq[s : s + decoder.max_t]).copy() for s in range(0, len(seq), decoder.max_t)])
     decoder.reset()
-    return Observed(pre, cont, np.asarray(tokens, dtype=np.int64).copy(), rows[prefix - 1:])
+    return Observed(pre, cont, np.asarray(tokens, dtype=np.int64).copy(), rows[ref.prefix - 1:])
 
 
 def _sequences(got: Observed, ref: LazyReference) -> list[np.ndarray]:
@@ -224,14 +226,9 @@ def check_decoder(decoder, model, *, k: int, steps: int = 32, prefix: int = 12, 
         return compare(observe(decoder, model), model, precision)
     ref = model if isinstance(model, Reference) else Reference.of(model, decoder.vocab, k=k, steps=steps, prefix=prefix)
     ids, prefix, steps = ref.ids, ref.prefix, len(ref.greedy_tokens)
-    decoder.reset()
-    got = np.concatenate([decoder.forward(ids[s : min(s + decoder.max_t, prefix)]).copy()
-                          for s in range(0, prefix, decoder.max_t)])
-    pre = float(np.abs(got - ref.logits[:prefix]).max())
-    got = decoder.forward(ids[prefix:]).copy()
-    cont = float(np.abs(got - ref.logits[prefix:]).max())
-
-    decoder.reset()
+    pre_rows, cont_rows = _probe_rows(decoder, ref)
+    pre = float(np.abs(pre_rows - ref.logits[:prefix]).max())
+    cont = float(np.abs(cont_rows - ref.logits[prefix:]).max())
     row = decoder.prefill(ref.prompt)
     match, first_margin = 0, None
     for i in range(steps):
