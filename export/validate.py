@@ -44,6 +44,7 @@ class Parity:
     tolerance: float | None
     passed: bool
     forced_max_abs: float | None = None  # a teacher-forced graph (`observe_forced`): its greedy rows' error
+    forced_rows_over: int | None = None  # of those rows, how many are off by more than the tolerance
 
 
     def as_dict(self) -> dict:
@@ -203,7 +204,8 @@ def compare(got: Observed, ref: LazyReference, precision: str) -> Parity:
     rows = forced[prefix - 1:]  # the reference's next-token logits after the prompt and each graph token
     # the graph's choice at each step: its greedy token, or (teacher-forced) its row's argmax
     chosen = got.tokens if got.forced is None else np.argmax(got.forced, axis=-1)
-    forced_abs = None if got.forced is None else float(np.abs(got.forced - rows[:steps]).max())
+    forced_err = None if got.forced is None else np.abs(got.forced - rows[:steps]).max(axis=-1)
+    forced_abs = None if forced_err is None else float(forced_err.max())
     match, first_margin = 0, None
     for i in range(steps):
         if int(np.argmax(rows[i])) != chosen[i]:
@@ -213,9 +215,25 @@ def compare(got: Observed, ref: LazyReference, precision: str) -> Parity:
         match += 1
     ref.greedy_tokens = got.tokens
     tol = TOLERANCE.get(precision)
+    over = None if forced_err is None or tol is None else int((forced_err > tol).sum())
     passed = tol is None or (pre <= tol and cont <= tol and (match == steps or (first_margin or 0) < 10 * tol)
-                             and (forced_abs is None or forced_abs <= tol))
-    return Parity(pre, cont, len(ids) - prefix, steps, match, first_margin, tol, passed, forced_abs)
+                             and (forced_err is None or forced_rows_hold(forced_err, tol)))
+    return Parity(pre, cont, len(ids) - prefix, steps, match, first_margin, tol, passed, forced_abs, over)
+
+
+FORCED_SPIKE = 30  # a teacher-forced row may be off by up to this many tolerances ...
+FORCED_OVER = 8  # ... where at most one row in this many is off by more than one (forced_rows_hold)
+
+
+def forced_rows_hold(err: np.ndarray, tol: float) -> bool:
+    """Whether a teacher-forced graph's rows (their max |logit diff| each) hold: every row within
+    FORCED_SPIKE x tol, and all but one in FORCED_OVER within tol. Not every row within tol: a
+    greedy continuation can reach a row fp32 itself computes badly (the Q5_K_M coder's probe, 21
+    <|im_end|> in a row: there transformers' fp32 logits are 1.2e-3 from its fp64 ones, 40x their
+    error elsewhere, and the level-0 twin's 1.1e-2 from them while its other rows are ~3e-5;
+    docs/design.md "The forced rows"). A graph with wrong weights or a wrong cache moves every
+    row past the tolerance, which this still fails (tests/export/test_gguf_stream.py)."""
+    return bool(err.max() <= FORCED_SPIKE * tol and (err > tol).sum() <= len(err) // FORCED_OVER)
 
 
 def check_decoder(decoder, model, *, k: int, steps: int = 32, prefix: int = 12, precision: str = "fp32") -> Parity:

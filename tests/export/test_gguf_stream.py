@@ -132,7 +132,19 @@ def test_forced_steps_give_the_stepwise_numbers_and_hold_every_row(both, tmp_pat
     assert par.passed and par.forced_max_abs < 1e-3
     off = dataclasses.replace(forced, forced=forced.forced + 2e-3 * (np.arange(forced.forced.shape[-1]) % 2))
     par = compare(off, ref, "fp32")
-    assert not par.passed and par.prefill_max_abs < 1e-3 and par.forced_max_abs > 1e-3
+    assert not par.passed and par.prefill_max_abs < 1e-3 and par.forced_max_abs > 1e-3 and par.forced_rows_over == 12
+
+    def spiked(rows: dict[int, float]):  # the forced rows with rows[i] added to row i's odd logits
+        bump = np.zeros(forced.forced.shape[0])
+        bump[list(rows)] = list(rows.values())
+        return compare(dataclasses.replace(forced, forced=forced.forced + bump[:, None] * (np.arange(forced.forced.shape[-1]) % 2)),
+                       ref, "fp32")
+
+    # one ill-conditioned row (validate.forced_rows_hold): up to 30 tolerances, one row in 8
+    par = spiked({7: 1e-2})
+    assert par.passed and par.forced_rows_over == 1 and 1e-2 <= par.forced_max_abs < 1.1e-2
+    assert not spiked({7: 4e-2}).passed  # past 30 tolerances
+    assert not spiked({3: 2e-3, 7: 2e-3}).passed  # two of 12 rows past the tolerance
     other = LoadedModel(str(write_tiny_gguf(tmp_path / "other.gguf", seed=1)), 256, stream=True).reference(cfg)
     assert not compare(observe_forced(dec, other, own.tokens), other, "fp32").passed
 
