@@ -94,7 +94,7 @@ struct Ymm : QFormBase {  // half tiles (8 columns, one ymm)
     for (int i = 0; i < MR; ++i) r[i] = {a.q + (m0 + i) * s.K, a.sa + (m0 + i) * nb, a.qsa + (m0 + i) * nb};
     __m256 acc[2 * MR];
     for (auto& v : acc) v = zero();
-    alignas(32) NibbleTile::Blk k;
+    NibbleTile::Blk k;
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t o = (t * nb + b) * kTile;
       NibbleTile::decode(w.codes + (t * nb + b) * kTile * kQBlock / 2, &k);

@@ -115,10 +115,10 @@ struct Avx2 {
   }
 };
 
-// Several rows over a whole tile (both halves) at once, for Q4_K and Q6_K: a 32-block's codes are
-// decoded once into L1 (16 vectors: too many to keep in registers beside the rows), then each
-// group of up to 4 rows takes them chunk by chunk, one broadcast of a row's 4 activations serving
-// both halves. Each output's float steps are the type's step (qmatmul_ggml_types.h), in its order;
+// Several rows over a whole tile (both halves) at once, for Q4_K and Q6_K: each group of up to 4
+// rows takes a 32-block chunk by chunk, one broadcast of a row's 4 activations serving both halves
+// (Q4_K: avx2_tile.h's NibbleTile, the chunk's nibbles split as they load; Q6_K: the block's codes
+// decoded once into L1, 16 vectors, too many to keep in registers beside the rows). Each output's float steps are the type's step (qmatmul_ggml_types.h), in its order;
 // the integer dots are exact (bounds below). MUTANT: SPECRT_MUTANT's reordering (the block's terms
 // added to acc last).
 using Q4K = GgmlTypes<Avx2>::KQuant<false>;
@@ -251,7 +251,7 @@ struct Ymm : FormBase {
     for (int i = 0; i < MR; ++i) r[i] = c.row(m0 + i);
     __m256 acc[2 * MR];
     for (auto& a : acc) a = zero();
-    alignas(32) typename K::Blk blk;
+    typename K::Blk blk;
     for (int64_t sb = 0; sb < c.ns; ++sb) {
       const uint8_t* rec = c.record(p0, sb);
       typename T::Head head[2];
