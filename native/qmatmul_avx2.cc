@@ -6,9 +6,9 @@
 // 4 codes. A chunk's dot is vpmaddubsw (u8 x s8 pairs -> s16) then vpmaddwd by ones (-> s32).
 // 4-bit codes (<= 15) keep all 8 chunks' pairs within int16 (8 * 2 * 15 * 127 = 30480); 8-bit codes
 // (<= 255) would saturate a pair, so they are taken as code - 128 (|c| against q with c's sign,
-// a pair <= 2 * 128 * 127 = 32512) and 128 * sum(q) is added back. One row takes a half tile at
-// a time; several rows of 4-bit codes take whole tiles (avx2_tile.h's NibbleTile, which
-// QMatMulGGML's Q4_K shares: the same chunk layout and float steps).
+// a pair <= 2 * 128 * 127 = 32512) and 128 * sum(q) is added back. 4-bit codes take whole tiles
+// (avx2_tile.h's NibbleTile, which QMatMulGGML's Q4_K shares: the same chunk layout and float
+// steps); 8-bit codes a half tile at a time.
 #include <immintrin.h>
 
 #include <vector>
@@ -76,9 +76,10 @@ struct Ymm : QFormBase {  // half tiles (8 columns, one ymm)
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, _mm256_set1_ps(sa)), acc);
   }
 
-  // 4-bit codes from 2 rows: whole tiles, the codes of a 32-block decoded once for MR rows
+  // 4-bit codes: whole tiles at any row count (one row: two independent chains, one broadcast for
+  // 16 columns; docs/benchmarks.md §41)
   template <int BITS, int BLK>
-  static constexpr int kTileRows = BITS == 4 ? 2 : 0;
+  static constexpr int kTileRows = BITS == 4 ? 1 : 0;
   template <int BITS, int BLK, int MR>
   static void tile_rows(const Activations& a, const Weights& w, const Shape& s, const int32_t*, float* y, int64_t m0,
                         int64_t t) {
