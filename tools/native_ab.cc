@@ -167,6 +167,11 @@ int main(int argc, char** argv) {
     p = *end ? end + 1 : end;
   }
   std::printf("| case | before ms | after ms | after / before |\n| --- | --- | --- | --- |\n");
+  if (argc > 1 && std::strcmp(argv[1], "attention-forms") == 0) {  // this tree's VNNI form ("before") against its AVX2 form
+    for (int64_t ctx : {512, 2000})
+      for (int64_t width : {1, 2, 4}) attention("vnni (before) / avx2 (after)", attend_avx512, attend_avx2, ctx, width, reps);
+    return mismatches ? 1 : 0;
+  }
   if (argc > 1 && std::strcmp(argv[1], "qmatmul") == 0) {
     // QMatMul4's AVX2 form before against after, then this tree's VNNI form ("before" column)
     // against its AVX2 form: the coder draft's shapes (qkv with its bias, o, gate + up, down, the

@@ -1,8 +1,9 @@
 #!/bin/sh
 # The x86 fast forms of a git ref (default HEAD) against this tree's, in one process, interleaved
 # (tools/native_ab.cc): PackedAttention and QMatMulGGML at the coder's shapes, one thread;
-# `qmatmul`: QMatMul4/8 at the coder draft's shapes.
-#   tools/native_ab.sh [REF] [attention|ggml|all|forms|qmatmul] [REPS] [ROWS, e.g. 1,2,4,5,9,17]     (after `make kernels`; a timing: under
+# `qmatmul`: QMatMul4/8 at the coder draft's shapes; `attention-forms`: this tree's VNNI against
+# its AVX2 PackedAttention.
+#   tools/native_ab.sh [REF] [attention|ggml|all|forms|qmatmul|attention-forms] [REPS] [ROWS, e.g. 1,2,4,5,9,17]     (after `make kernels`; a timing: under
 #   flock /work/heavy.lock on a shared host)
 set -eu
 ref=${1:-HEAD}
