@@ -1,5 +1,5 @@
-// The AVX2 forms' loop for 4-bit codes at several rows, over a whole 16-column tile (both
-// halves): QMatMulGGML's Q4_K (qmatmul_ggml_avx2.cc) and QMatMul4 (qmatmul_avx2.cc) — the same
+// The AVX2 forms' loop for 4-bit codes over a whole 16-column tile (both halves): QMatMulGGML's
+// Q4_K at several rows (qmatmul_ggml_avx2.cc) and QMatMul4 at any (qmatmul_avx2.cc) — the same
 // chunk layout (4 chunks of 64 bytes a 32-block, 16 columns x 4 codes, low nibbles k = 4j + i,
 // high nibbles k = 16 + 4j + i) and the same float steps (acc = fma(dot, scale * sa, acc), then
 // acc = fma(min, qsa, acc)). Each group of up to 4 rows takes a 32-block chunk by chunk, the
@@ -20,12 +20,12 @@ namespace specrt {
 namespace {
 
 struct NibbleTile {
-  static constexpr int kGroupRows = 4;  // 2 measured slower at 9 and 17 rows (docs/benchmarks.md §40)
+  static constexpr int kGroupRows = 4;  // 2 measured slower (docs/benchmarks.md §40, §41)
   struct Blk {
     const uint8_t* codes;             // the 32-block's first chunk (4 x 64 bytes)
     const float *scale[2], *min[2];   // [half]: 8 columns each; min null: no mins' step
   };
-  SPECRT_STEP static void decode(const uint8_t* p, Blk* k) { k->codes = p; }
+  SPECRT_STEP static void at(const uint8_t* p, Blk* k) { k->codes = p; }
   // G rows' 32-block b into acc[2 * i + half]. R: a row with q (its int8 activations, 32 a block),
   // sa and qsa (per 32-block). MIN: take the mins' step (k.min set). mutant: SPECRT_MUTANT's
   // reordering (the block's terms added to acc last).

@@ -98,7 +98,7 @@ struct Ymm : QFormBase {  // half tiles (8 columns, one ymm)
     NibbleTile::Blk k;
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t o = (t * nb + b) * kTile;
-      NibbleTile::decode(w.codes + (t * nb + b) * kTile * kQBlock / 2, &k);
+      NibbleTile::at(w.codes + (t * nb + b) * kTile * kQBlock / 2, &k);
       for (int u = 0; u < 2; ++u) k.scale[u] = w.scale + o + 8 * u, k.min[u] = MIN ? w.min + o + 8 * u : nullptr;
       NibbleTile::rows<MR, MIN>(r, acc, k, b, kMutant && MR == 4);
     }

@@ -129,7 +129,7 @@ SPECRT_STEP const int32_t* quads(const Row& r, int64_t b) { return reinterpret_c
 struct Q4KTile : NibbleTile {  // NibbleTile (avx2_tile.h) over a record's 32-block j
   using T = Q4K;
   SPECRT_STEP static void load(const uint8_t* rec, int j, const T::Head* head, Blk* k) {
-    decode(rec + 256 + 256 * j, k);
+    at(rec + 256 + 256 * j, k);
     for (int u = 0; u < 2; ++u) k->scale[u] = head[u].scale[j], k->min[u] = head[u].min[j];
   }
   template <int G>
