@@ -20,7 +20,7 @@
 // for its instruction set.
 #pragma once
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 #include "form_step.h"
 #include "qmatmul.h"
@@ -72,9 +72,10 @@ struct QDrive {
   template <int BITS, int BLK>
   static void run(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1) {
     const int64_t nb = s.K / BLK;
-    std::vector<int32_t> zs;
+    // (no std::vector: its out-of-line members would be weak symbols the forms' objects share)
+    std::unique_ptr<int32_t[]> zs;
     if constexpr (BITS == 8) {
-      zs.resize(static_cast<size_t>(s.M * nb));
+      zs.reset(new int32_t[s.M * nb]);
       for (int64_t i = 0; i < s.M * nb; ++i) {
         int sum = 0;
         for (int k = 0; k < BLK; ++k) sum += a.q[i * BLK + k];
@@ -83,14 +84,14 @@ struct QDrive {
     }
     // rows in as few blocks of at most F::kRows as hold them, sizes within one of each other
     // (each block loads the codes again: 17 rows at 4 are 4 4 3 3 3, not 4 4 4 4 1); from
-    // kTileRows rows (every block then has 2 or more) by whole tiles
+    // kTileRows rows by whole tiles
     const int64_t n = (s.M + F::kRows - 1) / F::kRows;
     constexpr int from = F::template kTileRows<BITS, BLK>;
     const bool tiles = from > 0 && s.M >= from;
     for (int64_t p = F::kParts * t0; n > 0 && p < F::kParts * t1; p += tiles ? F::kParts : 1)
       for (int64_t i = 0, m = 0; i < n; ++i) {
         const int64_t rows = s.M / n + (i < s.M % n);
-        rows_block<BITS, BLK>(a, w, s, zs.data(), y, m, rows, p, tiles);
+        rows_block<BITS, BLK>(a, w, s, zs.get(), y, m, rows, p, tiles);
         m += rows;
       }
   }
