@@ -155,10 +155,11 @@ $(KERNELS): $(KERNEL_SOURCES) $(ORT_HEADERS)/onnxruntime_c_api.h
 
 kernels: $(KERNELS)
 
-# The library with wrong fast forms of QMatMulGGML (native/qmatmul_ggml_{x86,avx2,neon}.cc
-# SPECRT_MUTANT: one sum reordered), which tests/runtime/kernels/test_qmatmul_ggml.py must catch.
+# The library with wrong fast forms of QMatMulGGML (native/qmatmul_ggml_{x86,avx2,neon}.cc) and
+# of QMatMul4's AVX2 form (native/qmatmul_avx2.cc) (SPECRT_MUTANT: one sum reordered), which
+# tests/runtime/kernels/test_qmatmul_ggml.py and test_qmatmul.py must catch.
 MUTANT := .cache/kernels-mutant/libspecrt_kernels.so
-MUTANTS := $(filter qmatmul_ggml_%,$(FORMS))
+MUTANTS := $(filter qmatmul_ggml_% qmatmul_avx2,$(FORMS))
 $(MUTANT): $(KERNELS)
 	mkdir -p .cache/kernels-mutant
 	$(foreach f,$(MUTANTS),g++ $(KERNEL_FLAGS) $(FLAGS_$(f)) -DSPECRT_MUTANT -c native/$(or $(SRC_$(f)),$(f)).cc \

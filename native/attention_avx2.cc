@@ -36,7 +36,7 @@ struct Ymm {
   static constexpr int kLanes = 8;
   static constexpr int kBlock = 3;      // 3 queries x 4 key vectors: 12 accumulators
   static constexpr int kScoreVecs = 4;  // half the chunk a pass
-  static constexpr int kWeighVecs = 2;
+  static constexpr int kWeighVecs = 3;  // a block's 3 queries x 3: 9 fma chains (2: 6, latency-bound; 4 spills)
   static Vec zero() { return _mm256_setzero_ps(); }
   static Vec set1(float f) { return _mm256_set1_ps(f); }
   static Vec load(const float* p) { return _mm256_load_ps(p); }

@@ -6,11 +6,14 @@
 // 4 codes. A chunk's dot is vpmaddubsw (u8 x s8 pairs -> s16) then vpmaddwd by ones (-> s32).
 // 4-bit codes (<= 15) keep all 8 chunks' pairs within int16 (8 * 2 * 15 * 127 = 30480); 8-bit codes
 // (<= 255) would saturate a pair, so they are taken as code - 128 (|c| against q with c's sign,
-// a pair <= 2 * 128 * 127 = 32512) and 128 * sum(q) is added back.
+// a pair <= 2 * 128 * 127 = 32512) and 128 * sum(q) is added back. 4-bit codes take whole tiles
+// (avx2_tile.h's NibbleTile, which QMatMulGGML's Q4_K shares: the same chunk layout and float
+// steps); 8-bit codes a half tile at a time.
 #include <immintrin.h>
 
 #include <vector>
 
+#include "avx2_tile.h"
 #include "qmatmul.h"
 #include "qmatmul_drive.h"
 
@@ -54,7 +57,7 @@ inline __m256i block_dot(const __m256i* v, const int32_t* q) {
   return acc;
 }
 
-struct Ymm {  // half tiles (8 columns, one ymm)
+struct Ymm : QFormBase {  // half tiles (8 columns, one ymm)
   using Vec = __m256;
   using Code = __m256i;
   static constexpr int kParts = 2, kRows = 4;
@@ -71,6 +74,40 @@ struct Ymm {  // half tiles (8 columns, one ymm)
     __m256i dot = block_dot<BITS, BLK>(v, reinterpret_cast<const int32_t*>(q));
     if constexpr (BITS == 8) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(zs));
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, _mm256_set1_ps(sa)), acc);
+  }
+
+  // 4-bit codes: whole tiles at any row count (one row: two independent chains, one broadcast for
+  // 16 columns; docs/benchmarks.md §41)
+  template <int BITS, int BLK>
+  static constexpr int kTileRows = BITS == 4 ? 1 : 0;
+  template <int BITS, int BLK, int MR>
+  static void tile_rows(const Activations& a, const Weights& w, const Shape& s, const int32_t*, float* y, int64_t m0,
+                        int64_t t) {
+    if constexpr (BITS == 4) return w.min ? nibble_tile<MR, true>(a, w, s, y, m0, t) : nibble_tile<MR, false>(a, w, s, y, m0, t);
+  }
+  template <int MR, bool MIN>
+  static void nibble_tile(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t m0, int64_t t) {
+    const int64_t nb = s.K / kQBlock;
+    struct Row {
+      const int8_t* q;
+      const float *sa, *qsa;
+    } r[MR];
+    for (int i = 0; i < MR; ++i) r[i] = {a.q + (m0 + i) * s.K, a.sa + (m0 + i) * nb, a.qsa + (m0 + i) * nb};
+    __m256 acc[2 * MR];
+    for (auto& v : acc) v = zero();
+    NibbleTile::Blk k;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t o = (t * nb + b) * kTile;
+      NibbleTile::at(w.codes + (t * nb + b) * kTile * kQBlock / 2, &k);
+      for (int u = 0; u < 2; ++u) k.scale[u] = w.scale + o + 8 * u, k.min[u] = MIN ? w.min + o + 8 * u : nullptr;
+      NibbleTile::rows<MR, MIN>(r, acc, k, b, kMutant && MR == 4);
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int u = 0; u < 2; ++u) {
+        const int64_t n = kTile * t + 8 * u;
+        float* out = y + (m0 + i) * s.N + n;
+        store(out, w.bias ? add(acc[2 * i + u], load(w.bias + n)) : acc[2 * i + u]);
+      }
   }
 };
 

@@ -11,18 +11,29 @@
 //   kParts: vectors a 16-column tile (2: AVX2, 4: NEON); part p is columns
 //   [p * 16 / kParts, (p + 1) * 16 / kParts), bytes [p * 64 / kParts, ...) of each 64-byte chunk;
 //   load_codes<BITS, BLK>(p, Code[BLK / 4]); dot_step<BITS, BLK>(acc, codes, q, zs, scale, sa):
-//   acc = fma(float(dot + zs), scale * sa, acc) (zs 0 for 4 bits).
+//   acc = fma(float(dot + zs), scale * sa, acc) (zs 0 for 4 bits);
+//   kTileRows<BITS, BLK>, tile_rows<BITS, BLK, MR>(a, w, s, zs, y, m0, tile): calls of at least
+//   kTileRows rows (0: none) take whole tiles, MR rows at a time, by the form's own loop, which
+//   must take the same steps (QFormBase below: none).
 //
 // Included only by the forms' objects, with internal linkage: each object compiles its own copy
 // for its instruction set.
 #pragma once
 #include <cstdint>
-#include <vector>
+#include <memory>
 
+#include "form_step.h"
 #include "qmatmul.h"
 
 namespace specrt {
 namespace {
+
+struct QFormBase {  // a form with no whole-tile loop
+  template <int BITS, int BLK>
+  static constexpr int kTileRows = 0;
+  template <int BITS, int BLK, int MR>
+  static void tile_rows(const Activations&, const Weights&, const Shape&, const int32_t*, float*, int64_t, int64_t) {}
+};
 
 template <class F>
 struct QDrive {
@@ -61,9 +72,10 @@ struct QDrive {
   template <int BITS, int BLK>
   static void run(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1) {
     const int64_t nb = s.K / BLK;
-    std::vector<int32_t> zs;
+    // (no std::vector: its out-of-line members would be weak symbols the forms' objects share)
+    std::unique_ptr<int32_t[]> zs;
     if constexpr (BITS == 8) {
-      zs.resize(static_cast<size_t>(s.M * nb));
+      zs.reset(new int32_t[s.M * nb]);
       for (int64_t i = 0; i < s.M * nb; ++i) {
         int sum = 0;
         for (int k = 0; k < BLK; ++k) sum += a.q[i * BLK + k];
@@ -71,21 +83,25 @@ struct QDrive {
       }
     }
     // rows in as few blocks of at most F::kRows as hold them, sizes within one of each other
-    // (each block loads the codes again: 17 rows at 8 are 6 6 5, not 4 4 4 4 1)
+    // (each block loads the codes again: 17 rows at 4 are 4 4 3 3 3, not 4 4 4 4 1); from
+    // kTileRows rows by whole tiles
     const int64_t n = (s.M + F::kRows - 1) / F::kRows;
-    for (int64_t p = F::kParts * t0; n > 0 && p < F::kParts * t1; ++p)
+    constexpr int from = F::template kTileRows<BITS, BLK>;
+    const bool tiles = from > 0 && s.M >= from;
+    for (int64_t p = F::kParts * t0; n > 0 && p < F::kParts * t1; p += tiles ? F::kParts : 1)
       for (int64_t i = 0, m = 0; i < n; ++i) {
         const int64_t rows = s.M / n + (i < s.M % n);
-        rows_block<BITS, BLK>(a, w, s, zs.data(), y, m, rows, p);
+        rows_block<BITS, BLK>(a, w, s, zs.get(), y, m, rows, p, tiles);
         m += rows;
       }
   }
 
   template <int BITS, int BLK, int R = F::kRows>
   static void rows_block(const Activations& a, const Weights& w, const Shape& s, const int32_t* zs, float* y,
-                         int64_t m0, int64_t rows, int64_t p) {
+                         int64_t m0, int64_t rows, int64_t p, bool tiles) {
+    if (rows == R && tiles) return F::template tile_rows<BITS, BLK, R>(a, w, s, zs, y, m0, p / F::kParts);
     if (rows == R) return rows_part<BITS, BLK, R>(a, w, s, zs, y, m0, p);
-    if constexpr (R > 1) return rows_block<BITS, BLK, R - 1>(a, w, s, zs, y, m0, rows, p);
+    if constexpr (R > 1) return rows_block<BITS, BLK, R - 1>(a, w, s, zs, y, m0, rows, p, tiles);
   }
 };
 

@@ -10,6 +10,7 @@
 
 #include <type_traits>
 
+#include "avx2_tile.h"
 #include "qmatmul_ggml.h"
 #include "qmatmul_ggml_drive.h"
 #include "qmatmul_ggml_types.h"
@@ -114,10 +115,10 @@ struct Avx2 {
   }
 };
 
-// Several rows over a whole tile (both halves) at once, for Q4_K and Q6_K: a 32-block's codes are
-// decoded once into L1 (16 vectors: too many to keep in registers beside the rows), then each
-// group of up to 4 rows takes them chunk by chunk, one broadcast of a row's 4 activations serving
-// both halves. Each output's float steps are the type's step (qmatmul_ggml_types.h), in its order;
+// Several rows over a whole tile (both halves) at once, for Q4_K and Q6_K: each group of up to 4
+// rows takes a 32-block chunk by chunk, one broadcast of a row's 4 activations serving both halves
+// (Q4_K: avx2_tile.h's NibbleTile, the chunk's nibbles split as they load; Q6_K: the block's codes
+// decoded once into L1, 16 vectors, too many to keep in registers beside the rows). Each output's float steps are the type's step (qmatmul_ggml_types.h), in its order;
 // the integer dots are exact (bounds below). MUTANT: SPECRT_MUTANT's reordering (the block's terms
 // added to acc last).
 using Q4K = GgmlTypes<Avx2>::KQuant<false>;
@@ -125,45 +126,15 @@ using Q6 = GgmlTypes<Avx2>::Q6K;
 
 SPECRT_STEP const int32_t* quads(const Row& r, int64_t b) { return reinterpret_cast<const int32_t*>(r.q + 32 * b); }
 
-struct Q4KTile {  // the 8 chunks' pairs summed in int16 (codes <= 15: 8 * 2 * 15 * 127 = 30480), as dot32_nibbles
+struct Q4KTile : NibbleTile {  // NibbleTile (avx2_tile.h) over a record's 32-block j
   using T = Q4K;
-  static constexpr int kGroupRows = 4;  // 2 measured slower at 9 and 17 rows (§40)
-  struct Blk {
-    __m256i codes[8][2];  // [chunk][half]
-    const float *scale[2], *min[2];
-  };
   SPECRT_STEP static void load(const uint8_t* rec, int j, const T::Head* head, Blk* k) {
-    const uint8_t* p = rec + 256 + 256 * j;
-    for (int c = 0; c < 4; ++c)
-      for (int u = 0; u < 2; ++u) {
-        const __m256i v = specrt::load(p + 64 * c + 32 * u);
-        k->codes[c][u] = _mm256_and_si256(v, bytes(0x0F));
-        k->codes[c + 4][u] = _mm256_and_si256(_mm256_srli_epi16(v, 4), bytes(0x0F));
-      }
+    at(rec + 256 + 256 * j, k);
     for (int u = 0; u < 2; ++u) k->scale[u] = head[u].scale[j], k->min[u] = head[u].min[j];
   }
   template <int G>
   SPECRT_STEP static void group(const Row* r, __m256* acc, const Blk& k, int64_t b, bool mutant) {
-    __m256i s[G][2];
-    for (int c = 0; c < 8; ++c) {
-      const __m256i c0 = k.codes[c][0], c1 = k.codes[c][1];
-      for (int i = 0; i < G; ++i) {
-        const __m256i qb = _mm256_set1_epi32(quads(r[i], b)[c]);
-        const __m256i p0 = _mm256_maddubs_epi16(c0, qb), p1 = _mm256_maddubs_epi16(c1, qb);
-        s[i][0] = c ? _mm256_add_epi16(s[i][0], p0) : p0;
-        s[i][1] = c ? _mm256_add_epi16(s[i][1], p1) : p1;
-      }
-    }
-    for (int i = 0; i < G; ++i)
-      for (int u = 0; u < 2; ++u) {
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s[i][u], _mm256_set1_epi16(1)));
-        const __m256 scale = _mm256_mul_ps(_mm256_load_ps(k.scale[u]), _mm256_set1_ps(r[i].sa[b]));
-        const __m256 mn = _mm256_load_ps(k.min[u]), qsa = _mm256_set1_ps(r[i].qsa[b]);
-        __m256& a = acc[2 * i + u];
-        __m256 t = _mm256_fmadd_ps(dot, scale, mutant ? _mm256_setzero_ps() : a);
-        t = _mm256_fmadd_ps(mn, qsa, t);
-        a = mutant ? _mm256_add_ps(a, t) : t;
-      }
+    NibbleTile::group<G, true>(r, acc, k, b, mutant);
   }
 };
 
@@ -280,7 +251,7 @@ struct Ymm : FormBase {
     for (int i = 0; i < MR; ++i) r[i] = c.row(m0 + i);
     __m256 acc[2 * MR];
     for (auto& a : acc) a = zero();
-    alignas(32) typename K::Blk blk;
+    typename K::Blk blk;
     for (int64_t sb = 0; sb < c.ns; ++sb) {
       const uint8_t* rec = c.record(p0, sb);
       typename T::Head head[2];

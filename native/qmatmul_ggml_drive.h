@@ -23,14 +23,11 @@
 #pragma once
 #include <cstdint>
 
+#include "form_step.h"
 #include "qmatmul_ggml.h"
 
 namespace specrt {
 namespace {
-
-// The per-block steps, inlined into the loops whatever gcc's size limits (the forms instantiate
-// many row counts; a step left out of line costs a call a 32-block and its vectors in memory)
-#define SPECRT_STEP inline __attribute__((always_inline))
 
 struct Row {  // one activation row
   const int8_t* q;
@@ -38,12 +35,6 @@ struct Row {  // one activation row
   const float* qsa;
   const int32_t* zs;
 };
-
-#ifdef SPECRT_MUTANT  // a wrong form the tests must catch: 4-row blocks add each block's terms to acc last
-constexpr bool kMutant = true;
-#else
-constexpr bool kMutant = false;
-#endif
 
 struct FormBase {  // a form with no loop of its own
   template <class T, int MR, int NP>

@@ -29,7 +29,7 @@ inline void load_codes(const uint8_t* p, int8x16_t* v) {
   }
 }
 
-struct Q4 {  // quarter tiles (4 columns, one q register)
+struct Q4 : QFormBase {  // quarter tiles (4 columns, one q register)
   using Vec = float32x4_t;
   using Code = int8x16_t;
   static constexpr int kParts = 4, kRows = 4;

@@ -21,6 +21,7 @@ void attend_avx2_before(const AttnCall&, int64_t, int64_t, int64_t, int64_t);
 void attend_avx512_before(const AttnCall&, int64_t, int64_t, int64_t, int64_t);
 void ggml_avx2_before(const BlockActs&, const BlockWeights&, const BlockShape&, float*, int64_t, int64_t);
 void ggml_vnni_before(const BlockActs&, const BlockWeights&, const BlockShape&, float*, int64_t, int64_t);
+void matmul_avx2_before(const Activations&, const Weights&, const Shape&, float*, int64_t, int64_t);
 }  // namespace specrt
 
 using namespace specrt;
@@ -29,6 +30,7 @@ namespace {
 
 using AttnFn = void (*)(const AttnCall&, int64_t, int64_t, int64_t, int64_t);
 using GgmlFn = void (*)(const BlockActs&, const BlockWeights&, const BlockShape&, float*, int64_t, int64_t);
+using MatFn = void (*)(const Activations&, const Weights&, const Shape&, float*, int64_t, int64_t);
 
 std::mt19937 rng(37);
 float normal() { return std::normal_distribution<float>(0.f, 1.f)(rng); }
@@ -122,6 +124,33 @@ void ggml(const char* form, GgmlFn before, GgmlFn after, int64_t K, int64_t N, i
   compare(what, reps, run(before, ya), run(after, yb), ya, yb);
 }
 
+// QMatMul4 / QMatMul8 (bits, block) K -> N at M rows, with mins (and a bias where `bias`)
+void qmatmul(const char* form, MatFn before, MatFn after, int64_t K, int64_t N, int bits, int block, bool bias,
+             int64_t M, int reps) {
+  const int64_t nb = K / block;
+  const Shape shape{M, K, N, bits, block};
+  std::vector<uint8_t> codes(N / kTile * nb * tile_bytes(shape));
+  for (uint8_t& b : codes) b = static_cast<uint8_t>(rng());
+  std::vector<float> scale(N * nb), mins(N * nb), bs(N), x(M * K), sa(M * K / 32), qsa(M * nb);
+  for (float& v : scale) v = std::abs(normal()) * 0.02f;
+  for (float& v : mins) v = -std::abs(normal()) * 0.1f;
+  for (float& v : bs) v = normal();
+  for (float& v : x) v = normal();
+  std::vector<int8_t> q(M * K);
+  quantize(x.data(), M, K, q.data(), sa.data());
+  block_sums(q.data(), sa.data(), M, K, block, qsa.data());
+  const Activations a{q.data(), sa.data(), qsa.data()};
+  const Weights w{codes.data(), scale.data(), mins.data(), bias ? bs.data() : nullptr};
+  std::vector<float> ya(M * N), yb(M * N);
+  auto run = [&](MatFn fn, std::vector<float>& y) {
+    return [&, fn] { fn(a, w, shape, y.data(), 0, N / kTile); };
+  };
+  char what[128];
+  std::snprintf(what, sizeof what, "%s QMatMul%d/%d %lld x %lld, %lld rows", form, bits, block, (long long)K,
+                (long long)N, (long long)M);
+  compare(what, reps, run(before, ya), run(after, yb), ya, yb);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -138,6 +167,28 @@ int main(int argc, char** argv) {
     p = *end ? end + 1 : end;
   }
   std::printf("| case | before ms | after ms | after / before |\n| --- | --- | --- | --- |\n");
+  if (argc > 1 && std::strcmp(argv[1], "attention-forms") == 0) {  // this tree's VNNI form ("before") against its AVX2 form
+    for (int64_t ctx : {512, 2000})
+      for (int64_t width : {1, 2, 4}) attention("vnni (before) / avx2 (after)", attend_avx512, attend_avx2, ctx, width, reps);
+    return mismatches ? 1 : 0;
+  }
+  if (argc > 1 && std::strcmp(argv[1], "qmatmul") == 0) {
+    // QMatMul4's AVX2 form before against after, then this tree's VNNI form ("before" column)
+    // against its AVX2 form: the coder draft's shapes (qkv with its bias, o, gate + up, down, the
+    // 32,768-row head), and a QMatMul8 (Q6_K-like, blocks of 16) of the target's down projection
+    const struct {
+      int64_t K, N;
+      int bits, block;
+      bool bias;
+    } shapes[] = {{896, 1152, 4, 32, true}, {896, 896, 4, 32, false}, {896, 9728, 4, 32, false},
+                  {4864, 896, 4, 32, false}, {896, 32768, 4, 32, false}, {8960, 1536, 8, 16, false}};
+    for (const auto& s : shapes)
+      for (int64_t M : rows) {
+        qmatmul("avx2", matmul_avx2_before, matmul_avx2, s.K, s.N, s.bits, s.block, s.bias, M, reps);
+        qmatmul("vnni (before) / avx2 (after)", matmul_vnni, matmul_avx2, s.K, s.N, s.bits, s.block, s.bias, M, reps);
+      }
+    return mismatches ? 1 : 0;
+  }
   if (forms_mode) {
     const struct {
       int64_t K, N;

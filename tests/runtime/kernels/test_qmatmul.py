@@ -8,6 +8,9 @@ the same float steps.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -16,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from checks import isa_forms, kernel_model
 from checks import kernel_session as session
+from paths import ROOT
 from specrt.runtime import kernels
 from specrt.runtime.kernels import layout
 
@@ -78,18 +82,14 @@ def test_matches_float64_over_the_same_quantized_activations(fmt, with_min, with
     assert np.abs(y - exact).max() < 0.02 * np.abs(exact).max()
 
 
-@pytest.mark.parametrize("form", isa_forms())
-@pytest.mark.parametrize("fmt", FMTS)
-def test_a_row_is_the_same_bits_in_any_call(fmt, form, monkeypatch):
-    """Each row alone, and in calls of 2..64 rows at either end, with 1 and 2 threads: the same
-    bits as the portable form (the definition) gives that row alone."""
+def _rows_case(fmt):
     rng = np.random.default_rng(2)
     N, K = 96, 320  # 6 tiles (an odd tile after the pairs in some chunks), 10 blocks of 32
     codes, scale, mins, bias = weights(rng, N, K, True, True, fmt)
-    blob = model(N, K, codes, scale, mins, bias, fmt=fmt)
-    x = activations(rng, 64, K)
-    ref = session(blob, "ref", monkeypatch, 1)
-    definition = np.concatenate([ref.run(None, {"x": x[i:i + 1]})[0] for i in range(len(x))])
+    return model(N, K, codes, scale, mins, bias, fmt=fmt), activations(rng, 64, K)
+
+
+def rows_any_call(blob: bytes, form: str, monkeypatch, x: np.ndarray, definition: np.ndarray) -> None:
     for threads in (1, 2):
         s = session(blob, form, monkeypatch, threads)
         alone = np.concatenate([s.run(None, {"x": x[i:i + 1]})[0] for i in range(len(x))])
@@ -98,6 +98,35 @@ def test_a_row_is_the_same_bits_in_any_call(fmt, form, monkeypatch):
             for start in (0, 64 - M):
                 y = s.run(None, {"x": x[start:start + M]})[0]
                 assert np.array_equal(y, alone[start:start + M]), (threads, M, start)
+
+
+@pytest.mark.parametrize("form", isa_forms())
+@pytest.mark.parametrize("fmt", FMTS)
+def test_a_row_is_the_same_bits_in_any_call(fmt, form, monkeypatch):
+    """Each row alone, and in calls of 2..64 rows at either end, with 1 and 2 threads: the same
+    bits as the portable form (the definition) gives that row alone."""
+    blob, x = _rows_case(fmt)
+    ref = session(blob, "ref", monkeypatch, 1)
+    definition = np.concatenate([ref.run(None, {"x": x[i:i + 1]})[0] for i in range(len(x))])
+    rows_any_call(blob, form, monkeypatch, x, definition)
+
+
+@pytest.mark.parametrize("form", isa_forms(("avx2",)))
+def test_a_form_that_reorders_one_sum_is_caught(form, monkeypatch):
+    """The library built with SPECRT_MUTANT (the AVX2 form's whole-tile loop adds each block's
+    terms to the accumulator last, in blocks of 4 rows) must fail the test above."""
+    if not (shutil.which("make") and shutil.which("g++")):
+        pytest.skip("the mutant library needs make and g++")
+    built = subprocess.run(["make", "-s", "kernels-mutant"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, f"could not build the mutant library: {built.stderr[-300:]}"
+    blob, x = _rows_case((4, 32))
+    ref = session(blob, "ref", monkeypatch, 1)
+    definition = np.concatenate([ref.run(None, {"x": x[i:i + 1]})[0] for i in range(len(x))])
+    monkeypatch.setenv("SPECRT_KERNELS", str(ROOT / ".cache/kernels-mutant/libspecrt_kernels.so"))
+    with pytest.raises(AssertionError):
+        rows_any_call(blob, form, monkeypatch, x, definition)
+    monkeypatch.delenv("SPECRT_KERNELS")
+    rows_any_call(blob, form, monkeypatch, x, definition)  # the real library passes it
 
 
 def test_leading_dims_are_kept(monkeypatch):
