@@ -17,6 +17,7 @@ model: for a 1.5B model a 12 GB peak, for a 7B one more than this 24 GB machine 
 
 from __future__ import annotations
 
+import functools
 import mmap
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -31,15 +32,15 @@ _READERS: dict[str, object] = {}
 
 
 def gguf_reader(path: Path | str):
-    """One parsed GGUFReader per file for the whole export: parsing a 151k-token vocabulary's
-    metadata takes 10-25 s on this machine's CPUs, and an export read each file up to five times
-    (config, tokenizer, weights, tokenizer check, kernel graphs). `forget_readers` drops them."""
+    """One parsed GGUFReader per file for the whole export: an export reads each file up to five
+    times (config, tokenizer, weights, tokenizer check, kernel graphs). Its metadata is parsed by
+    `gguf_fields.FastGGUFReader` (gguf-py's fields, 0.3 s for a 151k-token vocabulary, not 7 s).
+    `forget_readers` drops them."""
     key = str(Path(path).resolve())
     if key not in _READERS:
-        # the class itself, also while `shared_readers` is open
-        from gguf.gguf_reader import GGUFReader
+        from .gguf_fields import FastGGUFReader
 
-        _READERS[key] = GGUFReader(key)
+        _READERS[key] = FastGGUFReader(key)
     return _READERS[key]
 
 
@@ -125,7 +126,42 @@ def processor_for(reader, config):
     return TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=heads)
 
 
+@contextmanager
+def _one_name_map():
+    """gguf-py's tensor name map built once while this is open: transformers' weights map builds
+    it again for every submodule it recurses into (690 times, 3.6 s for a 28-layer model); the
+    map is only read."""
+    import gguf
+
+    orig = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(orig)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = orig
+
+
 SLAB_ROWS = 8192  # rows dequantized at a time
+DEQ_ROWS = 128  # rows gguf-py's per-type code dequantizes in one call
+
+
+def dequantize_rows(raw: np.ndarray, qtype, out: np.ndarray) -> np.ndarray:
+    """gguf-py's `dequantize` of rows `raw` (as GGUFReader gives them: [n, bytes a row], or [n, k]
+    for a float type) written into `out` (fp32 [n, k]) -> out. The same values: gguf-py's own
+    per-type code (`dequantize_rows`), called on DEQ_ROWS rows at a time rather than through its
+    `dequantize`, whose groups of 16 rows spend more in NumPy's per-call overhead than in the
+    arithmetic (a coder layer 0.24 -> 0.13 s); every block is dequantized on its own, so how rows
+    are grouped cannot change a value (tested against `gguf.dequantize`)."""
+    from gguf import dequantize, quants
+
+    q = quants._type_traits.get(qtype)
+    if q is None or raw.ndim != 2:  # the float types (a view or a cast), anything unexpected
+        out[...] = np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(out.shape)
+        return out
+    q.init_grid()
+    for r0 in range(0, raw.shape[0], DEQ_ROWS):
+        out[r0:r0 + DEQ_ROWS] = q.dequantize_rows(raw[r0:r0 + DEQ_ROWS])
+    return out
 
 
 class GGUFWeights(Mapping):
@@ -139,7 +175,8 @@ class GGUFWeights(Mapping):
         self.path = Path(path)
         self.reader = gguf_reader(path)
         self.processor = processor_for(self.reader, model.config)
-        self.to_hf = to_hf = get_gguf_hf_weights_map(model, self.processor)  # (slow: ~8 s for a 28-layer model)
+        with _one_name_map():
+            self.to_hf = to_hf = get_gguf_hf_weights_map(model, self.processor)
         self._tensors = {}
         for t in self.reader.tensors:
             hf = to_hf.get(t.name)
@@ -164,7 +201,7 @@ class GGUFWeights(Mapping):
         if len(shape) == 2 and raw.ndim == 2 and raw.shape[0] == shape[0]:
             w = np.empty(shape, np.float32)
             for r0 in range(0, shape[0], SLAB_ROWS):
-                w[r0:r0 + SLAB_ROWS] = dequantize(raw[r0:r0 + SLAB_ROWS], t.tensor_type).reshape(-1, shape[1])
+                dequantize_rows(raw[r0:r0 + SLAB_ROWS], t.tensor_type, w[r0:r0 + SLAB_ROWS])
         else:
             w = dequantize(t.data, t.tensor_type)
         w = self.processor.process(weights=w, name=t.name, tensor_key_mapping={}, parsed_parameters={}).weights
@@ -177,16 +214,15 @@ class GGUFWeights(Mapping):
         """Rows `idx` (an int array or a slice) of a 2-D weight, dequantized from those rows' blocks
         alone: `self[name][idx]`'s values without the whole tensor in fp32, for a tensor whose rows
         transformers' processor keeps as stored (the token table, an LM head); else read whole."""
-        from gguf import dequantize
-
         t = self._tensors[name]
         n, k = self.shape(name)
         raw = np.asarray(t.data)
         if raw.ndim != 2 or raw.shape[0] != n or not self._rows_as_stored(name):
             return self[name][idx]
-        w = np.asarray(dequantize(raw[idx], t.tensor_type), dtype=np.float32).reshape(-1, k)
+        sel = raw[idx]
+        w = dequantize_rows(sel, t.tensor_type, np.empty((len(sel), k), np.float32))
         drop_pages(self.reader.data)
-        return w if w.flags.writeable else w.copy()
+        return w
 
     def _rows_as_stored(self, name: str) -> bool:
         """Whether the processor leaves tensor `name`'s rows as stored (run on row indices)."""

@@ -46,14 +46,53 @@ def _nibbles(codes: np.ndarray) -> np.ndarray:
 def _high_bits(codes: np.ndarray, shift: int, width: int) -> np.ndarray:
     """Bits above the nibble of codes [rows, s, B, 32] -> [rows, s, B, 32 // (8 // width) // 4, 4]:
     `width` bits of code k = 4v + i at bit width * (v % (8 // width)) of byte (v // (8 // width), i)."""
+    return _pack(codes >> shift, width)
+
+
+def _pack(h: np.ndarray, width: int) -> np.ndarray:
+    """`width`-bit values h [..., 32] -> [..., 32 // (8 // width) // 4, 4] (`_high_bits`' bytes)."""
     per = 8 // width
-    h = (codes >> shift).reshape(*codes.shape[:-1], 8 // per, per, 4)
-    bits = (np.arange(per, dtype=np.uint8) * width).reshape(per, 1)
-    return np.bitwise_or.reduce(h << bits, axis=-2).astype(np.uint8)
+    h = h.reshape(*h.shape[:-1], 8 // per, per, 4)
+    out = h[..., 0, :].copy()
+    for v in range(1, per):
+        out |= h[..., v, :] << np.uint8(v * width)
+    return out
+
+
+def _pairs(lo: np.ndarray) -> np.ndarray:
+    """4-bit codes [..., 32] in element order -> `_nibbles`' bytes [..., 4, 4]."""
+    return (lo[..., :16] | (lo[..., 16:] << np.uint8(4))).reshape(*lo.shape[:-1], 4, 4)
+
+
+def _q4_k_parts(b: np.ndarray) -> list[np.ndarray]:
+    """Q4_K blocks [rows, s, 144] -> [`_nibbles` of the codes], straight from ggml's bytes: 32-block
+    2j + h is the (h ? high : low) nibbles of qs[32j : 32j + 32], in element order."""
+    qs = b[..., 16:144].reshape(*b.shape[:2], 4, 1, 32)
+    lo = np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=-2)  # [rows, s, j, h, 32]
+    return [_pairs(lo.reshape(*b.shape[:2], 8, 32))]
+
+
+def _q6_k_parts(b: np.ndarray) -> list[np.ndarray]:
+    """Q6_K blocks [rows, s, 210] -> [`_nibbles`, `_high_bits(codes, 4, 2)`] of the codes, straight
+    from ggml's bytes: 32-block 4n + 2t + p of half n has its low 4 bits in the (t ? high : low)
+    nibbles of ql[64n + 32p : + 32] and its top 2 bits at bit 2(2t + p) of qh[32n : 32n + 32]."""
+    rows, s = b.shape[:2]
+    ql = b[..., :128].reshape(rows, s, 2, 1, 2, 32)  # [n, t, p, l]
+    lo = np.concatenate([ql & np.uint8(15), ql >> np.uint8(4)], axis=3).reshape(rows, s, 8, 32)
+    qh = b[..., 128:192].reshape(rows, s, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+    return [_pairs(lo), _pack(qh & np.uint8(3), 2).reshape(rows, s, 8, 2, 4)]
+
+
+# types whose record parts are made from the blocks' bytes without decoding a code a byte
+PARTS = {"Q4_K": _q4_k_parts, "Q6_K": _q6_k_parts}
 
 
 def _codes(blocks: np.ndarray, type_name: str, rows: int, s: int) -> np.ndarray:
     """-> the codes part of each record, [rows/16, s, bytes]."""
+    if type_name in PARTS:
+        parts = PARTS[type_name](blocks.reshape(rows, s, -1))
+        per_block = (rows // TILE, s, parts[0].shape[2], -1)
+        return np.concatenate([_tiles(p).reshape(per_block) for p in parts], axis=-1).reshape(rows // TILE, s, -1)
     decode = DECODERS[type_name][0]
     codes = decode(blocks)[0].reshape(rows, s, -1, 32)  # element order, one code a byte
     if type_name == "Q8_0":

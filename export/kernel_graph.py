@@ -21,6 +21,8 @@ a runtime without the kernel library runs those.
 from __future__ import annotations
 
 import json
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -238,14 +240,30 @@ def data_layout(arrays: dict[str, np.ndarray]) -> dict[str, tuple[int, int]]:
     return where
 
 
+AHEAD = 2  # arrays made (a GGUF tensor's blocks repacked) ahead of the one being written
+
+
 def write_data(folder: Path, arrays: dict[str, np.ndarray]) -> dict[str, tuple[int, int]]:
-    """The new initializers into `folder/DATA` (`data_layout`) -> name: (offset, length)."""
+    """The new initializers into `folder/DATA` (`data_layout`) -> name: (offset, length). The
+    arrays are made by AHEAD threads ahead of the writes, in order (a `_Blocks`' repack is NumPy
+    copies and shifts that run outside the GIL, and the writes are system calls): the same
+    bytes, with up to AHEAD + 1 tensors' records in memory instead of one."""
     where = data_layout(arrays)
-    with open(folder / DATA, "wb") as f:
+    with open(folder / DATA, "wb") as f, ThreadPoolExecutor(AHEAD) as pool:
+        pending: deque = deque()
         for name, arr in arrays.items():
-            f.write(b"\0" * (where[name][0] - f.tell()))
-            f.write(np.ascontiguousarray(arr).tobytes())
+            pending.append((name, pool.submit(np.ascontiguousarray, arr)))
+            if len(pending) > AHEAD:
+                _write_at(f, where, *pending.popleft())
+        while pending:
+            _write_at(f, where, *pending.popleft())
     return where
+
+
+def _write_at(f, where: dict[str, tuple[int, int]], name: str, made) -> None:
+    arr = made.result()
+    f.write(b"\0" * (where[name][0] - f.tell()))
+    f.write(memoryview(arr).cast("B"))  # the array's own bytes, no copy of them
 
 
 def place(model: onnx.ModelProto, where: dict[str, tuple[int, int]]) -> None:

@@ -265,3 +265,20 @@ def test_the_reference_never_holds_a_whole_table(both, monkeypatch):
         for seq, g in zip(seqs, got, strict=True):
             want = whole.model(torch.from_numpy(seq[None])).logits[0].numpy()
             assert np.abs(g - want).max() < 1e-5
+
+
+@pytest.mark.parametrize("deq_rows", [128, 3])  # 3: ragged groups
+def test_dequantize_rows_is_gguf_pys_dequantize(gguf, deq_rows, monkeypatch):
+    """`dequantize_rows` (gguf-py's per-type code on groups of rows) gives `gguf.dequantize`'s
+    values bit for bit, for every block type and float tensor of the file."""
+    from gguf import dequantize
+
+    monkeypatch.setattr(gguf_stream, "DEQ_ROWS", deq_rows)
+    reader = gguf_stream.gguf_reader(gguf)
+    for t in reader.tensors:
+        raw = np.asarray(t.data)
+        if raw.ndim != 2:
+            continue
+        want = np.asarray(dequantize(raw, t.tensor_type), dtype=np.float32).reshape(raw.shape[0], -1)
+        got = gguf_stream.dequantize_rows(raw, t.tensor_type, np.empty_like(want))
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), t.name

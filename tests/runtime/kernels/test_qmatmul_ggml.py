@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from checks import FAST_FORMS, isa_forms, kernel_model
 from checks import kernel_session as session
 from paths import ROOT
+from specrt.export import kernel_blocks
 from specrt.export.gguf_blocks import import_blocks
 from specrt.export.kernel_blocks import OP, TYPES, record_bytes, repack
 from specrt.runtime import kernels
@@ -163,6 +164,18 @@ def test_k_quants_with_mins_are_qmatmuls_bits(type_name, fmt, monkeypatch):
     old = session(_qmatmul(import_blocks(raw, type_name, n, k), fmt), BEST, monkeypatch).run(None, {"x": x})[0]
     new = session(model(raw, type_name, n, k), BEST, monkeypatch).run(None, {"x": x})[0]
     assert np.array_equal(new, old)
+
+
+@pytest.mark.parametrize("type_name", sorted(kernel_blocks.PARTS))
+def test_records_from_the_bytes_are_the_decoded_records(type_name, monkeypatch):
+    """Q4_K / Q6_K records made from ggml's bytes (`kernel_blocks.PARTS`) are those made by
+    decoding every code first, byte for byte (ragged slabs, rows reordered)."""
+    raw = blocks(type_name, 96, 512, seed=3)
+    order = np.random.default_rng(5).permutation(96)
+    monkeypatch.setattr(kernel_blocks, "SLAB", 48)
+    fast = repack(raw, type_name, 96, 512, order)
+    monkeypatch.setattr(kernel_blocks, "PARTS", {})
+    assert np.array_equal(fast, repack(raw, type_name, 96, 512, order))
 
 
 def test_rows_follow_the_order_given():
