@@ -11,7 +11,6 @@
 // steps); 8-bit codes a half tile at a time.
 #include <immintrin.h>
 
-#include <vector>
 
 #include "avx2_tile.h"
 #include "qmatmul.h"

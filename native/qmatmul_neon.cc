@@ -3,7 +3,6 @@
 // numbers, bit for bit: a block's integer dot is exact and each output takes matmul_ref's float
 // steps in its order. Quarter tiles (4 of a tile's 16 columns: 16 bytes of a 64-byte chunk);
 // 8-bit codes are taken as code - 128 (int8) and 128 * sum(q) added back.
-#include <vector>
 
 #include "arm_dot.h"
 #include "qmatmul.h"
