@@ -11,7 +11,7 @@ PROMPT ?= Explain KV caches in two sentences.
 # 2 cores: corpus generation + training), then `make export-eagle`.
 HEAD := .cache/heads/smollm2-135m-instruct.eagle.safetensors
 
-.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant kernels-forms kernels-avx2-only kernels-arm64 cpp lock drift clean
+.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant kernels-forms kernels-isa kernels-avx2-only kernels-arm64 cpp lock drift clean
 
 LOCK := locks/dev.txt
 RUNTIME_LOCK := locks/runtime.txt
@@ -184,6 +184,17 @@ $(HOST_FORMS_CHECK): tests/native/kernel_forms.cc $(KERNELS)
 	  $(patsubst %,.cache/kernels/%.o,$(filter-out ort_ops attention_op qmatmul_ggml_op,$(PORTABLE)) $(FORMS)) -o $@
 
 kernels-forms: $(HOST_FORMS_CHECK)
+	$<
+
+# native/isa.h's decision (which forms a CPU runs, which one best_isa() takes, what
+# SPECRT_KERNELS_ISA may lower it to) over the cpuid bits of CPUs this host is not
+# (tests/runtime/kernels/test_isa.py): no CPU without AVX-VNNI is given its VEX vpdpbusd.
+ISA_CHOICE := .cache/kernels/isa_choice
+$(ISA_CHOICE): tests/native/isa_choice.cc native/isa.h
+	mkdir -p .cache/kernels
+	g++ -O1 -std=c++17 -Wall -Wextra -Inative $< -o $@
+
+kernels-isa: $(ISA_CHOICE)
 	$<
 
 # The same x86-64 driver on a CPU without AVX-512: qemu-x86_64 (from the qemu-user-static the ARM64

@@ -3,6 +3,7 @@
 // host is not).
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 namespace specrt {
 
@@ -13,8 +14,10 @@ namespace specrt {
 // extension (sdot).
 #if defined(__aarch64__)
 enum Isa { kRef = 0, kNeon = 1, kDotprod = 2 };
+inline constexpr const char* kIsaNames[] = {"ref", "neon", "dotprod"};
 #else
 enum Isa { kRef = 0, kAvx2 = 1, kAvxVnni = 2, kVnni = 3, kAmx = 4 };
+inline constexpr const char* kIsaNames[] = {"ref", "avx2", "avxvnni", "vnni", "amx"};
 
 // What cpuid and xgetbv say (the bits the forms need).
 struct CpuId {
@@ -59,5 +62,14 @@ inline int best_form(const X86Forms& f) {
   return f.amx ? kAmx : f.vnni ? kVnni : f.avx_vnni ? kAvxVnni : f.avx2 ? kAvx2 : kRef;
 }
 #endif
+
+// SPECRT_KERNELS_ISA=want: the form of that name where it is below `best` and runs(form) (the CPU
+// runs it), else `best` (a name above it, unknown or not run here changes nothing).
+template <class Runs>
+int lowered(int best, const char* want, Runs runs) {
+  for (int i = 0; want && i < best; ++i)
+    if (std::strcmp(want, kIsaNames[i]) == 0 && runs(i)) return i;
+  return best;
+}
 
 }  // namespace specrt

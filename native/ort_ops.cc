@@ -34,15 +34,11 @@ const OrtApi* g_api = nullptr;
 namespace {
 
 #if defined(__aarch64__)
-const char* const kIsaNames[] = {"ref", "neon", "dotprod"};
-
 int detect() {  // Advanced SIMD is part of ARMv8-A; sdot is the dot-product extension (ASIMDDP)
   return getauxval(AT_HWCAP) & HWCAP_ASIMDDP ? kDotprod : kNeon;
 }
 bool runs_here(int) { return true; }  // each form below the best
 #else
-const char* const kIsaNames[] = {"ref", "avx2", "avxvnni", "vnni", "amx"};
-
 uint64_t xcr0() {
   uint32_t lo, hi;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
@@ -87,10 +83,7 @@ bool avxvnni_vex() { return here().avx_vnni; }
 
 int best_isa() {
   static const int found = detect();
-  const char* want = std::getenv("SPECRT_KERNELS_ISA");
-  for (int i = 0; want && i < found; ++i)
-    if (std::strcmp(want, kIsaNames[i]) == 0 && runs_here(i)) return i;
-  return found;
+  return lowered(found, std::getenv("SPECRT_KERNELS_ISA"), runs_here);
 }
 
 namespace {
