@@ -38,10 +38,15 @@ constexpr bool kDpbusd = false;
 inline __m256i dpbusd(__m256i acc, __m256i, __m256i) { return acc; }  // never called (if constexpr)
 #endif
 
-// acc + the dot of n code vectors v (u8) with a row's int8 activations q (4 a column), exact
-inline __m256i dpbusd_chain(__m256i acc, const __m256i* v, const int32_t* q, int n) {
-  for (int j = 0; j < n; ++j) acc = dpbusd(acc, v[j], _mm256_set1_epi32(q[j]));
-  return acc;
+// The dot of n code vectors v (u8; vector j for k = 4j .. 4j + 3) with a row's int8 activations q
+// (4 a column), exact: in two chains (even and odd j), so that one row's dots are not bound by
+// vpdpbusd's latency (4-5 cycles, against vpaddw's 1 in the AVX2 form)
+inline __m256i dpbusd_dot(const __m256i* v, const int32_t* q, int n) {
+  __m256i a = _mm256_setzero_si256(), b = a;
+  for (int j = 0; j + 1 < n; j += 2)
+    a = dpbusd(a, v[j], _mm256_set1_epi32(q[j])), b = dpbusd(b, v[j + 1], _mm256_set1_epi32(q[j + 1]));
+  if (n % 2) a = dpbusd(a, v[n - 1], _mm256_set1_epi32(q[n - 1]));
+  return _mm256_add_epi32(a, b);
 }
 
 }  // namespace

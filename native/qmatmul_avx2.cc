@@ -48,7 +48,7 @@ inline __m256i block_dot(const __m256i* v, const int32_t* q) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i acc = _mm256_setzero_si256();
   if constexpr (kDpbusd) {
-    acc = dpbusd_chain(acc, v, q, BLK / 4);
+    acc = dpbusd_dot(v, q, BLK / 4);
   } else if constexpr (BITS == 4) {
     __m256i s = _mm256_maddubs_epi16(v[0], _mm256_set1_epi32(q[0]));
     for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], _mm256_set1_epi32(q[j])));

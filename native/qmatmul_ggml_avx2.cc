@@ -44,7 +44,7 @@ template <int GROUP, bool SIGNED>
 inline __m256i dot16(const __m256i* v, const int32_t* q) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i acc = _mm256_setzero_si256(), s = acc;
-  if constexpr (kDpbusd) return dpbusd_chain(acc, v, q, 4);  // codes u8 (kQ8Signed false)
+  if constexpr (kDpbusd) return dpbusd_dot(v, q, 4);  // codes u8 (kQ8Signed false)
   for (int j = 0; j < 4; ++j) {
     const __m256i qb = _mm256_set1_epi32(q[j]);
     const __m256i p = SIGNED ? _mm256_maddubs_epi16(_mm256_sign_epi8(v[j], v[j]), _mm256_sign_epi8(qb, v[j]))
@@ -59,7 +59,7 @@ inline __m256i dot16(const __m256i* v, const int32_t* q) {
 // 8 * 2 * 15 * 127 = 30480), one widening.
 inline __m256i dot32_nibbles(const __m256i* v, const int8_t* q8) {
   const int32_t* q = reinterpret_cast<const int32_t*>(q8);
-  if constexpr (kDpbusd) return dpbusd_chain(_mm256_setzero_si256(), v, q, 8);
+  if constexpr (kDpbusd) return dpbusd_dot(v, q, 8);
   __m256i s = _mm256_maddubs_epi16(v[0], _mm256_set1_epi32(q[0]));
   for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], _mm256_set1_epi32(q[j])));
   return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
@@ -111,7 +111,7 @@ struct Avx2 {
   template <int BITS>
   static Ints dot32(const Codes* v, const int8_t* q) {
     if constexpr (BITS == 4 || kDpbusd) {
-      return kDpbusd ? dpbusd_chain(_mm256_setzero_si256(), v, reinterpret_cast<const int32_t*>(q), 8) : dot32_nibbles(v, q);
+      return kDpbusd ? dpbusd_dot(v, reinterpret_cast<const int32_t*>(q), 8) : dot32_nibbles(v, q);
     } else {
       Ints lo, hi;
       halves<BITS>(v, q, &lo, &hi);
