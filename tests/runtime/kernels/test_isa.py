@@ -69,3 +69,16 @@ def test_avxvnni_is_taken_by_name_only_where_the_cpu_runs_vpdpbusd_on_256_bits(l
     assert kernels.isa() == ("avxvnni" if runs else best)
     monkeypatch.setenv("SPECRT_KERNELS_ISA", "sse2")  # no such form: the best
     assert kernels.isa() == best
+
+
+def test_the_library_holds_both_encodings_of_the_avxvnni_form(library):
+    """The shipped library links the VEX object (what an Alder Lake runs; no host here can run it)
+    and the EVEX one (what this host's tests run), each with its vpdpbusd on ymm registers."""
+    if not shutil.which("objdump"):
+        pytest.skip("objdump (binutils) reads the library")
+    out = subprocess.run(["objdump", "-d", str(kernels.library_path())], capture_output=True, text=True,
+                         timeout=120).stdout
+    ymm = [ln for ln in out.splitlines() if "vpdpbusd" in ln and "%ymm" in ln]
+    vex = [ln for ln in ymm if "{vex}" in ln]
+    assert vex, "no VEX vpdpbusd: the AVX-VNNI object is not in the library"
+    assert len(ymm) > len(vex), "no EVEX vpdpbusd on ymm: the avxvnni_evex object is not in the library"
