@@ -11,7 +11,7 @@ PROMPT ?= Explain KV caches in two sentences.
 # 2 cores: corpus generation + training), then `make export-eagle`.
 HEAD := .cache/heads/smollm2-135m-instruct.eagle.safetensors
 
-.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant kernels-forms kernels-avx2-only kernels-arm64 cpp lock drift clean
+.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant kernels-forms kernels-isa kernels-avx2-only kernels-arm64 cpp lock drift clean
 
 LOCK := locks/dev.txt
 RUNTIME_LOCK := locks/runtime.txt
@@ -127,10 +127,14 @@ KERNEL_SOURCES := $(wildcard native/*.cc native/*.h)
 PORTABLE := ort_ops attention_op qmatmul_ref attention_ref qmatmul_ggml_op qmatmul_ggml_ref
 # Each fast form is compiled for its instruction set alone (per object: FLAGS_x, from native/SRC_x
 # or native/x.cc) and called only where the CPU has it (best_isa(), native/ort_ops.cc), so the
-# library loads on any CPU of its architecture. x86-64: AVX-512 (VNNI, AMX) and AVX2 forms;
+# library loads on any CPU of its architecture. x86-64: AVX-512 (VNNI, AMX) and AVX2 forms, and
+# the AVX2 QMatMul sources built again with vpdpbusd (native/avx2_dot.h): *_avxvnni in AVX-VNNI's
+# VEX encoding (-mavxvnni), *_avxvnni_evex in AVX-512 VL + VNNI's EVEX encoding (inline assembly in
+# an AVX2 object; the form run where the CPU has AVX-512 but not AVX-VNNI, to check and time it);
 # ARM64: NEON, and NEON with sdot (the same sources built with SPECRT_DOTPROD: native/arm_dot.h).
 # No x86 flag is ever passed on ARM64.
-X86_FORMS := qmatmul_x86 attention_x86 qmatmul_ggml_x86 qmatmul_avx2 attention_avx2 qmatmul_ggml_avx2
+AVXVNNI_FORMS := qmatmul_avxvnni qmatmul_ggml_avxvnni qmatmul_avxvnni_evex qmatmul_ggml_avxvnni_evex
+X86_FORMS := qmatmul_x86 attention_x86 qmatmul_ggml_x86 qmatmul_avx2 attention_avx2 qmatmul_ggml_avx2 $(AVXVNNI_FORMS)
 ARM_FORMS := qmatmul_neon qmatmul_dotprod qmatmul_ggml_neon qmatmul_ggml_dotprod attention_neon
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vnni -mamx-tile -mamx-int8 -Wno-maybe-uninitialized -Wno-uninitialized
 AVX2_FLAGS := -mavx2 -mfma -mf16c
@@ -138,6 +142,8 @@ NEON_FLAGS := -march=armv8-a
 DOTPROD_FLAGS := -march=armv8.2-a+dotprod -DSPECRT_DOTPROD
 $(foreach f,qmatmul_x86 attention_x86 qmatmul_ggml_x86,$(eval FLAGS_$(f) := $(AVX512_FLAGS)))
 $(foreach f,qmatmul_avx2 attention_avx2 qmatmul_ggml_avx2,$(eval FLAGS_$(f) := $(AVX2_FLAGS)))
+$(foreach f,qmatmul qmatmul_ggml,$(eval FLAGS_$(f)_avxvnni := $(AVX2_FLAGS) -mavxvnni -DSPECRT_AVXVNNI=1)$(eval SRC_$(f)_avxvnni := $(f)_avx2))
+$(foreach f,qmatmul qmatmul_ggml,$(eval FLAGS_$(f)_avxvnni_evex := $(AVX2_FLAGS) -DSPECRT_AVXVNNI=2)$(eval SRC_$(f)_avxvnni_evex := $(f)_avx2))
 $(foreach f,qmatmul_neon qmatmul_ggml_neon attention_neon,$(eval FLAGS_$(f) := $(NEON_FLAGS)))
 $(foreach f,qmatmul qmatmul_ggml,$(eval FLAGS_$(f)_dotprod := $(DOTPROD_FLAGS))$(eval SRC_$(f)_dotprod := $(f)_neon))
 FORMS := $(if $(filter aarch64 arm64,$(shell uname -m)),$(ARM_FORMS),$(X86_FORMS))
@@ -155,11 +161,12 @@ $(KERNELS): $(KERNEL_SOURCES) $(ORT_HEADERS)/onnxruntime_c_api.h
 
 kernels: $(KERNELS)
 
-# The library with wrong fast forms of QMatMulGGML (native/qmatmul_ggml_{x86,avx2,neon}.cc) and
-# of QMatMul4's AVX2 form (native/qmatmul_avx2.cc) (SPECRT_MUTANT: one sum reordered), which
-# tests/runtime/kernels/test_qmatmul_ggml.py and test_qmatmul.py must catch.
+# The library with wrong fast forms of QMatMulGGML (native/qmatmul_ggml_{x86,avx2,neon}.cc, the
+# AVX-VNNI builds included) and of QMatMul4's AVX2 and AVX-VNNI forms (native/qmatmul_avx2.cc)
+# (SPECRT_MUTANT: one sum reordered), which tests/runtime/kernels/test_qmatmul_ggml.py and
+# test_qmatmul.py must catch.
 MUTANT := .cache/kernels-mutant/libspecrt_kernels.so
-MUTANTS := $(filter qmatmul_ggml_% qmatmul_avx2,$(FORMS))
+MUTANTS := $(filter qmatmul_ggml_% qmatmul_avx2 qmatmul_avxvnni%,$(FORMS))
 $(MUTANT): $(KERNELS)
 	mkdir -p .cache/kernels-mutant
 	$(foreach f,$(MUTANTS),g++ $(KERNEL_FLAGS) $(FLAGS_$(f)) -DSPECRT_MUTANT -c native/$(or $(SRC_$(f)),$(f)).cc \
@@ -177,6 +184,17 @@ $(HOST_FORMS_CHECK): tests/native/kernel_forms.cc $(KERNELS)
 	  $(patsubst %,.cache/kernels/%.o,$(filter-out ort_ops attention_op qmatmul_ggml_op,$(PORTABLE)) $(FORMS)) -o $@
 
 kernels-forms: $(HOST_FORMS_CHECK)
+	$<
+
+# native/isa.h's decision (which forms a CPU runs, which one best_isa() takes, what
+# SPECRT_KERNELS_ISA may lower it to) over the cpuid bits of CPUs this host is not
+# (tests/runtime/kernels/test_isa.py): no CPU without AVX-VNNI is given its VEX vpdpbusd.
+ISA_CHOICE := .cache/kernels/isa_choice
+$(ISA_CHOICE): tests/native/isa_choice.cc native/isa.h
+	mkdir -p .cache/kernels
+	g++ -O1 -std=c++17 -Wall -Wextra -Inative $< -o $@
+
+kernels-isa: $(ISA_CHOICE)
 	$<
 
 # The same x86-64 driver on a CPU without AVX-512: qemu-x86_64 (from the qemu-user-static the ARM64

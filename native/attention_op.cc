@@ -51,7 +51,8 @@ void run_unit(void* p, size_t i) {
 #if defined(__aarch64__)
   (j.isa >= kNeon ? attend_neon : attend_ref)(*j.c, u.lane, u.g, u.e0, u.e1);
 #else
-  (j.isa >= kVnni ? attend_avx512 : j.isa == kAvx2 ? attend_avx2 : attend_ref)(*j.c, u.lane, u.g, u.e0, u.e1);
+  // kAvxVnni: the AVX2 form (attention's dots are fp32 fmas: vpdpbusd has nothing to do)
+  (j.isa >= kVnni ? attend_avx512 : j.isa >= kAvx2 ? attend_avx2 : attend_ref)(*j.c, u.lane, u.g, u.e0, u.e1);
 #endif
 }
 

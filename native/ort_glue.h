@@ -7,20 +7,19 @@
 #include <string>
 #include <vector>
 
+#include "isa.h"
+
 namespace specrt {
 
 extern const OrtApi* g_api;
 
-// The forms of this architecture, lowest first. x86-64: kAvx2 is AVX2 with FMA and F16C
-// (x86-64-v3), kVnni AVX-512 F/BW with VNNI, kAmx that with AMX (QMatMul4/8's wide calls).
-// ARM64: kNeon is ARMv8-A's Advanced SIMD, kDotprod that with the dot-product extension (sdot).
-#if defined(__aarch64__)
-enum Isa { kRef = 0, kNeon = 1, kDotprod = 2 };
-#else
-enum Isa { kRef = 0, kAvx2 = 1, kVnni = 2, kAmx = 3 };
-#endif
-// The best the CPU has, lowered by SPECRT_KERNELS_ISA=<a lower form's name> (tests compare the forms).
+// The best form the CPU has (isa.h's Isa), lowered by SPECRT_KERNELS_ISA=<the name of a form the
+// CPU runs> (tests compare the forms).
 int best_isa();
+#if !defined(__aarch64__)
+// kAvxVnni's objects here: VEX (the CPU has AVX-VNNI) or EVEX (only AVX-512 VL + VNNI's encoding)
+bool avxvnni_vex();
+#endif
 
 // x -> its int8 blocks (qmatmul.h's quantize) in the form for `isa`: the same bits in each.
 using Quantizer = void (*)(const float* x, int64_t M, int64_t K, int8_t* q, float* sa);

@@ -34,32 +34,42 @@ const OrtApi* g_api = nullptr;
 namespace {
 
 #if defined(__aarch64__)
-const char* const kIsaNames[] = {"ref", "neon", "dotprod"};
-
 int detect() {  // Advanced SIMD is part of ARMv8-A; sdot is the dot-product extension (ASIMDDP)
   return getauxval(AT_HWCAP) & HWCAP_ASIMDDP ? kDotprod : kNeon;
 }
+bool runs_here(int) { return true; }  // each form below the best
 #else
-const char* const kIsaNames[] = {"ref", "avx2", "vnni", "amx"};
-
-bool os_saves(uint64_t mask) {
+uint64_t xcr0() {
   uint32_t lo, hi;
   __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  return ((static_cast<uint64_t>(hi) << 32 | lo) & mask) == mask;
+  return static_cast<uint64_t>(hi) << 32 | lo;
 }
 
-int detect() {
+X86Forms cpu_forms() {  // isa.h's decision over this CPU's cpuid
+  CpuId id;
   unsigned a, b, c, d;
-  if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || !(c & (1u << 27))) return kRef;  // OSXSAVE
-  const bool fma_f16c = (c & (1u << 12)) && (c & (1u << 28)) && (c & (1u << 29));  // FMA, AVX, F16C
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return kRef;
-  const bool avx2 = fma_f16c && (b & (1u << 5)) && os_saves(0x6);
-  const bool avx512 = avx2 && (b & (1u << 16)) && (b & (1u << 30)) && (c & (1u << 11)) && os_saves(0xE6);
-  if (!avx512) return avx2 ? kAvx2 : kRef;
-  const bool amx = (d & (1u << 24)) && (d & (1u << 25)) && os_saves(0x60000) &&
-                   syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-  return amx ? kAmx : kVnni;
+  if (!__get_cpuid_count(1, 0, &a, &b, &c, &d)) return x86_forms(id);
+  id.ecx1 = c;
+  if (c & (1u << 27)) id.xcr0 = xcr0();  // OSXSAVE: xgetbv exists
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+    id.ebx7 = b, id.ecx7 = c, id.edx7 = d;
+    if (a >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) id.eax7_1 = a;
+  }
+  // AMX's tile data must be asked of the kernel, once, where the rest says AMX
+  CpuId asked = id;
+  asked.amx_granted = true;
+  if (x86_forms(asked).amx)
+    id.amx_granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return x86_forms(id);
 }
+
+const X86Forms& here() {
+  static const X86Forms f = cpu_forms();
+  return f;
+}
+
+int detect() { return best_form(here()); }
+bool runs_here(int isa) { return runs(here(), isa); }
 #endif
 
 }  // namespace
@@ -67,15 +77,13 @@ int detect() {
 #if defined(__aarch64__)
 Quantizer quantizer(int) { return quantize; }
 #else
-Quantizer quantizer(int isa) { return isa >= kVnni ? quantize_avx512 : isa == kAvx2 ? quantize_avx2 : quantize; }
+Quantizer quantizer(int isa) { return isa >= kVnni ? quantize_avx512 : isa >= kAvx2 ? quantize_avx2 : quantize; }
+bool avxvnni_vex() { return here().avx_vnni; }
 #endif
 
 int best_isa() {
   static const int found = detect();
-  const char* want = std::getenv("SPECRT_KERNELS_ISA");
-  for (int i = 0; want && i < found; ++i)
-    if (std::strcmp(want, kIsaNames[i]) == 0) return i;
-  return found;
+  return lowered(found, std::getenv("SPECRT_KERNELS_ISA"), runs_here);
 }
 
 namespace {
@@ -107,6 +115,8 @@ void run_chunk(void* p, size_t i) {
     matmul_amx(*j.a, *j.w, j.s, j.y, t0, t1);
   else if (j.isa >= kVnni)
     matmul_vnni(*j.a, *j.w, j.s, j.y, t0, t1);
+  else if (j.isa == kAvxVnni)
+    (avxvnni_vex() ? matmul_avxvnni : matmul_avxvnni_evex)(*j.a, *j.w, j.s, j.y, t0, t1);
   else if (j.isa == kAvx2)
     matmul_avx2(*j.a, *j.w, j.s, j.y, t0, t1);
   else
@@ -262,5 +272,6 @@ SPECRT_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* optio
   return api->AddCustomOpDomain(options, g_domain);
 }
 
-// The instruction set the operators run with here: "amx", "vnni", "avx2", "dotprod", "neon" or "ref".
+// The instruction set the operators run with here: "amx", "vnni", "avxvnni", "avx2", "dotprod", "neon"
+// or "ref".
 SPECRT_EXPORT const char* specrt_kernels_isa() { return kIsaNames[best_isa()]; }

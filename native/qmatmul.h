@@ -50,6 +50,9 @@ void block_sums(const int8_t* q, const float* sa, int64_t M, int64_t K, int bloc
 // Column tiles [t0, t1) of y for every row. Each function computes the same bits.
 void matmul_ref(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
 void matmul_avx2(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
+// the AVX2 form with vpdpbusd (native/avx2_dot.h): VEX (AVX-VNNI) and EVEX (AVX-512 VL + VNNI) encodings
+void matmul_avxvnni(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
+void matmul_avxvnni_evex(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
 void matmul_vnni(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
 void matmul_amx(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);
 void matmul_neon(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1);

@@ -8,10 +8,12 @@
 // (<= 255) would saturate a pair, so they are taken as code - 128 (|c| against q with c's sign,
 // a pair <= 2 * 128 * 127 = 32512) and 128 * sum(q) is added back. 4-bit codes take whole tiles
 // (avx2_tile.h's NibbleTile, which QMatMulGGML's Q4_K shares: the same chunk layout and float
-// steps); 8-bit codes a half tile at a time.
+// steps); 8-bit codes a half tile at a time. Built with SPECRT_AVXVNNI (avx2_dot.h) the same
+// source is the AVX-VNNI form: each chunk's dot one vpdpbusd into int32, 8-bit codes as stored
+// (their dot is then sum code * q itself, so the zero sums are not added).
 #include <immintrin.h>
 
-
+#include "avx2_dot.h"
 #include "avx2_tile.h"
 #include "qmatmul.h"
 #include "qmatmul_drive.h"
@@ -22,10 +24,12 @@ namespace {
 inline __m256i load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 // A block's codes of one half tile (p: the block's first chunk's half) as BLK/4 vectors, vector
-// j for k = 4j .. 4j + 3: u8 codes (4 bits) or code - 128 as int8 (8 bits).
+// j for k = 4j .. 4j + 3: u8 codes (4 bits; 8 bits with vpdpbusd) or code - 128 as int8 (8 bits).
 template <int BITS, int BLK>
 inline void load_codes(const uint8_t* p, __m256i* v) {
-  if constexpr (BITS == 8) {
+  if constexpr (BITS == 8 && kDpbusd) {
+    for (int j = 0; j < BLK / 4; ++j) v[j] = load(p + 64 * j);
+  } else if constexpr (BITS == 8) {
     for (int j = 0; j < BLK / 4; ++j) v[j] = _mm256_xor_si256(load(p + 64 * j), _mm256_set1_epi8(static_cast<char>(0x80)));
   } else {
     const __m256i low = _mm256_set1_epi8(0x0F);
@@ -37,12 +41,15 @@ inline void load_codes(const uint8_t* p, __m256i* v) {
   }
 }
 
-// The block's dot per column: sum of code * q (4 bits) or of (code - 128) * q (8 bits), exact.
+// The block's dot per column: sum of code * q (4 bits; 8 bits with vpdpbusd) or of
+// (code - 128) * q (8 bits), exact.
 template <int BITS, int BLK>
 inline __m256i block_dot(const __m256i* v, const int32_t* q) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i acc = _mm256_setzero_si256();
-  if constexpr (BITS == 4) {
+  if constexpr (kDpbusd) {
+    acc = dpbusd_dot(v, q, BLK / 4);
+  } else if constexpr (BITS == 4) {
     __m256i s = _mm256_maddubs_epi16(v[0], _mm256_set1_epi32(q[0]));
     for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], _mm256_set1_epi32(q[j])));
     acc = _mm256_madd_epi16(s, ones);
@@ -71,7 +78,7 @@ struct Ymm : QFormBase {  // half tiles (8 columns, one ymm)
   template <int BITS, int BLK>
   static Vec dot_step(Vec acc, const Code* v, const int8_t* q, int32_t zs, Vec scale, float sa) {
     __m256i dot = block_dot<BITS, BLK>(v, reinterpret_cast<const int32_t*>(q));
-    if constexpr (BITS == 8) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(zs));
+    if constexpr (BITS == 8 && !kDpbusd) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(zs));
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, _mm256_set1_ps(sa)), acc);
   }
 
@@ -112,6 +119,7 @@ struct Ymm : QFormBase {  // half tiles (8 columns, one ymm)
 
 }  // namespace
 
+#if !defined(SPECRT_AVXVNNI)  // the AVX-VNNI form quantizes with this one (AVX2 alone)
 void quantize_avx2(const float* x, int64_t M, int64_t K, int8_t* q, float* sa) {
   const int64_t nb = K / kQBlock;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
@@ -134,7 +142,9 @@ void quantize_avx2(const float* x, int64_t M, int64_t K, int8_t* q, float* sa) {
     }
 }
 
-void matmul_avx2(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1) {
+#endif
+
+void SPECRT_AVX2_FORM(matmul)(const Activations& a, const Weights& w, const Shape& s, float* y, int64_t t0, int64_t t1) {
   matmul_drive<Ymm>(a, w, s, y, t0, t1);
 }
 

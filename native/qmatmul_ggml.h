@@ -76,6 +76,9 @@ int64_t zero_sums_count(int64_t M, int64_t K, int type);  // zs's length
 // Column tiles [t0, t1) of y for every row. Each function computes the same bits.
 void ggml_ref(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);
 void ggml_avx2(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);
+// the AVX2 form with vpdpbusd (native/avx2_dot.h): VEX (AVX-VNNI) and EVEX (AVX-512 VL + VNNI) encodings
+void ggml_avxvnni(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);
+void ggml_avxvnni_evex(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);
 void ggml_vnni(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);
 void ggml_neon(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);
 void ggml_dotprod(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);

@@ -5,11 +5,14 @@
 // The types are qmatmul_ggml_types.h's, on half tiles (Avx2 below); Q4_K and Q6_K at several rows
 // have loops of their own (Q4KTile, Q6KTile: docs/design.md "Forms for AVX2 hosts and ARM64").
 // Without vpdpbusd a chunk's dot is vpmaddubsw (u8 x s8 pairs -> s16, saturating) then vpmaddwd
-// by ones (-> s32), or by Q6_K's sub-block scales.
+// by ones (-> s32), or by Q6_K's sub-block scales. Built with SPECRT_AVXVNNI (avx2_dot.h) the same
+// source is the AVX-VNNI form: every chunk's dot one vpdpbusd into int32 (no grouping), Q8_0's
+// codes as stored with the zero point (as on AVX-512), Q6_K's sub-block dots scaled by vpmulld.
 #include <immintrin.h>
 
 #include <type_traits>
 
+#include "avx2_dot.h"
 #include "avx2_tile.h"
 #include "qmatmul_ggml.h"
 #include "qmatmul_ggml_drive.h"
@@ -41,6 +44,7 @@ template <int GROUP, bool SIGNED>
 inline __m256i dot16(const __m256i* v, const int32_t* q) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i acc = _mm256_setzero_si256(), s = acc;
+  if constexpr (kDpbusd) return dpbusd_dot(v, q, 4);  // codes u8 (kQ8Signed false)
   for (int j = 0; j < 4; ++j) {
     const __m256i qb = _mm256_set1_epi32(q[j]);
     const __m256i p = SIGNED ? _mm256_maddubs_epi16(_mm256_sign_epi8(v[j], v[j]), _mm256_sign_epi8(qb, v[j]))
@@ -55,6 +59,7 @@ inline __m256i dot16(const __m256i* v, const int32_t* q) {
 // 8 * 2 * 15 * 127 = 30480), one widening.
 inline __m256i dot32_nibbles(const __m256i* v, const int8_t* q8) {
   const int32_t* q = reinterpret_cast<const int32_t*>(q8);
+  if constexpr (kDpbusd) return dpbusd_dot(v, q, 8);
   __m256i s = _mm256_maddubs_epi16(v[0], _mm256_set1_epi32(q[0]));
   for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], _mm256_set1_epi32(q[j])));
   return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
@@ -75,7 +80,7 @@ struct Avx2 {
   using Codes = __m256i;
   using Ints = __m256i;
   static constexpr int kCols = 8;
-  static constexpr bool kQ8Signed = true;  // 8-bit codes would saturate vpmaddubsw pairs: code - 128
+  static constexpr bool kQ8Signed = !kDpbusd;  // 8-bit codes would saturate vpmaddubsw pairs: code - 128
   static Vec set1(float f) { return _mm256_set1_ps(f); }
   static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
   static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
@@ -105,8 +110,8 @@ struct Avx2 {
   }
   template <int BITS>
   static Ints dot32(const Codes* v, const int8_t* q) {
-    if constexpr (BITS == 4) {
-      return dot32_nibbles(v, q);
+    if constexpr (BITS == 4 || kDpbusd) {
+      return kDpbusd ? dpbusd_dot(v, reinterpret_cast<const int32_t*>(q), 8) : dot32_nibbles(v, q);
     } else {
       Ints lo, hi;
       halves<BITS>(v, q, &lo, &hi);
@@ -142,13 +147,14 @@ struct Q4KTile : NibbleTile {  // NibbleTile (avx2_tile.h) over a record's 32-bl
 // vpmaddwd(pair's int16 sums, the sub-block's scale in both int16 lanes of a column) less
 // vpmaddwd((32 sc_lo, 32 sc_hi), (sum q_lo, sum q_hi)) (zs = 32 sum q): the same integer. Bounds:
 // a chunk pair's int16 sum <= 2 * 2 * 63 * 127 = 32004; |sc| <= 128, so each vpmaddwd <= 8.2e6 and
-// I within int32; 32 |sc| <= 4096 and |sum q| <= 16 * 127 fit int16.
+// I within int32; 32 |sc| <= 4096 and |sum q| <= 16 * 127 fit int16. With vpdpbusd each sub-block's
+// dot is one int32 (<= 16 * 63 * 127 = 128016), times its scale by vpmulld (<= 1.7e7): the same I.
 struct Q6KTile {
   using T = Q6;
   static constexpr int kGroupRows = 4;
   struct Blk {
     __m256i codes[8][2];  // [chunk][half], codes 0..63
-    __m256i sc[2][2];     // [sub-block][half]: each column's scale in both int16 lanes of its int32
+    __m256i sc[2][2];     // [sub-block][half]: each column's scale in both int16 lanes of its int32 (vpdpbusd: the int32)
     __m256i zsc[2];       // [half]: (32 sc_lo, 32 sc_hi) a column
     __m256 d[2];
   };
@@ -171,16 +177,36 @@ struct Q6KTile {
       }
       const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(head[u].sc + 16 * (2 * j)));
       const __m128i hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(head[u].sc + 16 * (2 * j + 1)));
-      k->sc[0][u] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(lo, lo));
-      k->sc[1][u] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(hi, hi));
+      k->sc[0][u] = kDpbusd ? _mm256_cvtepi8_epi32(lo) : _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(lo, lo));
+      k->sc[1][u] = kDpbusd ? _mm256_cvtepi8_epi32(hi) : _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(hi, hi));
       k->zsc[u] = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(lo, hi)), 5);
       k->d[u] = head[u].d;
     }
   }
+  // vpdpbusd: G rows' dots over sub-block h (chunks 4h .. 4h + 3), each times its scale, into t
+  template <int G>
+  SPECRT_STEP static void scaled_dots(const Row* r, const Blk& k, int64_t b, int h, __m256i (*t)[2]) {
+    __m256i d[G][2];
+    for (auto& di : d) di[0] = di[1] = _mm256_setzero_si256();
+    for (int c = 4 * h; c < 4 * h + 4; ++c)
+      for (int i = 0; i < G; ++i) {
+        const __m256i q = _mm256_set1_epi32(quads(r[i], b)[c]);
+        for (int u = 0; u < 2; ++u) d[i][u] = dpbusd(d[i][u], k.codes[c][u], q);
+      }
+    for (int i = 0; i < G; ++i)
+      for (int u = 0; u < 2; ++u) t[i][u] = _mm256_mullo_epi32(d[i][u], k.sc[h][u]);
+  }
   template <int G>
   SPECRT_STEP static void group(const Row* r, __m256* acc, const Blk& k, int64_t b, bool mutant) {
     __m256i I[G][2];
-    for (int c = 0; c < 8; c += 2) {
+    if constexpr (kDpbusd) {
+      __m256i hi[G][2];
+      scaled_dots<G>(r, k, b, 0, I);
+      scaled_dots<G>(r, k, b, 1, hi);
+      for (int i = 0; i < G; ++i)
+        for (int u = 0; u < 2; ++u) I[i][u] = _mm256_add_epi32(I[i][u], hi[i][u]);
+    }
+    for (int c = 0; c < 8 && !kDpbusd; c += 2) {
       const __m256i sc0 = k.sc[c / 4][0], sc1 = k.sc[c / 4][1];
       for (int i = 0; i < G; ++i) {
         const __m256i qa = _mm256_set1_epi32(quads(r[i], b)[c]), qb = _mm256_set1_epi32(quads(r[i], b)[c + 1]);
@@ -276,7 +302,7 @@ struct Ymm : FormBase {
 
 }  // namespace
 
-void ggml_avx2(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
+void SPECRT_AVX2_FORM(ggml)(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
   ggml_form<Ymm, Avx2>(a, w, s, y, t0, t1);
 }
 

@@ -35,7 +35,10 @@ void run_chunk(void* p, size_t i) {
 #if defined(__aarch64__)
   (j.isa == kDotprod ? ggml_dotprod : j.isa == kNeon ? ggml_neon : ggml_ref)(*j.a, *j.w, j.s, j.y, t0, t1);
 #else
-  (j.isa >= kVnni ? ggml_vnni : j.isa == kAvx2 ? ggml_avx2 : ggml_ref)(*j.a, *j.w, j.s, j.y, t0, t1);
+  (j.isa >= kVnni       ? ggml_vnni
+   : j.isa == kAvxVnni ? (avxvnni_vex() ? ggml_avxvnni : ggml_avxvnni_evex)
+   : j.isa == kAvx2    ? ggml_avx2
+                       : ggml_ref)(*j.a, *j.w, j.s, j.y, t0, t1);
 #endif
 }
 

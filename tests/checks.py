@@ -216,23 +216,48 @@ def kernel_model(graph) -> bytes:
     return m.SerializeToString()
 
 
-# specrt's operators' instruction-set forms on this architecture, lowest first (native/ort_glue.h)
+# specrt's operators' instruction-set forms on this architecture, lowest first (native/isa.h)
 ARM64 = __import__("platform").machine() in ("aarch64", "arm64")
-ISA_FORMS = ("ref", "neon", "dotprod") if ARM64 else ("ref", "avx2", "vnni", "amx")
-FAST_FORMS = ISA_FORMS[1:3]  # the forms every operator has (AMX hosts run QMatMulGGML and attention in VNNI)
+# (avxvnni: the AVX2 form with 256-bit vpdpbusd, run on AVX-512 hosts in its EVEX encoding)
+ISA_FORMS = ("ref", "neon", "dotprod") if ARM64 else ("ref", "avx2", "avxvnni", "vnni", "amx")
+FAST_FORMS = ISA_FORMS[1:3] if ARM64 else ISA_FORMS[1:4]  # every operator has them (AMX hosts run QMatMulGGML and attention in VNNI)
+
+
+def forms_here() -> list[str]:
+    """The forms this CPU runs: those the library takes when SPECRT_KERNELS_ISA names them (a
+    form the CPU lacks leaves its best; avxvnni needs AVX-VNNI or AVX-512 VL + VNNI)."""
+    import os
+
+    from specrt.runtime import kernels
+
+    old = os.environ.pop("SPECRT_KERNELS_ISA", None)
+    try:
+        best = kernels.isa()
+        here = []
+        for f in ISA_FORMS:
+            os.environ["SPECRT_KERNELS_ISA"] = f
+            if kernels.isa() == f:
+                here.append(f)
+        return here if best in here else [*here, best]
+    finally:
+        os.environ.pop("SPECRT_KERNELS_ISA", None)
+        if old is not None:
+            os.environ["SPECRT_KERNELS_ISA"] = old
 
 
 def isa_forms(forms: tuple[str, ...] = ISA_FORMS) -> list:
     """`forms` as pytest parameters, each one this CPU cannot run marked skipped with the reason,
-    so a host without AVX-512 (or AMX) reports what it did not check instead of dropping it."""
+    so a host without AVX-512 (or AMX, or AVX-VNNI) reports what it did not check instead of
+    dropping it."""
     import pytest
 
     from specrt.runtime import kernels
 
-    best = kernels.isa()
-    have = ISA_FORMS[: ISA_FORMS.index(best) + 1]
+    have = forms_here()
+    why = {"avxvnni": "neither AVX-VNNI nor AVX-512 VL + VNNI (vpdpbusd on 256 bits)"}
     return [pytest.param(f, marks=() if f in have else pytest.mark.skip(
-        reason=f"this CPU runs specrt's operators up to their {best} form, not {f}")) for f in forms]
+        reason=f"this CPU runs specrt's operators in {', '.join(have)} (best {kernels.isa()}), not {f}"
+               + (f": it has {why[f]}" if f in why else ""))) for f in forms]
 
 
 def kernel_session(blob: bytes, form: str, monkeypatch, threads: int = 2):

@@ -189,6 +189,32 @@ int main(int argc, char** argv) {
       }
     return mismatches ? 1 : 0;
   }
+  if (argc > 1 && std::strcmp(argv[1], "avxvnni") == 0) {
+    // this tree's AVX2 form, then its AVX-512 VNNI form ("before" columns) against its AVX-VNNI
+    // form in EVEX encoding (native/avx2_dot.h; "after"): QMatMul4 at the coder draft's shapes and
+    // the target's Q4_K-like ones, QMatMulGGML at the target's Q4_K / Q6_K shapes
+    const struct {
+      int64_t K, N;
+      bool bias;
+    } q4[] = {{896, 1152, true},   {896, 896, false},   {896, 9728, false}, {4864, 896, false},
+              {896, 32768, false}, {1536, 1536, false}, {1536, 8960, false}};
+    for (const auto& s : q4)
+      for (int64_t M : rows) {
+        qmatmul("avx2 (before) / avxvnni (after)", matmul_avx2, matmul_avxvnni_evex, s.K, s.N, 4, 32, s.bias, M, reps);
+        qmatmul("vnni (before) / avxvnni (after)", matmul_vnni, matmul_avxvnni_evex, s.K, s.N, 4, 32, s.bias, M, reps);
+      }
+    const struct {
+      int64_t K, N;
+      int type;
+    } gg[] = {{1536, 17920, kQ4_K}, {8960, 1536, kQ6_K}, {1536, 1536, kQ4_K}, {1536, 151936, kQ6_K}};
+    for (const auto& s : gg)
+      for (int64_t M : rows) {
+        const int r = s.N > 100000 ? std::max(5, reps / 4) : reps;
+        ggml("avx2 (before) / avxvnni (after)", ggml_avx2, ggml_avxvnni_evex, s.K, s.N, s.type, M, r);
+        ggml("vnni (before) / avxvnni (after)", ggml_vnni, ggml_avxvnni_evex, s.K, s.N, s.type, M, r);
+      }
+    return mismatches ? 1 : 0;
+  }
   if (forms_mode) {
     const struct {
       int64_t K, N;

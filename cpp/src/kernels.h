@@ -11,8 +11,9 @@ namespace specrt {
 // beside libspecrt.so. "" when that file does not exist.
 std::string find_kernels_library(const std::string& given);
 
-// The instruction set the library runs QMatMul with on this CPU: "amx", "vnni" or "ref" (the
-// portable definition, far slower than onnxruntime's MatMulNBits). Throws Error (UNSUPPORTED)
+// The instruction set the library runs QMatMul with on this CPU: a fast form's name ("amx", "vnni",
+// "avxvnni", "avx2"; "dotprod", "neon": native/isa.h) or "ref" (the portable definition, far
+// slower than onnxruntime's MatMulNBits). Throws Error (UNSUPPORTED)
 // when the library cannot be loaded.
 std::string kernels_isa(const std::string& library);
 

@@ -67,8 +67,8 @@ def gguf_of(entry) -> str | None:
     return str(found[0]) if found else None
 
 
-# the kernels' forms SPECRT_KERNELS_ISA takes (native/ort_glue.h), and llama.cpp's builds
-ISAS = ("ref", "avx2", "vnni", "amx", "neon", "dotprod")
+# the kernels' forms SPECRT_KERNELS_ISA takes (native/isa.h), and llama.cpp's builds
+ISAS = ("ref", "avx2", "avxvnni", "vnni", "amx", "neon", "dotprod")
 LLAMA_BUILDS = {"avx2": "build-avx2"}
 
 

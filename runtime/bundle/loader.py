@@ -54,7 +54,8 @@ class LoadedModels:
     @property
     def kernel_form(self) -> str:
         """The form specrt's own operators take in this load's target calls: "amx", "vnni",
-        "avx2" (runtime/kernels.isa), or "none" where its graphs run onnxruntime's operators."""
+        "avxvnni", "avx2" (runtime/kernels.isa), or "none" where its graphs run onnxruntime's
+        operators."""
         return kernel_library.isa() if self.target.kernels else "none"
 
     @property

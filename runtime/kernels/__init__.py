@@ -4,7 +4,8 @@ The library registers domain "specrt" with QMatMul4 and QMatMul8, 4-bit and 8-bi
 whose activations are quantized per row and 32-block to int8 (a block's dot product is an exact
 integer), and PackedAttention, attention over every lane of a packed call with fixed softmax
 chunks. Every output takes the same float steps whatever the call's rows, threads or instruction
-set (AMX, AVX-512 VNNI, AVX2; NEON with or without sdot on ARM64; or portable C++).
+set (AMX, AVX-512 VNNI, AVX2 with or without AVX-VNNI; NEON with or without sdot on ARM64; or
+portable C++).
 `runtime/kernels/layout.py` packs weights into its layout.
 """
 
@@ -20,7 +21,7 @@ LIBRARY = Path(__file__).with_name("libspecrt_kernels.so")
 
 
 # what a CPU needs for a fast form (native/ort_ops.cc best_isa)
-NEEDS = "x86-64 with AVX2, FMA and F16C, AVX-512 VNNI or AMX; ARM64 NEON"
+NEEDS = "x86-64 with AVX2, FMA and F16C (AVX-VNNI, AVX-512 VNNI or AMX faster); ARM64 NEON"
 
 
 class KernelsMissing(RuntimeError):
@@ -46,7 +47,7 @@ def available() -> bool:
 
 def fast() -> bool:
     """Whether the library is built and this CPU runs it in a fast form (AMX, AVX-512 VNNI,
-    AVX2, NEON): the portable C++ form is the kernels' definition, far slower than onnxruntime's
+    AVX-VNNI, AVX2, NEON): the portable C++ form is the kernels' definition, far slower than onnxruntime's
     MatMulNBits, so a load does not choose it."""
     return available() and isa() != "ref"
 
@@ -85,7 +86,9 @@ def _lib(path: str) -> ctypes.CDLL:
 
 
 def isa() -> str:
-    """The instruction set the operators run with on this CPU: "amx", "vnni", "avx2" (x86-64),
-    "dotprod", "neon" (ARM64) or "ref", lowered by SPECRT_KERNELS_ISA=<a lower form's name>
-    (read when a session creates its kernels)."""
+    """The instruction set the operators run with on this CPU: "amx", "vnni", "avxvnni", "avx2"
+    (x86-64), "dotprod", "neon" (ARM64) or "ref", lowered by SPECRT_KERNELS_ISA=<the name of a
+    lower form this CPU runs> (read when a session creates its kernels). "avxvnni" is the AVX2
+    form with 256-bit vpdpbusd: taken where the CPU has AVX-VNNI and no AVX-512; an AVX-512 host
+    runs it, when asked, in vpdpbusd's EVEX encoding (the same results)."""
     return _lib(str(library_path())).specrt_kernels_isa().decode()

@@ -22,10 +22,12 @@ from paths import ROOT
 
 
 def _forms(target: str, timeout: int = 900) -> tuple[list[str], str]:
-    """`make -s TARGET` (it must succeed) -> its `kernel_forms: ` lines and its whole stdout."""
+    """`make -s TARGET` (it must succeed) -> its `kernel_forms: ` lines of forms it ran (those it
+    skipped, the CPU lacking their instructions, are in the whole stdout) and its whole stdout."""
     r = subprocess.run(["make", "-s", target], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
-    return [ln for ln in r.stdout.splitlines() if ln.startswith("kernel_forms: ")], r.stdout
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("kernel_forms: ")]
+    return [ln for ln in lines if ": skipped, " not in ln], r.stdout
 
 
 def test_neon_forms_are_the_portable_bits_under_qemu():
@@ -54,12 +56,36 @@ def test_the_avx2_forms_run_on_a_cpu_without_avx512():
     lines, out = _forms("kernels-avx2-only")
     assert len(lines) == 1 and lines[0].startswith("kernel_forms: avx2: "), out
     assert lines[0].endswith("every one the portable form's bits"), out
+    # neither vpdpbusd form is run where the CPU lacks it (qemu's Haswell: no AVX-VNNI, no AVX-512)
+    assert "kernel_forms: avxvnni: skipped, " in out and "kernel_forms: avxvnni-evex: skipped, " in out, out
 
 
-def test_this_hosts_forms_are_the_portable_bits_in_the_driver():
-    """The same driver, built for this host: every fast form the CPU runs (AVX2 and AVX-512 VNNI
-    here) on random shapes, beside the onnxruntime-level tests of the other files."""
+@pytest.fixture(scope="module")
+def host_forms() -> tuple[list[str], str]:
     if not shutil.which("make"):
         pytest.skip("the driver is built by make")
-    lines, out = _forms("kernels-forms", timeout=600)
+    return _forms("kernels-forms", timeout=600)
+
+
+def test_this_hosts_forms_are_the_portable_bits_in_the_driver(host_forms):
+    """The same driver, built for this host: every fast form the CPU runs (AVX2, the AVX-VNNI form
+    in EVEX encoding and AVX-512 VNNI here) on random shapes, beside the onnxruntime-level tests of
+    the other files."""
+    lines, out = host_forms
     assert lines and all(ln.endswith("every one the portable form's bits") for ln in lines), out
+
+
+@pytest.mark.parametrize("form", ["avxvnni", "avxvnni-evex"])
+def test_the_avxvnni_forms_are_the_portable_bits_where_the_cpu_runs_them(form, host_forms):
+    """The AVX2 sources built with vpdpbusd (native/avx2_dot.h): in AVX-VNNI's VEX encoding (the
+    object best_isa() takes on Alder Lake and later) and in AVX-512 VL + VNNI's EVEX encoding (the
+    same instruction: how an AVX-512 host checks the form). Skipped, with the driver's reason,
+    where the CPU has neither."""
+    lines, out = host_forms
+    mine = [ln for ln in lines if ln.startswith(f"kernel_forms: {form}: ")]
+    if not mine:
+        skipped = [ln for ln in out.splitlines() if ln.startswith(f"kernel_forms: {form}: skipped, ")]
+        assert skipped, out  # the driver says why it did not run the form
+        pytest.skip(skipped[0].removeprefix("kernel_forms: "))
+    assert mine[0].endswith("every one the portable form's bits"), out
+    assert int(mine[0].split(": ")[2].split()[0]) > 300, out  # calls compared

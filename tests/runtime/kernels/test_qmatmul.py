@@ -111,10 +111,11 @@ def test_a_row_is_the_same_bits_in_any_call(fmt, form, monkeypatch):
     rows_any_call(blob, form, monkeypatch, x, definition)
 
 
-@pytest.mark.parametrize("form", isa_forms(("avx2",)))
+@pytest.mark.parametrize("form", isa_forms(("avx2", "avxvnni")))
 def test_a_form_that_reorders_one_sum_is_caught(form, monkeypatch):
-    """The library built with SPECRT_MUTANT (the AVX2 form's whole-tile loop adds each block's
-    terms to the accumulator last, in blocks of 4 rows) must fail the test above."""
+    """The library built with SPECRT_MUTANT (the AVX2 form's whole-tile loop, and so the AVX-VNNI
+    form's, adds each block's terms to the accumulator last, in blocks of 4 rows) must fail the
+    test above."""
     if not (shutil.which("make") and shutil.which("g++")):
         pytest.skip("the mutant library needs make and g++")
     built = subprocess.run(["make", "-s", "kernels-mutant"], cwd=ROOT, capture_output=True, text=True, timeout=300)
