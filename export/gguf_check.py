@@ -67,8 +67,6 @@ class _Reader:
 def gguf_problem(path: Path) -> str | None:
     """None if `path` holds a whole GGUF (v2/v3, little-endian): its header parses within the
     file and every tensor's bytes lie inside it; else what is wrong, in words."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
     size = path.stat().st_size
     if size < 24:
         return f"it holds {size} bytes, fewer than a GGUF header's first 24"
@@ -81,37 +79,49 @@ def gguf_problem(path: Path) -> str | None:
         if version not in (2, 3):
             return f"it is GGUF version {version}; versions 2 and 3 are supported"
         try:
-            n_tensors, n_kv = r.u64("the tensor count"), r.u64("the metadata count")
-            alignment = 32
-            for i in range(n_kv):
-                key = r.string(f"metadata key {i}")
-                got = r.value(r.u32(f"metadata {key!r}"), f"metadata {key!r}")
-                if key == _ALIGNMENT and isinstance(got, int) and got > 0:
-                    alignment = got
-            tensors = []
-            for i in range(n_tensors):
-                name = r.string(f"tensor name {i}")
-                dims = [r.u64(f"tensor {name!r}") for _ in range(r.u32(f"tensor {name!r}"))]
-                tensors.append((name, dims, r.u32(f"tensor {name!r}"), r.u64(f"tensor {name!r}")))
+            data, tensors = _header(r)
         except _Short as e:
             return f"the file ends inside its header ({e}, the file has {size}): it is truncated"
         except ValueError as e:
             return str(e)
-        data = -(-r.pos // alignment) * alignment
-        ends = []
-        for name, dims, qtype, offset in tensors:
-            try:
-                block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
-            except (ValueError, KeyError):
-                return f"tensor {name!r} has ggml type {qtype}, which the installed gguf package does not know"
-            elements = 1
-            for d in dims:
-                elements *= d
-            ends.append((data + offset + elements // block * type_size, name))
-        if ends and max(ends)[0] > size:
-            end, name = min(e for e in ends if e[0] > size)
-            return (f"tensor {name!r} ends at byte {end}, but the file has {size} bytes: it is truncated "
-                    f"(it holds {size / max(ends)[0]:.1%} of the {max(ends)[0]} bytes its tensor table names)")
+    return _tensors_problem(data, tensors, size)
+
+
+def _header(r: _Reader) -> tuple[int, list]:
+    """-> (where the tensor data starts, [(name, dims, ggml type, offset)]) from the counts on."""
+    n_tensors, n_kv = r.u64("the tensor count"), r.u64("the metadata count")
+    alignment = 32
+    for i in range(n_kv):
+        key = r.string(f"metadata key {i}")
+        got = r.value(r.u32(f"metadata {key!r}"), f"metadata {key!r}")
+        if key == _ALIGNMENT and isinstance(got, int) and got > 0:
+            alignment = got
+    tensors = []
+    for i in range(n_tensors):
+        name = r.string(f"tensor name {i}")
+        dims = [r.u64(f"tensor {name!r}") for _ in range(r.u32(f"tensor {name!r}"))]
+        tensors.append((name, dims, r.u32(f"tensor {name!r}"), r.u64(f"tensor {name!r}")))
+    return -(-r.pos // alignment) * alignment, tensors
+
+
+def _tensors_problem(data: int, tensors: list, size: int) -> str | None:
+    """Whether every tensor's bytes (from `data` + its offset) lie within `size` bytes."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    ends = []
+    for name, dims, qtype, offset in tensors:
+        try:
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+        except (ValueError, KeyError):
+            return f"tensor {name!r} has ggml type {qtype}, which the installed gguf package does not know"
+        elements = 1
+        for d in dims:
+            elements *= d
+        ends.append((data + offset + elements // block * type_size, name))
+    if ends and max(ends)[0] > size:
+        end, name = min(e for e in ends if e[0] > size)
+        return (f"tensor {name!r} ends at byte {end}, but the file has {size} bytes: it is truncated "
+                f"(it holds {size / max(ends)[0]:.1%} of the {max(ends)[0]} bytes its tensor table names)")
     return None
 
 
