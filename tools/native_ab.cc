@@ -151,6 +151,15 @@ void qmatmul(const char* form, MatFn before, MatFn after, int64_t K, int64_t N, 
   compare(what, reps, run(before, ya), run(after, yb), ya, yb);
 }
 
+// QMatMulGGML at the coder target's Q4_K / Q6_K shapes (gate + up, down, q / o, the LM head)
+struct GgmlShape {
+  int64_t K, N;
+  int type;
+};
+constexpr GgmlShape kTargetGgml[] = {{1536, 17920, kQ4_K}, {8960, 1536, kQ6_K}, {1536, 1536, kQ4_K}, {1536, 151936, kQ6_K}};
+
+int reps_for(int64_t N, int reps) { return N > 100000 ? std::max(5, reps / 4) : reps; }  // the LM head: fewer
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -203,26 +212,18 @@ int main(int argc, char** argv) {
         qmatmul("avx2 (before) / avxvnni (after)", matmul_avx2, matmul_avxvnni_evex, s.K, s.N, 4, 32, s.bias, M, reps);
         qmatmul("vnni (before) / avxvnni (after)", matmul_vnni, matmul_avxvnni_evex, s.K, s.N, 4, 32, s.bias, M, reps);
       }
-    const struct {
-      int64_t K, N;
-      int type;
-    } gg[] = {{1536, 17920, kQ4_K}, {8960, 1536, kQ6_K}, {1536, 1536, kQ4_K}, {1536, 151936, kQ6_K}};
-    for (const auto& s : gg)
+    for (const auto& s : kTargetGgml)
       for (int64_t M : rows) {
-        const int r = s.N > 100000 ? std::max(5, reps / 4) : reps;
+        const int r = reps_for(s.N, reps);
         ggml("avx2 (before) / avxvnni (after)", ggml_avx2, ggml_avxvnni_evex, s.K, s.N, s.type, M, r);
         ggml("vnni (before) / avxvnni (after)", ggml_vnni, ggml_avxvnni_evex, s.K, s.N, s.type, M, r);
       }
     return mismatches ? 1 : 0;
   }
   if (forms_mode) {
-    const struct {
-      int64_t K, N;
-      int type;
-    } shapes[] = {{1536, 17920, kQ4_K}, {8960, 1536, kQ6_K}, {1536, 1536, kQ4_K}, {1536, 151936, kQ6_K}};
-    for (const auto& s : shapes)
+    for (const auto& s : kTargetGgml)
       for (int64_t M : rows) {
-        const int r = s.N > 100000 ? std::max(5, reps / 4) : reps;
+        const int r = reps_for(s.N, reps);
         ggml("avx2", ggml_avx2_before, ggml_avx2, s.K, s.N, s.type, M, r);
         ggml("vnni (before) / avx2 (after)", ggml_vnni, ggml_avx2, s.K, s.N, s.type, M, r);
       }
@@ -246,7 +247,7 @@ int main(int argc, char** argv) {
                     {1536, 1536, kQ4_0}, {1536, 151936, kQ6_K}};
       for (const auto& s : shapes)
         for (int64_t M : rows)  // the LM head: fewer
-          ggml(f.name, f.gb, f.ga, s.K, s.N, s.type, M, s.N > 100000 ? std::max(5, reps / 4) : reps);
+          ggml(f.name, f.gb, f.ga, s.K, s.N, s.type, M, reps_for(s.N, reps));
     }
   }
   return mismatches ? 1 : 0;
