@@ -59,7 +59,6 @@ inline __m256i dot16(const __m256i* v, const int32_t* q) {
 // 8 * 2 * 15 * 127 = 30480), one widening.
 inline __m256i dot32_nibbles(const __m256i* v, const int8_t* q8) {
   const int32_t* q = reinterpret_cast<const int32_t*>(q8);
-  if constexpr (kDpbusd) return dpbusd_dot(v, q, 8);
   __m256i s = _mm256_maddubs_epi16(v[0], _mm256_set1_epi32(q[0]));
   for (int j = 1; j < 8; ++j) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[j], _mm256_set1_epi32(q[j])));
   return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
