@@ -159,6 +159,25 @@ class _Blocks:
         return out
 
 
+def _q4_0_weight(gr: _Graph, n, form: tuple[int, int], corr) -> np.ndarray | None:
+    """MatMulNBits `n`'s weights as ggml Q4_0 blocks ([N, K/32, 18]: fp16 d, then byte j holding
+    codes j and j + 16) where they are exactly those: 4 bits in blocks of 32, the default zero
+    point (8), no mins, every scale an fp16 (export/quantize.py's RTN scales have fp16's mantissa;
+    one below fp16's normal range is not). Else None. d * (q - 8) is then the same weight as
+    scale * q + min, in 4.5 bits instead of QMatMul4's 6."""
+    a = _attrs(n)
+    if form != (4, 32) or corr is not None or (len(n.input) > 3 and n.input[3]):
+        return None
+    N, K = a["N"], a["K"]
+    scale = gr.value(n.input[2]).reshape(N, K // 32).astype(np.float32)
+    d = scale.astype(np.float16)
+    if not np.array_equal(d.astype(np.float32), scale):
+        return None
+    codes = _nibbles(gr.value(n.input[1]).reshape(N, K // 32, 16))  # [N, nb, 32], element order
+    qs = codes[..., :16] | (codes[..., 16:] << np.uint8(4))
+    return np.concatenate([d[..., None].view(np.uint8), qs], axis=-1)
+
+
 def _prune(nodes: list, outputs: set[str]) -> list:
     """Drop what only removed nodes read: the block sums (Reshape -> ReduceSum) of the mins'
     corrections, the lanes' GQA scalars (Slice -> Add -> Squeeze of lane_seqlens)."""
@@ -170,10 +189,11 @@ def _prune(nodes: list, outputs: set[str]) -> list:
         nodes = [n for n in nodes if id(n) not in dead]
 
 
-def _operator(gr: _Graph, n, form: tuple[int, int], corr, arrays: dict, tensors: dict | None):
+def _operator(gr: _Graph, n, form: tuple[int, int], corr, arrays: dict, tensors: dict | None, q4_0: bool):
     """The specrt operator in place of MatMulNBits `n` (and its mins' correction `corr`), its
     new initializers put in `arrays`: QMatMulGGML over the GGUF's own blocks where `_gguf_parts`
-    finds them, else QMatMul4 / QMatMul8 over its converted codes, scales and mins."""
+    finds them, over Q4_0 blocks of its own codes where `q4_0` and `_q4_0_weight` allow, else
+    QMatMul4 / QMatMul8 over its converted codes, scales and mins."""
     key, a = n.input[1], _attrs(n)
     out = (corr[0] if corr else n).output[0]
     bias = [n.input[5]] if len(n.input) > 5 and n.input[5] else []
@@ -183,6 +203,14 @@ def _operator(gr: _Graph, n, form: tuple[int, int], corr, arrays: dict, tensors:
             arrays[key + "_gg"] = _Blocks(tensors, parts, a["K"])
         return helper.make_node(BLOCK_OP, [n.input[0], key + "_gg", *bias], [out], name=n.name + "_g",
                                 doc_string=n.doc_string, domain=DOMAIN, K=a["K"], N=a["N"], type=parts[0]["type"])
+    if q4_0 and key + "_qm" not in arrays:
+        if key + "_g0" not in arrays:
+            raw = _q4_0_weight(gr, n, form, corr)
+            if raw is not None:
+                arrays[key + "_g0"] = repack(raw, "Q4_0", a["N"], a["K"])
+        if key + "_g0" in arrays:
+            return helper.make_node(BLOCK_OP, [n.input[0], key + "_g0", *bias], [out], name=n.name + "_g",
+                                    domain=DOMAIN, K=a["K"], N=a["N"], type="Q4_0")
     if key + "_qm" not in arrays:
         arrays[key + "_qm"], arrays[key + "_qm_scale"], arrays[key + "_qm_min"] = _convert(
             gr, n, *form, corr[1] if corr else None)
@@ -192,12 +220,13 @@ def _operator(gr: _Graph, n, form: tuple[int, int], corr, arrays: dict, tensors:
 
 
 def rewrite(model: onnx.ModelProto, base: Path, arrays: dict[str, np.ndarray], head_dim: int = 0,
-            tensors: dict | None = None) -> onnx.ModelProto:
+            tensors: dict | None = None, q4_0: bool = False) -> onnx.ModelProto:
     """-> `model` with its block-quantized projections and attention on specrt's operators. `base`: the folder
     its external data is relative to. `arrays` collects the new initializers (name -> array),
     shared across calls for graphs of the same weights: each weight is converted once.
     head_dim: the model's, for the attention (0: the attention is left as it is). tensors: the
-    GGUF's tensors by name (GGUFReader's), for the projections imported from it (`_gguf_parts`)."""
+    GGUF's tensors by name (GGUFReader's), for the projections imported from it (`_gguf_parts`).
+    q4_0: symmetric 4-bit weights become QMatMulGGML over Q4_0 blocks (`_q4_0_weight`; a draft's)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
@@ -208,7 +237,7 @@ def rewrite(model: onnx.ModelProto, base: Path, arrays: dict[str, np.ndarray], h
         if form is None:
             continue
         corr = gr.mins_correction(n)
-        replace[id(corr[0] if corr else n)] = _operator(gr, n, form, corr, arrays, tensors)
+        replace[id(corr[0] if corr else n)] = _operator(gr, n, form, corr, arrays, tensors, q4_0)
         if corr:
             drop.update({id(n), id(corr[1])})
     nodes = [replace.get(id(n), n) for n in g.node if id(n) not in drop]
@@ -287,13 +316,14 @@ def gguf_tensors(path: Path | str | None) -> dict | None:
     return {t.name: t for t in gguf_reader(path).tensors}
 
 
-def add_kernel_graphs(folder: Path, entry, gguf: Path | str | None = None) -> list[Path]:
+def add_kernel_graphs(folder: Path, entry, gguf: Path | str | None = None, draft: bool = False) -> list[Path]:
     """Write the kernel form of `entry`'s packed graphs (export/packed.py) and record it in the
     entry (`packed.kernels`, `packed.kernel_data`; the caller saves the manifest). Nothing is
     written where neither a projection nor the attention has the form (an fp16 KV cache at
     accuracy level 0). gguf: the file the entry's weights were imported from, whose blocks
-    QMatMulGGML then reads (else QMatMul4 / QMatMul8 over the packed graphs' weights).
-    -> the graphs' paths."""
+    QMatMulGGML then reads (else QMatMul4 / QMatMul8 over the packed graphs' weights). draft: the
+    entry is a draft, whose symmetric int4 weights QMatMulGGML reads as Q4_0 blocks (docs/design.md
+    "A draft's int4 in Q4_0 blocks"). -> the graphs' paths."""
     if not entry.packed.graph:
         return []
     graph = folder / entry.packed.graph
@@ -301,7 +331,7 @@ def add_kernel_graphs(folder: Path, entry, gguf: Path | str | None = None) -> li
     arrays: dict[str, np.ndarray] = {}
     tensors = gguf_tensors(gguf)
     models = {n: rewrite(onnx.load(str(folder / entry.packed.file(n)), load_external_data=False), base, arrays,
-                         entry.kv.head_dim, tensors) for n in entry.packed.lanes}
+                         entry.kv.head_dim, tensors, draft) for n in entry.packed.lanes}
     if not any(n.domain == DOMAIN for m in models.values() for n in m.graph.node):
         return []
     where = write_data(base, arrays)
@@ -326,7 +356,7 @@ if __name__ == "__main__":  # python -m specrt.export.kernel_graph BUNDLE [TARGE
     man = load_manifest(folder)
     gguf = sys.argv[2] if len(sys.argv) > 2 else None
     for entry, src in ((man.target, gguf), (man.draft, None)):
-        for p in add_kernel_graphs(folder, entry, src) if entry is not None else []:
+        for p in add_kernel_graphs(folder, entry, src, entry is man.draft) if entry is not None else []:
             print(p)
     man.save(folder)
     if gguf and not any(n.op_type == BLOCK_OP for n in onnx.load(str(folder / man.target.packed.kernel_file(

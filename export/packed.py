@@ -180,14 +180,14 @@ def pack_bundle(folder: str | Path, lanes=LANES, gguf: str | Path | None = None,
     for entry in (man.target, man.draft):
         if entry is None or not packable(entry) or (entry.packed.graph and skip_packed):
             continue
-        out += pack_entry(folder, entry, lanes, gguf if entry is man.target else None)
+        out += pack_entry(folder, entry, lanes, gguf if entry is man.target else None, entry is man.draft)
     man.save(folder)
     return out
 
 
-def pack_entry(folder: Path, entry, lanes=LANES, gguf: str | Path | None = None) -> list[Path]:
-    """`entry`'s packed graphs and their kernel form (export/kernel_graph.py), recorded in the
-    entry (the caller saves the manifest). -> the graphs' paths."""
+def pack_entry(folder: Path, entry, lanes=LANES, gguf: str | Path | None = None, draft: bool = False) -> list[Path]:
+    """`entry`'s packed graphs and their kernel form (export/kernel_graph.py; `draft`: the entry is
+    a draft), recorded in the entry (the caller saves the manifest). -> the graphs' paths."""
     graph = folder / entry.graph
     model = onnx.load(str(graph), load_external_data=False)
     out = []
@@ -200,7 +200,7 @@ def pack_entry(folder: Path, entry, lanes=LANES, gguf: str | Path | None = None)
     entry.packed.graph = str(graph.with_name(GRAPH).relative_to(folder))
     entry.packed.lanes = list(lanes)
     # the same graphs on specrt's own kernels, where they apply
-    return out + add_kernel_graphs(folder, entry, gguf)
+    return out + add_kernel_graphs(folder, entry, gguf, draft)
 
 
 if __name__ == "__main__":  # python -m specrt.export.packed BUNDLE: add the packed graphs to a bundle
