@@ -8,6 +8,10 @@ fields of vLLM's `bench serve`: request throughput, output tokens/s, TTFT, TPOT 
 first token), ITL (gaps between streamed chunks) and end-to-end latency as mean / p50 / p90 /
 p99, and errors. Arms run one after another at each level, so they never share the cores.
 
+A specrt arm also reports what its engine did over the level (its `/metrics` counters read after
+the warm-up and after the level): the share of steps in which some request drafted, the draft
+tokens accepted, and requests per step. A server without those counters (llama-server) has none.
+
 Multi-turn workloads (`{"id", "system", "turns": [...]}` lines, configs/workloads/multiturn.jsonl):
 each client plays whole conversations, one turn after another, every request resending the
 system prompt and the history with the server's own earlier answers — what a chat client does.
@@ -23,6 +27,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,6 +179,39 @@ async def _level(url: str, model: str, prompts: list, level: int, total: int, ma
     return out
 
 
+COUNTERS = {"engine_steps_total": "steps", "engine_step_rows_total": "rows",
+            "engine_drafting_steps_total": "drafting_steps", "spec_decode_num_draft_tokens_total": "draft_tokens",
+            "spec_decode_num_accepted_tokens_total": "accepted_tokens"}
+
+
+def counters(url: str) -> dict | None:
+    """A specrt server's engine counters (runtime/serve/metrics.py), or None where the server
+    has no such /metrics (llama-server's is off unless asked for)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except (OSError, ValueError):
+        return None
+    out = {}
+    for line in text.splitlines():
+        name = line.split("{")[0].removeprefix("specrt:")
+        if line.startswith("specrt:") and name in COUNTERS:
+            out[COUNTERS[name]] = float(line.rsplit(" ", 1)[1])
+    return out if len(out) == len(COUNTERS) else None
+
+
+def speculation(before: dict | None, after: dict | None) -> dict:
+    """What the engine did between two `counters` readings: the share of steps in which some
+    request drafted, the acceptance of the draft tokens, requests per step."""
+    if before is None or after is None:
+        return {}
+    d = {k: after[k] - before[k] for k in COUNTERS.values()}
+    steps = d["steps"] or 1.0
+    return {"drafting_step_share": d["drafting_steps"] / steps, "rows_per_step": d["rows"] / steps,
+            "draft_tokens": int(d["draft_tokens"]),
+            "acceptance_rate": d["accepted_tokens"] / d["draft_tokens"] if d["draft_tokens"] else None}
+
+
 def run_serve_bench(cfg: ServeBenchConfig, progress=None) -> dict:
     runs = []
     plan = [(level, arm) for level in cfg.levels for arm in cfg.arms]
@@ -183,12 +221,14 @@ def run_serve_bench(cfg: ServeBenchConfig, progress=None) -> dict:
         proc, url = _start(arm, level, cfg.startup_s)
         try:
             asyncio.run(_level(url, arm.model, ["Hello."], 1, 1, 16))  # warm-up (shares no prefix with the runs)
+            before = counters(url)
             if cfg.conversations:  # every conversation once per level
                 rec = asyncio.run(_level(url, arm.model, cfg.conversations, level, len(cfg.conversations),
                                          cfg.max_tokens, conversations=True))
             else:
                 total = max(cfg.min_requests, cfg.requests_per_client * level)
                 rec = asyncio.run(_level(url, arm.model, cfg.prompts, level, total, cfg.max_tokens))
+            rec.update(speculation(before, counters(url)))
         finally:
             _stop(proc)
         rec.update(level=level, arm=arm.name)
@@ -208,6 +248,13 @@ def table(results: dict) -> str:
                      f"{r['ttft_ms']['p50'] or 0:>8.0f} {r['ttft_ms']['p99'] or 0:>7.0f} {r['tpot_ms']['p50'] or 0:>8.1f} "
                      f"{r['tpot_ms']['p99'] or 0:>6.1f} {r['itl_ms']['p50'] or 0:>7.1f} {r['e2e_ms']['p50'] or 0:>8.0f} "
                      f"{r['e2e_ms']['p99'] or 0:>7.0f} {r['errors']:>4}")
+    if any("drafting_step_share" in r for r in results["runs"]):
+        lines += ["", f"{'conc':>4} {'arm':<18} {'drafting steps':>14} {'draft tokens':>12} {'accepted':>8} "
+                      f"{'rows/step':>9}"]
+        for r in (r for r in results["runs"] if "drafting_step_share" in r):
+            acc = r["acceptance_rate"]
+            lines.append(f"{r['level']:>4} {r['arm']:<18} {r['drafting_step_share']:>14.2f} {r['draft_tokens']:>12} "
+                         f"{'-' if acc is None else f'{acc:.2f}':>8} {r['rows_per_step']:>9.2f}")
     if any("ttft_later_turns_ms" in r for r in results["runs"]):
         lines += ["", f"{'conc':>4} {'arm':<18} {'TTFT turn 1 p50':>15} {'later turns p50':>15} {'cached share':>12} "
                       f"{'found cached':>12}"]

@@ -119,7 +119,10 @@ def test_serve_bench_against_a_real_server(tiny_bundles, tmp_path):
     for r in res["runs"]:
         assert r["errors"] == 0 and r["requests"] == 2, r["error_samples"]
         assert r["output_tokens_per_s"] > 0 and r["tpot_ms"]["n"] == 2
-    assert "req/s" in table(res)
+        # the engine's own counters over the level, the warm-up left out: the off arm never drafts
+        assert r["rows_per_step"] >= 1.0 and (r["drafting_step_share"] > 0) == (r["arm"] == "on")
+        assert (r["draft_tokens"] == 0 and r["acceptance_rate"] is None) if r["arm"] == "off" else r["draft_tokens"] > 0
+    assert "req/s" in table(res) and "drafting steps" in table(res)
 
 
 CONVS = [{"system": "w40 w41 w42 w43 w44 w45 w46 w47", "turns": ["w5 w6", "w7", "w8 w9"]},
