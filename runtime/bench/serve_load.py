@@ -8,6 +8,12 @@ fields of vLLM's `bench serve`: request throughput, output tokens/s, TTFT, TPOT 
 first token), ITL (gaps between streamed chunks) and end-to-end latency as mean / p50 / p90 /
 p99, and errors. Arms run one after another at each level, so they never share the cores.
 
+With `repeats` > 1 each level runs every arm that many times, in the arms' order and then in
+reverse, alternately (A B, B A, A B, ...), so a slow minute of a shared host falls on both sides;
+`summary` gives each arm's median output tokens/s (with its range) and median TPOT per level.
+This host's minute-to-minute spread is ~10% (docs/benchmarks.md §48: two arms doing the same work
+differed by 12%), as large as many of the differences measured.
+
 A specrt arm also reports what its engine did over the level (its `/metrics` counters read after
 the warm-up and after the level): the share of steps in which some request drafted, the draft
 tokens accepted, and requests per step. A server without those counters (llama-server) has none.
@@ -30,6 +36,8 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from .conversations import turns
 from .load import dist
@@ -54,6 +62,7 @@ class ServeBenchConfig:
     min_requests: int = 4
     startup_s: float = 300.0
     conversations: list[dict] | None = None  # multi-turn: {"system", "turns"}; then prompts are unused
+    repeats: int = 1  # runs of each arm per level, the arms' order reversed every other repeat
 
 
 def _free_port() -> int:
@@ -213,11 +222,14 @@ def speculation(before: dict | None, after: dict | None) -> dict:
 
 
 def run_serve_bench(cfg: ServeBenchConfig, progress=None) -> dict:
+    if cfg.repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {cfg.repeats}")
     runs = []
-    plan = [(level, arm) for level in cfg.levels for arm in cfg.arms]
-    for n, (level, arm) in enumerate(plan):
+    plan = [(level, arm, rep) for level in cfg.levels for rep in range(cfg.repeats)
+            for arm in (cfg.arms if rep % 2 == 0 else cfg.arms[::-1])]
+    for n, (level, arm, rep) in enumerate(plan):
         if progress:
-            progress(n, len(plan), f"concurrency {level} {arm.name}")
+            progress(n, len(plan), f"concurrency {level} {arm.name}" + (f" (run {rep + 1})" if cfg.repeats > 1 else ""))
         proc, url = _start(arm, level, cfg.startup_s)
         try:
             asyncio.run(_level(url, arm.model, ["Hello."], 1, 1, 16))  # warm-up (shares no prefix with the runs)
@@ -231,12 +243,28 @@ def run_serve_bench(cfg: ServeBenchConfig, progress=None) -> dict:
             rec.update(speculation(before, counters(url)))
         finally:
             _stop(proc)
-        rec.update(level=level, arm=arm.name)
+        rec.update(level=level, arm=arm.name, repeat=rep)
         runs.append(rec)
     return {"config": {"levels": cfg.levels, "max_tokens": cfg.max_tokens, "requests_per_client": cfg.requests_per_client,
-                       "arms": {a.name: " ".join(a.cmd) for a in cfg.arms},
+                       "arms": {a.name: " ".join(a.cmd) for a in cfg.arms}, "repeats": cfg.repeats,
                        "conversations": len(cfg.conversations) if cfg.conversations else None},
-            "runs": runs, "command": command_line()}
+            "runs": runs, "summary": summary(runs), "command": command_line()}
+
+
+def summary(runs: list[dict]) -> list[dict]:
+    """Per (level, arm), in the order first run: how many runs, the median output tokens/s with its
+    range, and the medians of the runs' p50 and p99 TPOT."""
+    keys = list(dict.fromkeys((r["level"], r["arm"]) for r in runs))
+    out = []
+    for level, arm in keys:
+        rs = [r for r in runs if (r["level"], r["arm"]) == (level, arm)]
+        tok = [r["output_tokens_per_s"] for r in rs]
+        tpot = [[r["tpot_ms"][q] for r in rs if r["tpot_ms"][q] is not None] for q in ("p50", "p99")]
+        out.append({"level": level, "arm": arm, "runs": len(rs), "output_tokens_per_s": {
+            "median": float(np.median(tok)), "min": min(tok), "max": max(tok)},
+            "tpot_p50_ms": float(np.median(tpot[0])) if tpot[0] else None,
+            "tpot_p99_ms": float(np.median(tpot[1])) if tpot[1] else None})
+    return out
 
 
 def table(results: dict) -> str:
@@ -248,6 +276,12 @@ def table(results: dict) -> str:
                      f"{r['ttft_ms']['p50'] or 0:>8.0f} {r['ttft_ms']['p99'] or 0:>7.0f} {r['tpot_ms']['p50'] or 0:>8.1f} "
                      f"{r['tpot_ms']['p99'] or 0:>6.1f} {r['itl_ms']['p50'] or 0:>7.1f} {r['e2e_ms']['p50'] or 0:>8.0f} "
                      f"{r['e2e_ms']['p99'] or 0:>7.0f} {r['errors']:>4}")
+    if any(m["runs"] > 1 for m in results.get("summary", [])):
+        lines += ["", f"{'conc':>4} {'arm':<18} {'runs':>4} {'tok/s median':>12} {'range':>13} {'TPOT p50':>8}"]
+        for m in results["summary"]:
+            t = m["output_tokens_per_s"]
+            lines.append(f"{m['level']:>4} {m['arm']:<18} {m['runs']:>4} {t['median']:>12.1f} "
+                         f"{t['min']:>6.1f}-{t['max']:<6.1f} {m['tpot_p50_ms'] or 0:>8.1f}")
     if any("drafting_step_share" in r for r in results["runs"]):
         lines += ["", f"{'conc':>4} {'arm':<18} {'drafting steps':>14} {'draft tokens':>12} {'accepted':>8} "
                       f"{'rows/step':>9}"]
@@ -273,12 +307,13 @@ def plot(results: dict, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for arm in dict.fromkeys(r["arm"] for r in results["runs"]):
-        rs = [r for r in results["runs"] if r["arm"] == arm]
-        lv = [r["level"] for r in rs]
-        a.plot(lv, [r["output_tokens_per_s"] for r in rs], marker="o", label=arm)
-        b.plot(lv, [r["tpot_ms"]["p99"] for r in rs], marker="o", label=arm)
-    for ax, title in ((a, "output tokens/s"), (b, "p99 TPOT (ms)")):
+    per = results.get("summary") or summary(results["runs"])
+    for arm in dict.fromkeys(m["arm"] for m in per):
+        ms = [m for m in per if m["arm"] == arm]
+        lv = [m["level"] for m in ms]
+        a.plot(lv, [m["output_tokens_per_s"]["median"] for m in ms], marker="o", label=arm)
+        b.plot(lv, [m["tpot_p99_ms"] or 0 for m in ms], marker="o", label=arm)
+    for ax, title in ((a, "output tokens/s (median of runs)"), (b, "p99 TPOT (ms, median of runs)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency")
         ax.set_title(title)

@@ -36,9 +36,11 @@ from .common import engines_default, engines_option, fail, load_flags, progress
 @click.option("--llama-draft-max", type=int, default=8, show_default=True)
 @load_flags(LoadOptions(), "threads")
 @click.option("--requests-per-client", type=int, default=2, show_default=True)
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="runs of each arm per level, the arms' order reversed every other run; medians reported")
 @click.option("--out", type=click.Path(), default="bench", show_default=True)
 def bench_serve(engines, workloads, levels, max_tokens, arms, k, llama_server, llama_model, llama_draft,
-                llama_draft_max, threads, requests_per_client, out):
+                llama_draft_max, threads, requests_per_client, repeats, out):
     """Closed-loop HTTP load (vLLM bench-serve fields) against specrt serve and llama-server."""
     from specrt.runtime.bench import arms as bench_arms
     from specrt.runtime.bench.runner import load_workload
@@ -65,7 +67,8 @@ def bench_serve(engines, workloads, levels, max_tokens, arms, k, llama_server, l
         chosen = bench_arms.arms([a for a in arms.split(",") if a], servers)
     except ValueError as e:
         fail(str(e))
-    cfg = ServeBenchConfig(chosen, prompts, lv, max_tokens, requests_per_client, conversations=convs or None)
+    cfg = ServeBenchConfig(chosen, prompts, lv, max_tokens, requests_per_client, conversations=convs or None,
+                           repeats=repeats)
     try:
         results = run_serve_bench(cfg, progress)
     except RuntimeError as e:

@@ -125,6 +125,36 @@ def test_serve_bench_against_a_real_server(tiny_bundles, tmp_path):
     assert "req/s" in table(res) and "drafting steps" in table(res)
 
 
+def test_serve_bench_repeats_alternate_the_arms(tiny_bundles, tmp_path):
+    """--repeats: each level runs every arm that many times, the order reversed every other run,
+    and the summary's medians are those of the runs (the plot reads them)."""
+    from specrt.runtime.bench.serve_load import (
+        Arm,
+        ServeBenchConfig,
+        plot,
+        run_serve_bench,
+        summary,
+        table,
+    )
+
+    base = [sys.executable, "-m", "specrt.cli", "serve", "--engines", str(tiny_bundles["int8"]), "--port", "{port}",
+            "--max-batch", "1", "--no-hugepages"]
+    cfg = ServeBenchConfig([Arm("a", base + ["--draft", "none"], "int8"), Arm("b", base, "int8")], ["w5 w6"],
+                           levels=[1], max_tokens=4, min_requests=1, requests_per_client=1, repeats=3)
+    res = run_serve_bench(cfg)
+    assert [(r["arm"], r["repeat"]) for r in res["runs"]] == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2)]
+    assert all(r["errors"] == 0 for r in res["runs"]) and res["config"]["repeats"] == 3
+    for m in res["summary"]:
+        tok = sorted(r["output_tokens_per_s"] for r in res["runs"] if r["arm"] == m["arm"])
+        assert m["runs"] == 3 and m["output_tokens_per_s"] == {"median": tok[1], "min": tok[0], "max": tok[2]}
+    assert [m["arm"] for m in res["summary"]] == ["a", "b"] and "tok/s median" in table(res)
+    one = summary(res["runs"][:2])  # one run each: no medians section
+    assert [m["runs"] for m in one] == [1, 1] and "tok/s median" not in table({"runs": res["runs"][:2], "summary": one})
+    assert plot(res, tmp_path).is_file()
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        run_serve_bench(ServeBenchConfig(cfg.arms, ["w5"], levels=[1], repeats=0))
+
+
 CONVS = [{"system": "w40 w41 w42 w43 w44 w45 w46 w47", "turns": ["w5 w6", "w7", "w8 w9"]},
          {"system": "w40 w41 w42 w43 w44 w45 w46 w47", "turns": ["w10", "w11 w12"]}]
 
