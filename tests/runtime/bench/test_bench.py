@@ -112,7 +112,9 @@ def test_serve_bench_against_a_real_server(tiny_bundles, tmp_path):
 
     base = [sys.executable, "-m", "specrt.cli", "serve", "--engines", str(tiny_bundles["int8"]), "--port", "{port}",
             "--max-batch", "2", "--no-hugepages"]
-    cfg = ServeBenchConfig([Arm("off", base + ["--draft", "none"], "int8"), Arm("on", base, "int8")],
+    # "on" drafts at a fixed k: the server's default adaptive policy may choose not to draft at all in
+    # ten tokens, and the counters' check below would then depend on its choice
+    cfg = ServeBenchConfig([Arm("off", base + ["--draft", "none"], "int8"), Arm("on", base + ["--fixed-k", "--k", "3"], "int8")],
                            ["w5 w6 w7", "w8"], levels=[1, 2], max_tokens=10, min_requests=2, requests_per_client=1)
     res = run_serve_bench(cfg)
     assert [(r["level"], r["arm"]) for r in res["runs"]] == [(1, "off"), (1, "on"), (2, "off"), (2, "on")]
