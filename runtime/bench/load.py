@@ -47,6 +47,14 @@ def dist(xs) -> dict:
     return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99), "n": int(a.size)}
 
 
+def drafting(d: dict) -> dict:
+    """From engine counter deltas `d` (runtime/engine/counters.py): requests per step, the share of
+    steps in which some request drafted, and the acceptance of the draft tokens (None: none drafted)."""
+    return {"rows_per_step": d["rows"] / d["steps"] if d["steps"] else 0.0,
+            "drafting_step_share": d["drafting_steps"] / d["steps"] if d["steps"] else 0.0,
+            "acceptance_rate": d["accepted_tokens"] / d["draft_tokens"] if d["draft_tokens"] else None}
+
+
 def run_clients(n: int, client) -> float:
     """Run client() in n threads at once until every one returns -> wall seconds."""
     t0 = time.perf_counter()
@@ -107,10 +115,8 @@ def run_level(pipe: Pipeline, ids: list[list[int]], level: int, arm: str, cfg: L
         "request_throughput": len(recs) / wall if wall else 0.0,
         "ttft_ms": dist(r["ttft_ms"] for r in recs), "tpot_ms": dist(r["tpot_ms"] for r in recs),
         "itl_ms": dist(x for r in recs for x in r["itl_ms"]), "e2e_ms": dist(r["e2e_ms"] for r in recs),
-        "rows_per_step": d["rows"] / d["steps"] if d["steps"] else 0.0,
+        **drafting(d),
         "tokens_per_step": d["tokens"] / d["steps"] if d["steps"] else 0.0,
-        "drafting_step_share": d["drafting_steps"] / d["steps"] if d["steps"] else 0.0,
-        "acceptance_rate": d["accepted_tokens"] / d["draft_tokens"] if d["draft_tokens"] else None,
         "mean_acceptance_length": 1 + d["accepted_tokens"] / d["drafts"] if d["drafts"] else None,
         "counters": d,
     }

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from .conversations import turns
-from .load import dist
+from .load import dist, drafting
 from .report import command_line
 
 
@@ -215,10 +215,7 @@ def speculation(before: dict | None, after: dict | None) -> dict:
     if before is None or after is None:
         return {}
     d = {k: after[k] - before[k] for k in COUNTERS.values()}
-    steps = d["steps"] or 1.0
-    return {"drafting_step_share": d["drafting_steps"] / steps, "rows_per_step": d["rows"] / steps,
-            "draft_tokens": int(d["draft_tokens"]),
-            "acceptance_rate": d["accepted_tokens"] / d["draft_tokens"] if d["draft_tokens"] else None}
+    return {**drafting(d), "draft_tokens": int(d["draft_tokens"])}
 
 
 def run_serve_bench(cfg: ServeBenchConfig, progress=None) -> dict:
