@@ -28,6 +28,7 @@ struct Job {
 };
 
 constexpr int64_t kChunkTiles = 8;
+constexpr int64_t kAmxMinRows = 8;  // below it the VNNI form is faster (docs/benchmarks.md §50)
 
 void run_chunk(void* p, size_t i) {
   const Job& j = *static_cast<Job*>(p);
@@ -35,7 +36,8 @@ void run_chunk(void* p, size_t i) {
 #if defined(__aarch64__)
   (j.isa == kDotprod ? ggml_dotprod : j.isa == kNeon ? ggml_neon : ggml_ref)(*j.a, *j.w, j.s, j.y, t0, t1);
 #else
-  (j.isa >= kVnni       ? ggml_vnni
+  (j.isa == kAmx && j.s.M >= kAmxMinRows ? ggml_amx
+   : j.isa >= kVnni     ? ggml_vnni
    : j.isa == kAvxVnni ? (avxvnni_vex() ? ggml_avxvnni : ggml_avxvnni_evex)
    : j.isa == kAvx2    ? ggml_avx2
                        : ggml_ref)(*j.a, *j.w, j.s, j.y, t0, t1);

@@ -4,7 +4,10 @@
 // step needs), head(), load_blk() and step() (one 32-block of one row), as qmatmul_ggml_drive.h
 // calls them. Every float step is qmatmul_ggml.h's, in its order; the integer dots (I::dot32,
 // I::halves) are exact in any order, and are what truly differs per instruction set (vpdpbusd,
-// vpmaddubsw pairs that must not saturate, sdot or widening multiplies).
+// vpmaddubsw pairs that must not saturate, sdot or widening multiplies). step() is the dots, then
+// step_dots(acc, Blk, Row, b, dots) with them: kHalves dots a column (1: the 32-block's; 2, Q6_K:
+// its two 16-sub-blocks'), of the codes as load_blk leaves them in Blk::v (the AMX form computes
+// them in tiles and takes the same step_dots).
 //
 // I: the form's vectors for one tile part of kCols columns (16, 8 or 4):
 //   Vec (float), Codes (a part's 4 codes a column, as bytes), Ints (int32, one a column)
@@ -36,7 +39,7 @@ struct GgmlTypes {
 
   template <int TYPE>  // Q8_0 (codes stored + 128) and Q4_0: one fp16 d a 32-block, its zero point in zs
   struct Legacy {
-    static constexpr int kType = TYPE, kSuper = 32;
+    static constexpr int kType = TYPE, kSuper = 32, kHalves = 1;
     struct Head {
       Vec d;
     };
@@ -57,7 +60,11 @@ struct GgmlTypes {
       k->d = h.d;
     }
     SPECRT_STEP static Vec step(Vec acc, const Blk& k, const Row& r, int64_t b) {
-      Ints dot = I::template dot32<TYPE == kQ8_0 ? 8 : 4>(k.v, r.q + 32 * b);
+      const Ints dot = I::template dot32<TYPE == kQ8_0 ? 8 : 4>(k.v, r.q + 32 * b);
+      return step_dots(acc, k, r, b, &dot);
+    }
+    SPECRT_STEP static Vec step_dots(Vec acc, const Blk& k, const Row& r, int64_t b, const Ints* dots) {
+      Ints dot = dots[0];
       if constexpr (TYPE == kQ4_0 || !I::kQ8Signed) dot = I::subi(dot, I::set1i(r.zs[b]));
       return I::fma(I::cvt(dot), I::mul(k.d, I::set1(r.sa[b])), acc);
     }
@@ -65,7 +72,7 @@ struct GgmlTypes {
 
   template <bool FIFTH>  // Q4_K, Q5_K: 8 sub-blocks of 32 with 6-bit scales and mins
   struct KQuant {
-    static constexpr int kType = FIFTH ? kQ5_K : kQ4_K, kSuper = 256;
+    static constexpr int kType = FIFTH ? kQ5_K : kQ4_K, kSuper = 256, kHalves = 1;
     struct Head {
       alignas(sizeof(Vec)) float scale[8][C];  // d * sc
       alignas(sizeof(Vec)) float min[8][C];    // -(dmin * m)
@@ -100,13 +107,16 @@ struct GgmlTypes {
     }
     SPECRT_STEP static Vec step(Vec acc, const Blk& k, const Row& r, int64_t b) {
       const Ints dot = I::template dot32<FIFTH ? 5 : 4>(k.v, r.q + 32 * b);
-      acc = I::fma(I::cvt(dot), I::mul(I::load(k.scale), I::set1(r.sa[b])), acc);
+      return step_dots(acc, k, r, b, &dot);
+    }
+    SPECRT_STEP static Vec step_dots(Vec acc, const Blk& k, const Row& r, int64_t b, const Ints* dots) {
+      acc = I::fma(I::cvt(dots[0]), I::mul(I::load(k.scale), I::set1(r.sa[b])), acc);
       return I::fma(I::load(k.min), I::set1(r.qsa[b]), acc);
     }
   };
 
   struct Q6K {  // 16 sub-blocks of 16 with int8 scales, codes 0..63 with zero point 32 (in zs)
-    static constexpr int kType = kQ6_K, kSuper = 256;
+    static constexpr int kType = kQ6_K, kSuper = 256, kHalves = 2;
     struct Head {
       Vec d;
       const int8_t* sc;  // the part's first column's scale of sub-block 0
@@ -131,10 +141,13 @@ struct GgmlTypes {
       k->d = h.d;
     }
     SPECRT_STEP static Vec step(Vec acc, const Blk& k, const Row& r, int64_t b) {
-      Ints lo, hi;
-      I::template halves<6>(k.v, r.q + 32 * b, &lo, &hi);
-      lo = I::mulli(I::subi(lo, I::set1i(r.zs[2 * b])), k.sc_lo);
-      hi = I::mulli(I::subi(hi, I::set1i(r.zs[2 * b + 1])), k.sc_hi);
+      Ints dots[2];
+      I::template halves<6>(k.v, r.q + 32 * b, &dots[0], &dots[1]);
+      return step_dots(acc, k, r, b, dots);
+    }
+    SPECRT_STEP static Vec step_dots(Vec acc, const Blk& k, const Row& r, int64_t b, const Ints* dots) {
+      const Ints lo = I::mulli(I::subi(dots[0], I::set1i(r.zs[2 * b])), k.sc_lo);
+      const Ints hi = I::mulli(I::subi(dots[1], I::set1i(r.zs[2 * b + 1])), k.sc_hi);
       return I::fma(I::cvt(I::addi(lo, hi)), I::mul(k.d, I::set1(r.sa[b])), acc);
     }
   };

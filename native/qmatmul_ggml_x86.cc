@@ -1,9 +1,10 @@
-// The AVX-512 VNNI form of qmatmul_ggml_ref.cc, compiled for that instruction set only (the
-// library calls it where the CPU has it; CPUs with AMX run it too). Same numbers, bit for bit:
-// the integer dot products are exact in any order, and each output's float steps are the ref's
-// (the types: qmatmul_ggml_types.h, on whole tiles).
+// The AVX-512 VNNI and AMX forms of qmatmul_ggml_ref.cc, compiled for those instruction sets
+// only (the library calls them where the CPU has them). Same numbers, bit for bit: the integer
+// dot products are exact in any order, and each output's float steps are the ref's (the types:
+// qmatmul_ggml_types.h, on whole tiles).
 #include <immintrin.h>
 
+#include "amx_tiles.h"
 #include "qmatmul_ggml.h"
 #include "qmatmul_ggml_drive.h"
 #include "qmatmul_ggml_types.h"
@@ -82,7 +83,146 @@ struct Zmm : FormBase {  // a tile in one vector
   static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 };
 
+// ---- AMX: per 32-block, the tiles compute the integer dots of up to 16 rows against 16
+// columns, C[m, c] = A[m, k] (activations, s8) . B[k, c] (the codes, u8, as load_blk leaves them
+// in Blk::v: vector n holds k = 4n .. 4n + 3 of every column, B's layout), and each output takes
+// its type's step_dots from them: the VNNI form's float steps, in its order. Q6_K's two
+// 16-sub-blocks take a tile product each. The next block's codes are decoded, and the previous
+// block's steps run, while the tiles compute.
+template <class T, int NT>  // NT column tiles from t0, rows [m0, m0 + mr)
+struct AmxTiles {
+  static constexpr int H = T::kHalves, KB = 32 / H, JB = T::kSuper / 32;
+  // tiles (GCC names them in the asm: literal numbers only): A 0 .. H - 1 (k [KB h, KB (h + 1))
+  // of the rows); B 2, 3 (H = 1: column tile u's codes in 2 + u; H = 2: half h in 2 + h); C: 4 + H u + h
+  static void configure(int mr) {
+    TileConfig c;
+    for (int h = 0; h < H; ++h) c.set(h, mr, KB);
+    c.set(2, 8 / H, 64), c.set(3, 8 / H, 64);
+    for (int t = 0; t < NT * H; ++t) c.set(4 + t, mr, 64);
+    c.load();
+  }
+
+  static void products(const uint8_t (*codes)[512]) {  // C = A . B for every column tile and half
+    if constexpr (H == 1) {
+      _tile_loadd(2, codes[0], 64);
+      _tile_zero(4);
+      _tile_dpbsud(4, 0, 2);
+      if constexpr (NT == 2) {
+        _tile_loadd(3, codes[1], 64);
+        _tile_zero(5);
+        _tile_dpbsud(5, 0, 3);
+      }
+    } else {
+      _tile_loadd(2, codes[0], 64);
+      _tile_loadd(3, codes[0] + 256, 64);
+      _tile_zero(4);
+      _tile_dpbsud(4, 0, 2);
+      _tile_zero(5);
+      _tile_dpbsud(5, 1, 3);
+      if constexpr (NT == 2) {
+        _tile_loadd(2, codes[1], 64);
+        _tile_loadd(3, codes[1] + 256, 64);
+        _tile_zero(6);
+        _tile_dpbsud(6, 0, 2);
+        _tile_zero(7);
+        _tile_dpbsud(7, 1, 3);
+      }
+    }
+  }
+  static void stored(int32_t (*dots)[H][256]) {
+    _tile_stored(4, dots[0][0], 64);
+    if constexpr (H == 2) _tile_stored(5, dots[0][H - 1], 64);
+    if constexpr (NT == 2 && H == 1) _tile_stored(5, dots[NT - 1][0], 64);
+    if constexpr (NT == 2 && H == 2) {
+      _tile_stored(6, dots[NT - 1][0], 64);
+      _tile_stored(7, dots[NT - 1][H - 1], 64);
+    }
+  }
+
+  static void run(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t m0, int mr, int64_t t0) {
+    const int64_t ns = s.K / T::kSuper, nb = s.K / 32, nq = s.K / kQBlock, rb = record_bytes(T::kType);
+    const int64_t nz = T::kType == kQ6_K ? s.K / 16 : nq;
+    alignas(64) uint8_t codes[2][NT][512];
+    alignas(64) int32_t dots[2][NT][H][256];
+    typename T::Head head[2][NT];  // by super-block parity: a Blk points into its head
+    typename T::Blk blk[2][NT];
+    __m512 acc[NT][16];
+    for (int u = 0; u < NT; ++u)
+      for (int i = 0; i < mr; ++i) acc[u][i] = _mm512_setzero_ps();
+    const auto decode = [&](int64_t b, int p) {
+      const int64_t sb = b / JB;
+      const int j = static_cast<int>(b % JB);
+      for (int u = 0; u < NT; ++u) {
+        const uint8_t* rec = w.blocks + ((t0 + u) * ns + sb) * rb;
+        if (j == 0) T::head(rec, 0, &head[sb & 1][u]);
+        T::load_blk(rec, j, 0, head[sb & 1][u], &blk[p][u]);
+        for (int n = 0; n < 8; ++n) _mm512_store_si512(codes[p][u] + 64 * n, blk[p][u].v[n]);
+      }
+    };
+    const auto steps = [&](int64_t b, int p) {
+      for (int u = 0; u < NT; ++u)
+        for (int i = 0; i < mr; ++i) {
+          const int64_t m = m0 + i;
+          const Row r{a.q + m * s.K, a.sa + m * nq, a.qsa ? a.qsa + m * nq : nullptr, a.zs ? a.zs + m * nz : nullptr};
+          __m512i d[H];
+          for (int h = 0; h < H; ++h) d[h] = _mm512_load_si512(dots[p][u][h] + 16 * i);
+          if (kMutant && i == 3)
+            acc[u][i] = _mm512_add_ps(acc[u][i], T::step_dots(_mm512_setzero_ps(), blk[p][u], r, b, d));
+          else
+            acc[u][i] = T::step_dots(acc[u][i], blk[p][u], r, b, d);
+        }
+    };
+    decode(0, 0);
+    for (int64_t b = 0; b < nb; ++b) {
+      const int p = static_cast<int>(b & 1);
+      _tile_loadd(0, a.q + m0 * s.K + 32 * b, s.K);
+      if constexpr (H == 2) _tile_loadd(1, a.q + m0 * s.K + 32 * b + 16, s.K);
+      products(codes[p]);
+      if (b > 0) steps(b - 1, p ^ 1);  // before block b + 1 takes its buffers
+      if (b + 1 < nb) decode(b + 1, p ^ 1);
+      stored(dots[p]);
+    }
+    steps(nb - 1, static_cast<int>((nb - 1) & 1));
+    for (int u = 0; u < NT; ++u)
+      for (int i = 0; i < mr; ++i) {
+        const int64_t o = kTile * (t0 + u);
+        const __m512 v = w.bias ? _mm512_add_ps(acc[u][i], _mm512_loadu_ps(w.bias + o)) : acc[u][i];
+        _mm512_storeu_ps(y + (m0 + i) * s.N + o, v);
+      }
+  }
+};
+
+template <class T>
+void amx_run(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
+  // rows in as few blocks of at most 16 as hold them, their sizes within one of each other
+  const int64_t n = (s.M + 15) / 16, base = s.M / n, extra = s.M % n;
+  for (int64_t i = 0, m0 = 0; i < n; ++i) {
+    const int mr = static_cast<int>(base + (i < extra));
+    AmxTiles<T, 2>::configure(mr);
+    int64_t t = t0;
+    for (; t + 2 <= t1; t += 2) AmxTiles<T, 2>::run(a, w, s, y, m0, mr, t);
+    if (t < t1) {
+      AmxTiles<T, 1>::configure(mr);
+      AmxTiles<T, 1>::run(a, w, s, y, m0, mr, t);
+    }
+    m0 += mr;
+  }
+  _tile_release();
+}
+
 }  // namespace
+
+void ggml_amx(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
+  using Types = GgmlTypes<Avx512>;
+  switch (s.type) {
+    case kQ4_0: return amx_run<Types::Legacy<kQ4_0>>(a, w, s, y, t0, t1);
+    case kQ8_0: return amx_run<Types::Legacy<kQ8_0>>(a, w, s, y, t0, t1);
+    case kQ4_K: return amx_run<Types::KQuant<false>>(a, w, s, y, t0, t1);
+    case kQ5_K: return amx_run<Types::KQuant<true>>(a, w, s, y, t0, t1);
+    case kQ6_K: return amx_run<Types::Q6K>(a, w, s, y, t0, t1);
+    default: return;
+  }
+}
 
 void ggml_vnni(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
   ggml_form<Zmm, Avx512>(a, w, s, y, t0, t1);

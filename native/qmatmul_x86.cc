@@ -2,6 +2,7 @@
 // library's dispatch calls them where the CPU has them). Same numbers, bit for bit.
 #include <immintrin.h>
 
+#include "amx_tiles.h"
 #include "qmatmul.h"
 
 namespace specrt {
@@ -86,20 +87,14 @@ void vnni(const Activations& a, const Weights& w, const Shape& s, float* y, int6
 // ---- AMX: per block, C[m, c] = A[m, k] (activations, s8) . B[k, c] (codes, u8), the block's
 // integer dot products, then the same float step. The next block's codes are unpacked (4 bits)
 // and the previous block's steps run while the tiles compute.
-struct TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 void configure(int mr, int blk) {
   TileConfig c;
-  c.rows[0] = mr, c.colsb[0] = blk;     // A: activations
-  c.rows[1] = blk / 4, c.colsb[1] = 64;  // B: codes of tile 0
-  c.rows[2] = blk / 4, c.colsb[2] = 64;  // B: codes of tile 1
-  c.rows[3] = mr, c.colsb[3] = 64;       // C: tile 0
-  c.rows[4] = mr, c.colsb[4] = 64;       // C: tile 1
-  _tile_loadconfig(&c);
+  c.set(0, mr, blk);      // A: activations
+  c.set(1, blk / 4, 64);  // B: codes of tile 0
+  c.set(2, blk / 4, 64);  // B: codes of tile 1
+  c.set(3, mr, 64);       // C: tile 0
+  c.set(4, mr, 64);       // C: tile 1
+  c.load();
 }
 
 template <int BITS, int BLK>

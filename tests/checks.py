@@ -220,7 +220,7 @@ def kernel_model(graph) -> bytes:
 ARM64 = __import__("platform").machine() in ("aarch64", "arm64")
 # (avxvnni: the AVX2 form with 256-bit vpdpbusd, run on AVX-512 hosts in its EVEX encoding)
 ISA_FORMS = ("ref", "neon", "dotprod") if ARM64 else ("ref", "avx2", "avxvnni", "vnni", "amx")
-FAST_FORMS = ISA_FORMS[1:3] if ARM64 else ISA_FORMS[1:4]  # every operator has them (AMX hosts run QMatMulGGML and attention in VNNI)
+FAST_FORMS = ISA_FORMS[1:3] if ARM64 else ISA_FORMS[1:4]  # every operator has them (AMX hosts run attention in VNNI)
 
 
 def forms_here() -> list[str]:

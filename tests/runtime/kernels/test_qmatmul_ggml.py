@@ -25,7 +25,9 @@ from specrt.export.kernel_blocks import OP, TYPES, record_bytes, repack
 from specrt.runtime import kernels
 from specrt.runtime.kernels import layout
 
-BEST = kernels.isa()  # the fastest form this CPU runs (AMX hosts run QMatMulGGML's VNNI form)
+BEST = kernels.isa()  # the fastest form this CPU runs
+SIZES = (2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 33, 64)  # calls of 8 rows or more run the AMX form where it runs
+WIDE = tuple(m for m in SIZES if m >= 8)
 # byte offsets of each type's fp16 fields
 F16 = {"Q4_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
 
@@ -92,14 +94,14 @@ def test_matches_gguf_dequantize_in_float64(type_name, isa, monkeypatch):
         np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
 
 
-def rows_any_call(blob: bytes, isa: str, monkeypatch, x: np.ndarray, want: np.ndarray) -> None:
-    """Every row of x, in calls of 1 .. 64 rows at two places, on 1 and 2 threads, is `want`'s
-    row bit for bit (AssertionError naming the call otherwise)."""
+def rows_any_call(blob: bytes, isa: str, monkeypatch, x: np.ndarray, want: np.ndarray, sizes=SIZES) -> None:
+    """Every row of x, alone and in calls of `sizes` rows (1 .. 64) at two places, on 1 and 2
+    threads, is `want`'s row bit for bit (AssertionError naming the call otherwise)."""
     for threads in (1, 2):
         s = session(blob, isa, monkeypatch, threads)
         alone = np.concatenate([s.run(None, {"x": x[i:i + 1]})[0] for i in range(len(x))])
         assert np.array_equal(alone, want), (isa, threads, "alone")
-        for m in (2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 33, 64):
+        for m in sizes:
             for start in (0, len(x) - m):
                 y = s.run(None, {"x": x[start:start + m]})[0]
                 assert np.array_equal(y, want[start:start + m]), (isa, threads, m, start)
@@ -107,9 +109,9 @@ def rows_any_call(blob: bytes, isa: str, monkeypatch, x: np.ndarray, want: np.nd
 
 def _case(type_name: str):
     rng = np.random.default_rng(3)
-    # 6 tiles: pairs of tiles and a one-tile chunk end; 25 blocks of 32 for Q4_0 / Q8_0: a
-    # partial span of wide calls (native/qmatmul_ggml_x86.cc)
-    n, k = 96, 512 if TYPES[type_name][0] == 256 else 800
+    # 7 tiles: a lone row's 4, pairs, and a last single tile (the AMX form's one-tile pass); 25
+    # blocks of 32 for Q4_0 / Q8_0: a partial span of wide calls (native/qmatmul_ggml_x86.cc)
+    n, k = 112, 512 if TYPES[type_name][0] == 256 else 800
     raw = blocks(type_name, n, k, seed=4)
     blob = model(raw, type_name, n, k, rng.standard_normal(n).astype(np.float32))
     return blob, activations(rng, 64, k)
@@ -123,10 +125,11 @@ def test_a_row_is_the_same_bits_in_any_call(type_name, isa, monkeypatch):
     rows_any_call(blob, isa, monkeypatch, x, want)
 
 
-@pytest.mark.parametrize("isa", isa_forms(FAST_FORMS))
+@pytest.mark.parametrize("isa", isa_forms((*FAST_FORMS, "amx")))
 def test_a_form_that_reorders_one_sum_is_caught(isa, monkeypatch):
     """The library built with SPECRT_MUTANT (its fast forms add each block's terms to the
-    accumulator last, in blocks of 4 rows) must fail the test above, in each form."""
+    accumulator last, in blocks of 4 rows; the AMX form in the fourth row of a tile block) must
+    fail the test above, in each form: AMX's in the calls it runs alone."""
     if not (shutil.which("make") and shutil.which("g++")):
         pytest.skip("the mutant library needs make and g++")
     built = subprocess.run(["make", "-s", "kernels-mutant"], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -134,10 +137,11 @@ def test_a_form_that_reorders_one_sum_is_caught(isa, monkeypatch):
     blob, x = _case("Q4_K")
     want = session(blob, "ref", monkeypatch, 1).run(None, {"x": x})[0]
     monkeypatch.setenv("SPECRT_KERNELS", str(ROOT / ".cache/kernels-mutant/libspecrt_kernels.so"))
+    sizes = WIDE if isa == "amx" else SIZES
     with pytest.raises(AssertionError):
-        rows_any_call(blob, isa, monkeypatch, x, want)
+        rows_any_call(blob, isa, monkeypatch, x, want, sizes)
     monkeypatch.delenv("SPECRT_KERNELS")
-    rows_any_call(blob, isa, monkeypatch, x, want)  # the real library passes it
+    rows_any_call(blob, isa, monkeypatch, x, want, sizes)  # the real library passes it
 
 
 def _qmatmul(qw, fmt) -> bytes:
