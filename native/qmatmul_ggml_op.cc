@@ -28,7 +28,7 @@ struct Job {
 };
 
 constexpr int64_t kChunkTiles = 8;
-constexpr int64_t kAmxMinRows = 8;  // below it the VNNI form is faster (docs/benchmarks.md §50)
+constexpr int64_t kAmxMinRows = 9;  // below it the VNNI form is faster (docs/benchmarks.md §50)
 
 void run_chunk(void* p, size_t i) {
   const Job& j = *static_cast<Job*>(p);

@@ -26,8 +26,8 @@ from specrt.runtime import kernels
 from specrt.runtime.kernels import layout
 
 BEST = kernels.isa()  # the fastest form this CPU runs
-SIZES = (2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 33, 64)  # calls of 8 rows or more run the AMX form where it runs
-WIDE = tuple(m for m in SIZES if m >= 8)
+SIZES = (2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 33, 64)
+WIDE = tuple(m for m in SIZES if m >= 9)  # the calls that run the AMX form where it runs (qmatmul_ggml_op.cc kAmxMinRows)
 # byte offsets of each type's fp16 fields
 F16 = {"Q4_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
 
