@@ -4,6 +4,8 @@
 // qmatmul_ggml_types.h, on whole tiles).
 #include <immintrin.h>
 
+#include <type_traits>
+
 #include "amx_tiles.h"
 #include "qmatmul_ggml.h"
 #include "qmatmul_ggml_drive.h"
@@ -89,30 +91,42 @@ struct Zmm : FormBase {  // a tile in one vector
 // its type's step_dots from them: the VNNI form's float steps, in its order. Q6_K's two
 // 16-sub-blocks take a tile product each. The next block's codes are decoded, and the previous
 // block's steps run, while the tiles compute.
+// One block's products in the tile set A, C0, C1 (H = 1; literal tile numbers for GCC's asm).
+#define SPECRT_AMX_PRODUCTS(A, C0, C1) \
+  _tile_loadd(A, q, stride);           \
+  _tile_loadd(2, codes[0], 64);        \
+  _tile_zero(C0);                      \
+  _tile_dpbsud(C0, A, 2);              \
+  if constexpr (NT == 2) {             \
+    _tile_loadd(3, codes[1], 64);      \
+    _tile_zero(C1);                    \
+    _tile_dpbsud(C1, A, 3);            \
+  }
+
 template <class T, int NT>  // NT column tiles from t0, rows [m0, m0 + mr)
 struct AmxTiles {
   static constexpr int H = T::kHalves, KB = 32 / H, JB = T::kSuper / 32;
-  // tiles (GCC names them in the asm: literal numbers only): A 0 .. H - 1 (k [KB h, KB (h + 1))
-  // of the rows); B 2, 3 (H = 1: column tile u's codes in 2 + u; H = 2: half h in 2 + h); C: 4 + H u + h
+  // Tiles (GCC names them in the asm: literal numbers only). Tile registers are not renamed, so
+  // a block that reused the last block's tiles would wait for its products and stores: where
+  // they fit (H = 1) blocks alternate between two sets by parity P, A in P, C of column tile u
+  // in 4 + 2 P + u, B 2 + u. Q6_K (H = 2): A half h in h, B half h in 2 + h, C 4 + H u + h.
   static void configure(int mr) {
     TileConfig c;
-    for (int h = 0; h < H; ++h) c.set(h, mr, KB);
+    c.set(0, mr, KB), c.set(1, mr, KB);
     c.set(2, 8 / H, 64), c.set(3, 8 / H, 64);
-    for (int t = 0; t < NT * H; ++t) c.set(4 + t, mr, 64);
+    for (int t = 4; t < 8; ++t) c.set(t, mr, 64);
     c.load();
   }
 
-  static void products(const uint8_t (*codes)[512]) {  // C = A . B for every column tile and half
-    if constexpr (H == 1) {
-      _tile_loadd(2, codes[0], 64);
-      _tile_zero(4);
-      _tile_dpbsud(4, 0, 2);
-      if constexpr (NT == 2) {
-        _tile_loadd(3, codes[1], 64);
-        _tile_zero(5);
-        _tile_dpbsud(5, 0, 3);
-      }
+  template <int P>  // block b's products, from its activations' rows and codes
+  static void products(const int8_t* q, int64_t stride, const uint8_t (*codes)[512]) {
+    if constexpr (H == 1 && P == 0) {
+      SPECRT_AMX_PRODUCTS(0, 4, 5)
+    } else if constexpr (H == 1) {
+      SPECRT_AMX_PRODUCTS(1, 6, 7)
     } else {
+      _tile_loadd(0, q, stride);
+      _tile_loadd(1, q + 16, stride);
       _tile_loadd(2, codes[0], 64);
       _tile_loadd(3, codes[0] + 256, 64);
       _tile_zero(4);
@@ -129,13 +143,21 @@ struct AmxTiles {
       }
     }
   }
+  template <int P>
   static void stored(int32_t (*dots)[H][256]) {
-    _tile_stored(4, dots[0][0], 64);
-    if constexpr (H == 2) _tile_stored(5, dots[0][H - 1], 64);
-    if constexpr (NT == 2 && H == 1) _tile_stored(5, dots[NT - 1][0], 64);
-    if constexpr (NT == 2 && H == 2) {
-      _tile_stored(6, dots[NT - 1][0], 64);
-      _tile_stored(7, dots[NT - 1][H - 1], 64);
+    if constexpr (H == 1 && P == 0) {
+      _tile_stored(4, dots[0][0], 64);
+      if constexpr (NT == 2) _tile_stored(5, dots[NT - 1][0], 64);
+    } else if constexpr (H == 1) {
+      _tile_stored(6, dots[0][0], 64);
+      if constexpr (NT == 2) _tile_stored(7, dots[NT - 1][0], 64);
+    } else {
+      _tile_stored(4, dots[0][0], 64);
+      _tile_stored(5, dots[0][H - 1], 64);
+      if constexpr (NT == 2) {
+        _tile_stored(6, dots[NT - 1][0], 64);
+        _tile_stored(7, dots[NT - 1][H - 1], 64);
+      }
     }
   }
 
@@ -172,16 +194,20 @@ struct AmxTiles {
             acc[u][i] = T::step_dots(acc[u][i], blk[p][u], r, b, d);
         }
     };
+    const auto block = [&](int64_t b, auto parity) {
+      constexpr int P = decltype(parity)::value;
+      products<P>(a.q + m0 * s.K + 32 * b, s.K, codes[P]);
+      if (b > 0) steps(b - 1, P ^ 1);  // before block b + 1 takes its buffers
+      if (b + 1 < nb) decode(b + 1, P ^ 1);
+      stored<P>(dots[P]);
+    };
     decode(0, 0);
-    for (int64_t b = 0; b < nb; ++b) {
-      const int p = static_cast<int>(b & 1);
-      _tile_loadd(0, a.q + m0 * s.K + 32 * b, s.K);
-      if constexpr (H == 2) _tile_loadd(1, a.q + m0 * s.K + 32 * b + 16, s.K);
-      products(codes[p]);
-      if (b > 0) steps(b - 1, p ^ 1);  // before block b + 1 takes its buffers
-      if (b + 1 < nb) decode(b + 1, p ^ 1);
-      stored(dots[p]);
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      block(b, std::integral_constant<int, 0>{});
+      block(b + 1, std::integral_constant<int, 1>{});
     }
+    if (b < nb) block(b, std::integral_constant<int, 0>{});
     steps(nb - 1, static_cast<int>((nb - 1) & 1));
     for (int u = 0; u < NT; ++u)
       for (int i = 0; i < mr; ++i) {
