@@ -91,6 +91,7 @@ struct Zmm : FormBase {  // a tile in one vector
 // its type's step_dots from them: the VNNI form's float steps, in its order. Q6_K's two
 // 16-sub-blocks take a tile product each. The next block's codes are decoded, and the previous
 // block's steps run, while the tiles compute.
+
 // One block's products in the tile set A, C0, C1 (H = 1; literal tile numbers for GCC's asm).
 #define SPECRT_AMX_PRODUCTS(A, C0, C1) \
   _tile_loadd(A, q, stride);           \
