@@ -264,7 +264,10 @@ def test_the_reference_never_holds_a_whole_table(both, monkeypatch):
     with torch.no_grad():
         for seq, g in zip(seqs, got, strict=True):
             want = whole.model(torch.from_numpy(seq[None])).logits[0].numpy()
-            assert np.abs(g - want).max() < 1e-5
+            # fp32 rounding, relative to the logits: the slabs and torch's GEMM sum in other
+            # orders, and torch's order is the CPU's (4e-5 on logits of ~1.6 on a Sapphire Rapids
+            # host, under 1e-5 on Zen 4); a wrong row or slab errs by the logits' own size
+            assert np.abs(g - want).max() <= 1e-4 * np.abs(want).max()
 
 
 @pytest.mark.parametrize("deq_rows", [128, 3])  # 3: ragged groups
