@@ -97,7 +97,7 @@ export-coder: $(CODER)/target/kernels.onnx.data kernels
 # The real pair end to end (outside CI: it needs the coder bundle): greedy speculative equals
 # target-only on the code workload token for token, sampling by the statistical test, the server
 # through the official openai client.
-test-coder: export-coder cpp
+test-coder: export export-coder cpp  # export: the tests' conftest also loads the default bundle
 	SPECRT_CODER=$(CODER) $(VENV)/bin/pytest -q tests/test_coder_bundle.py tests/cpp/test_cpp_coder.py
 	SPECRT_TOOLS_BUNDLE=$(CODER) $(VENV)/bin/pytest -q tests/runtime/serve/test_serve_tools_real.py
 
