@@ -36,6 +36,26 @@ struct Row {  // one activation row
   const int32_t* zs;
 };
 
+inline int64_t zs_per_row(int type, int64_t K) { return type == kQ6_K ? K / 16 : K / kQBlock; }
+
+// Row m of a call's activations (nq: 32-blocks a row; nz: zs_per_row).
+SPECRT_STEP Row act_row(const BlockActs& a, int64_t K, int64_t nq, int64_t nz, int64_t m) {
+  return {a.q + m * K, a.sa + m * nq, a.qsa ? a.qsa + m * nq : nullptr, a.zs ? a.zs + m * nz : nullptr};
+}
+
+// fn(T{}) with the type T that reads blocks of `type` (the forms' loops: GgmlDrive below, AMX's).
+template <template <int> class Legacy, template <bool> class KQuant, class Q6K, class Fn>
+void by_type(int type, Fn&& fn) {
+  switch (type) {
+    case kQ4_0: return fn(Legacy<kQ4_0>{});
+    case kQ8_0: return fn(Legacy<kQ8_0>{});
+    case kQ4_K: return fn(KQuant<false>{});
+    case kQ5_K: return fn(KQuant<true>{});
+    case kQ6_K: return fn(Q6K{});
+    default: return;
+  }
+}
+
 struct FormBase {  // a form with no loop of its own
   template <class T, int MR, int NP>
   static constexpr bool kOwn = false;
@@ -55,9 +75,7 @@ struct GgmlDrive {
     float* y;
     int64_t ns, nq, nz, rb;  // records a tile, 32-blocks a row, zs a row, bytes a record
 
-    SPECRT_STEP Row row(int64_t m) const {
-      return {a.q + m * s.K, a.sa + m * nq, a.qsa ? a.qsa + m * nq : nullptr, a.zs ? a.zs + m * nz : nullptr};
-    }
+    SPECRT_STEP Row row(int64_t m) const { return act_row(a, s.K, nq, nz, m); }
     SPECRT_STEP const uint8_t* record(int64_t p, int64_t i) const { return w.blocks + ((p / F::kParts) * ns + i) * rb; }
   };
 
@@ -128,8 +146,7 @@ struct GgmlDrive {
 
   template <class T>
   static void run(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
-    const Call c{a, w, s, y, s.K / T::kSuper, s.K / kQBlock, T::kType == kQ6_K ? s.K / 16 : s.K / kQBlock,
-                 record_bytes(T::kType)};
+    const Call c{a, w, s, y, s.K / T::kSuper, s.K / kQBlock, zs_per_row(T::kType, s.K), record_bytes(T::kType)};
     int64_t p = F::kParts * t0;
     const int64_t p1 = F::kParts * t1;
     if (s.M == 1)
@@ -143,15 +160,7 @@ struct GgmlDrive {
 // ggml_ref's contract for the form F with its types.
 template <class F, template <int> class Legacy, template <bool> class KQuant, class Q6K>
 void ggml_drive(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
-  using D = GgmlDrive<F>;
-  switch (s.type) {
-    case kQ4_0: return D::template run<Legacy<kQ4_0>>(a, w, s, y, t0, t1);
-    case kQ8_0: return D::template run<Legacy<kQ8_0>>(a, w, s, y, t0, t1);
-    case kQ4_K: return D::template run<KQuant<false>>(a, w, s, y, t0, t1);
-    case kQ5_K: return D::template run<KQuant<true>>(a, w, s, y, t0, t1);
-    case kQ6_K: return D::template run<Q6K>(a, w, s, y, t0, t1);
-    default: return;
-  }
+  by_type<Legacy, KQuant, Q6K>(s.type, [&](auto t) { GgmlDrive<F>::template run<decltype(t)>(a, w, s, y, t0, t1); });
 }
 
 }  // namespace

@@ -104,6 +104,15 @@ struct Zmm : FormBase {  // a tile in one vector
     _tile_dpbsud(C1, A, 3);            \
   }
 
+// One column tile's products over the two halves of a block (H = 2), into C tiles LO and HI.
+#define SPECRT_AMX_HALVES(CODES, LO, HI) \
+  _tile_loadd(2, CODES, 64);             \
+  _tile_loadd(3, (CODES) + 256, 64);     \
+  _tile_zero(LO);                        \
+  _tile_dpbsud(LO, 0, 2);                \
+  _tile_zero(HI);                        \
+  _tile_dpbsud(HI, 1, 3);
+
 template <class T, int NT>  // NT column tiles from t0, rows [m0, m0 + mr)
 struct AmxTiles {
   static constexpr int H = T::kHalves, KB = 32 / H, JB = T::kSuper / 32;
@@ -128,19 +137,9 @@ struct AmxTiles {
     } else {
       _tile_loadd(0, q, stride);
       _tile_loadd(1, q + 16, stride);
-      _tile_loadd(2, codes[0], 64);
-      _tile_loadd(3, codes[0] + 256, 64);
-      _tile_zero(4);
-      _tile_dpbsud(4, 0, 2);
-      _tile_zero(5);
-      _tile_dpbsud(5, 1, 3);
+      SPECRT_AMX_HALVES(codes[0], 4, 5)
       if constexpr (NT == 2) {
-        _tile_loadd(2, codes[1], 64);
-        _tile_loadd(3, codes[1] + 256, 64);
-        _tile_zero(6);
-        _tile_dpbsud(6, 0, 2);
-        _tile_zero(7);
-        _tile_dpbsud(7, 1, 3);
+        SPECRT_AMX_HALVES(codes[1], 6, 7)
       }
     }
   }
@@ -164,7 +163,7 @@ struct AmxTiles {
 
   static void run(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t m0, int mr, int64_t t0) {
     const int64_t ns = s.K / T::kSuper, nb = s.K / 32, nq = s.K / kQBlock, rb = record_bytes(T::kType);
-    const int64_t nz = T::kType == kQ6_K ? s.K / 16 : nq;
+    const int64_t nz = zs_per_row(T::kType, s.K);
     alignas(64) uint8_t codes[2][NT][512];
     alignas(64) int32_t dots[2][NT][H][256];
     typename T::Head head[2][NT];  // by super-block parity: a Blk points into its head
@@ -185,8 +184,7 @@ struct AmxTiles {
     const auto steps = [&](int64_t b, int p) {
       for (int u = 0; u < NT; ++u)
         for (int i = 0; i < mr; ++i) {
-          const int64_t m = m0 + i;
-          const Row r{a.q + m * s.K, a.sa + m * nq, a.qsa ? a.qsa + m * nq : nullptr, a.zs ? a.zs + m * nz : nullptr};
+          const Row r = act_row(a, s.K, nq, nz, m0 + i);
           __m512i d[H];
           for (int h = 0; h < H; ++h) d[h] = _mm512_load_si512(dots[p][u][h] + 16 * i);
           if (kMutant && i == 3)
@@ -225,13 +223,10 @@ void amx_run(const BlockActs& a, const BlockWeights& w, const BlockShape& s, flo
   const int64_t n = (s.M + 15) / 16, base = s.M / n, extra = s.M % n;
   for (int64_t i = 0, m0 = 0; i < n; ++i) {
     const int mr = static_cast<int>(base + (i < extra));
-    AmxTiles<T, 2>::configure(mr);
+    AmxTiles<T, 2>::configure(mr);  // the same tiles for one column tile a pass
     int64_t t = t0;
     for (; t + 2 <= t1; t += 2) AmxTiles<T, 2>::run(a, w, s, y, m0, mr, t);
-    if (t < t1) {
-      AmxTiles<T, 1>::configure(mr);
-      AmxTiles<T, 1>::run(a, w, s, y, m0, mr, t);
-    }
+    if (t < t1) AmxTiles<T, 1>::run(a, w, s, y, m0, mr, t);
     m0 += mr;
   }
   _tile_release();
@@ -241,14 +236,7 @@ void amx_run(const BlockActs& a, const BlockWeights& w, const BlockShape& s, flo
 
 void ggml_amx(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
   using Types = GgmlTypes<Avx512>;
-  switch (s.type) {
-    case kQ4_0: return amx_run<Types::Legacy<kQ4_0>>(a, w, s, y, t0, t1);
-    case kQ8_0: return amx_run<Types::Legacy<kQ8_0>>(a, w, s, y, t0, t1);
-    case kQ4_K: return amx_run<Types::KQuant<false>>(a, w, s, y, t0, t1);
-    case kQ5_K: return amx_run<Types::KQuant<true>>(a, w, s, y, t0, t1);
-    case kQ6_K: return amx_run<Types::Q6K>(a, w, s, y, t0, t1);
-    default: return;
-  }
+  by_type<Types::Legacy, Types::KQuant, Types::Q6K>(s.type, [&](auto t) { amx_run<decltype(t)>(a, w, s, y, t0, t1); });
 }
 
 void ggml_vnni(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1) {
