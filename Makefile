@@ -11,7 +11,7 @@ PROMPT ?= Explain KV caches in two sentences.
 # 2 cores: corpus generation + training), then `make export-eagle`.
 HEAD := .cache/heads/smollm2-135m-instruct.eagle.safetensors
 
-.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant kernels-forms kernels-isa kernels-avx2-only kernels-arm64 cpp lock drift clean
+.PHONY: setup export run serve generate test test-unit runtime-only lint bench train-draft export-eagle export-coder test-coder llama-server kernels kernels-mutant kernels-forms kernels-forms-mutant kernels-isa kernels-avx2-only kernels-arm64 cpp lock drift clean
 
 LOCK := locks/dev.txt
 RUNTIME_LOCK := locks/runtime.txt
@@ -185,6 +185,16 @@ $(HOST_FORMS_CHECK): tests/native/kernel_forms.cc $(KERNELS)
 
 kernels-forms: $(HOST_FORMS_CHECK)
 	$<
+
+# The driver over the mutant library's objects: each of this host's forms must differ somewhere
+HOST_FORMS_MUTANT := .cache/kernels-mutant/kernel_forms
+$(HOST_FORMS_MUTANT): tests/native/kernel_forms.cc $(MUTANT)
+	g++ -O2 -std=c++17 -Wall -Wextra -Inative -pthread $< \
+	  $(patsubst %,.cache/kernels/%.o,$(filter-out ort_ops attention_op qmatmul_ggml_op,$(PORTABLE)) $(filter-out $(MUTANTS),$(FORMS))) \
+	  $(patsubst %,.cache/kernels-mutant/%.o,$(MUTANTS)) -o $@
+
+kernels-forms-mutant: $(HOST_FORMS_MUTANT)
+	$< --expect-mismatch 2>/dev/null
 
 # native/isa.h's decision (which forms a CPU runs, which one best_isa() takes, what
 # SPECRT_KERNELS_ISA may lower it to) over the cpuid bits of CPUs this host is not

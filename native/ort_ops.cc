@@ -10,10 +10,6 @@
 #if defined(__aarch64__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
-#else
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 #include <algorithm>
@@ -22,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_forms.h"
 #include "ort_glue.h"
 #include "qmatmul.h"
 
@@ -39,30 +36,6 @@ int detect() {  // Advanced SIMD is part of ARMv8-A; sdot is the dot-product ext
 }
 bool runs_here(int) { return true; }  // each form below the best
 #else
-uint64_t xcr0() {
-  uint32_t lo, hi;
-  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-  return static_cast<uint64_t>(hi) << 32 | lo;
-}
-
-X86Forms cpu_forms() {  // isa.h's decision over this CPU's cpuid
-  CpuId id;
-  unsigned a, b, c, d;
-  if (!__get_cpuid_count(1, 0, &a, &b, &c, &d)) return x86_forms(id);
-  id.ecx1 = c;
-  if (c & (1u << 27)) id.xcr0 = xcr0();  // OSXSAVE: xgetbv exists
-  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
-    id.ebx7 = b, id.ecx7 = c, id.edx7 = d;
-    if (a >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d)) id.eax7_1 = a;
-  }
-  // AMX's tile data must be asked of the kernel, once, where the rest says AMX
-  CpuId asked = id;
-  asked.amx_granted = true;
-  if (x86_forms(asked).amx)
-    id.amx_granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-  return x86_forms(id);
-}
-
 const X86Forms& here() {
   static const X86Forms f = cpu_forms();
   return f;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "cpu_forms.h"
 #include "qmatmul.h"
 #include "qmatmul_ggml.h"
 
@@ -40,27 +41,31 @@ struct Form {
 
 // The forms this CPU runs; each form it cannot run is printed as skipped, with why. The AVX-VNNI
 // forms (the AVX2 sources with vpdpbusd: native/avx2_dot.h) have no attention of their own (the
-// AVX2 one's: its dots are fp32), so attn is null there.
+// AVX2 one's: its dots are fp32), nor has AMX (the VNNI one's), so attn is null there.
 std::vector<Form> forms_here() {
   std::vector<Form> f;
-  auto skip = [](const char* form, const char* why) { std::printf("kernel_forms: %s: skipped, %s\n", form, why); };
+  [[maybe_unused]] auto skip = [](const char* form, const char* why) { std::printf("kernel_forms: %s: skipped, %s\n", form, why); };
 #if defined(__aarch64__)
   f.push_back({"neon", ggml_neon, matmul_neon, attend_neon});
   if (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) f.push_back({"dotprod", ggml_dotprod, matmul_dotprod, attend_neon});
 #else
-  __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx2) f.push_back({"avx2", ggml_avx2, matmul_avx2, attend_avx2});
-  if (avx2 && __builtin_cpu_supports("avxvnni"))
+  const X86Forms cpu = cpu_forms();  // the library's own reading (native/cpu_forms.h)
+  if (cpu.avx2) f.push_back({"avx2", ggml_avx2, matmul_avx2, attend_avx2});
+  if (cpu.avx_vnni)
     f.push_back({"avxvnni", ggml_avxvnni, matmul_avxvnni, nullptr});
   else
     skip("avxvnni", "this CPU has no AVX-VNNI (the VEX vpdpbusd)");
-  if (avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+  if (cpu.avx512vl_vnni)
     f.push_back({"avxvnni-evex", ggml_avxvnni_evex, matmul_avxvnni_evex, nullptr});
   else
     skip("avxvnni-evex", "this CPU has no AVX-512 VL + VNNI (the EVEX vpdpbusd on 256 bits)");
-  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw"))
-    f.push_back({"vnni", ggml_vnni, matmul_vnni, attend_avx512});
+  if (cpu.vnni) f.push_back({"vnni", ggml_vnni, matmul_vnni, attend_avx512});
+  // AMX: the tile forms of QMatMulGGML and QMatMul4/8 at every row count (the library runs them
+  // from 8-9 rows; a narrower call is still theirs to get right); attention is the VNNI form's
+  if (cpu.amx)
+    f.push_back({"amx", ggml_amx, matmul_amx, nullptr});
+  else
+    skip("amx", "this CPU has no AMX int8, or the kernel did not grant its tile state");
 #endif
   return f;
 }

@@ -75,12 +75,23 @@ def test_this_hosts_forms_are_the_portable_bits_in_the_driver(host_forms):
     assert lines and all(ln.endswith("every one the portable form's bits") for ln in lines), out
 
 
-@pytest.mark.parametrize("form", ["avxvnni", "avxvnni-evex"])
-def test_the_avxvnni_forms_are_the_portable_bits_where_the_cpu_runs_them(form, host_forms):
+def test_each_of_this_hosts_forms_is_caught_wrong_in_the_driver():
+    """The driver over the mutant library (one sum reordered in each form's QMatMulGGML, and in
+    the AVX2 / AVX-VNNI QMatMul4): every form this CPU runs is reported different, so a form the
+    driver compares is one it can fail."""
+    if not shutil.which("make"):
+        pytest.skip("the driver is built by make")
+    lines, out = _forms("kernels-forms-mutant")
+    assert lines and all(ln.endswith("DIFFERENT bits") for ln in lines), out
+
+
+@pytest.mark.parametrize("form", ["avxvnni", "avxvnni-evex", "amx"])
+def test_the_avxvnni_and_amx_forms_are_the_portable_bits_where_the_cpu_runs_them(form, host_forms):
     """The AVX2 sources built with vpdpbusd (native/avx2_dot.h): in AVX-VNNI's VEX encoding (the
     object best_isa() takes on Alder Lake and later) and in AVX-512 VL + VNNI's EVEX encoding (the
-    same instruction: how an AVX-512 host checks the form). Skipped, with the driver's reason,
-    where the CPU has neither."""
+    same instruction: how an AVX-512 host checks the form); and the AMX tile forms of QMatMulGGML
+    and QMatMul4/8, at every row count, where the VM grants the tile state. Skipped, with the
+    driver's reason, where the CPU has none of them."""
     lines, out = host_forms
     mine = [ln for ln in lines if ln.startswith(f"kernel_forms: {form}: ")]
     if not mine:
