@@ -5,10 +5,10 @@
 # The sdist is unpacked and its llama.cpp folder built, never pip-installed. A CPU that lists
 # AMX the VM does not grant dies with SIGILL under GGML_NATIVE=ON: there the AVX-512 options
 # are named one by one instead. LLAMA_ISA=avx2 builds for AVX2 + FMA + F16C only, into
-# $1/build-avx2 (the peer of the AVX2 kernel forms, issue 52). LLAMA_ISA=amx builds the native
-# AVX-512 options plus ggml's AMX int8 kernels (its extra buffer type repacks Q4_K / Q6_K weights
-# for tiles) into $1/build-amx: the build a user of an AMX host whose VM grants the tiles runs
-# (the peer of specrt's AMX forms, docs/benchmarks.md §51).
+# $1/build-avx2 (the peer of the AVX2 kernel forms, issue 52). ggml's AMX kernels are never
+# built: with this llama.cpp and GCC 12 they die with SIGILL at their first tile instruction, even
+# where the VM grants the tiles (tried on a Sapphire Rapids host, docs/benchmarks.md §51;
+# upstream's open llama.cpp PR #26954), so no user of this version runs them.
 set -euo pipefail
 VERSION=11434.0.0
 SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
@@ -44,10 +44,6 @@ if [ "${LLAMA_ISA:-native}" = avx2 ]; then
          -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_BF16=OFF
          -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF)
   BUILD=$DEST/build-avx2
-elif [ "${LLAMA_ISA:-native}" = amx ]; then
-  flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
-         -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=ON -DGGML_AMX_INT8=ON)
-  BUILD=$DEST/build-amx
 elif grep -qw amx_tile /proc/cpuinfo; then
   flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
   for f in avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do

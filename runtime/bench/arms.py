@@ -15,8 +15,7 @@
 An instruction set after `@` pins it (issue 52: the AVX2 forms against llama.cpp built for AVX2
 in one run): `specrt-policy@avx2` runs the server with SPECRT_KERNELS_ISA=avx2 (one of
 ISAS: a form no higher than the CPU's), `llama@avx2` the llama-server built beside
-`--llama-server`'s in `build-avx2` (tools/build_llama_server.sh LLAMA_ISA=avx2), `llama@amx` the one
-in `build-amx` (LLAMA_ISA=amx: ggml's AMX kernels, for hosts whose VM grants the tiles).
+`--llama-server`'s in `build-avx2` (tools/build_llama_server.sh LLAMA_ISA=avx2).
 """
 
 from __future__ import annotations
@@ -70,7 +69,7 @@ def gguf_of(entry) -> str | None:
 
 # the kernels' forms SPECRT_KERNELS_ISA takes (native/isa.h), and llama.cpp's builds
 ISAS = ("ref", "avx2", "avxvnni", "vnni", "amx", "neon", "dotprod")
-LLAMA_BUILDS = {"avx2": "build-avx2", "amx": "build-amx"}
+LLAMA_BUILDS = {"avx2": "build-avx2"}
 
 
 def arms(names: list[str], s: Servers) -> list[Arm]:
