@@ -79,7 +79,7 @@ void ggml_avx2(const BlockActs& a, const BlockWeights& w, const BlockShape& s, f
 // the AVX2 form with vpdpbusd (native/avx2_dot.h): VEX (AVX-VNNI) and EVEX (AVX-512 VL + VNNI) encodings
 void ggml_avxvnni(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);
 void ggml_avxvnni_evex(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);
-// AMX tiles for the integer dots, then the VNNI form's float steps (qmatmul_ggml_op.cc runs it from 9 rows)
+// AMX tiles for the integer dots, then the VNNI form's float steps (qmatmul_ggml_op.cc runs it from 5 rows, Q4_0 / Q8_0 from 8)
 void ggml_amx(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);
 void ggml_vnni(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);
 void ggml_neon(const BlockActs& a, const BlockWeights& w, const BlockShape& s, float* y, int64_t t0, int64_t t1);

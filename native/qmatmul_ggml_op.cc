@@ -28,7 +28,15 @@ struct Job {
 };
 
 constexpr int64_t kChunkTiles = 8;
-constexpr int64_t kAmxMinRows = 9;  // below it the VNNI form is faster (docs/benchmarks.md §50)
+// The AMX form from this many rows, below it the VNNI form (the same bits). Measured in the
+// coder target's whole call on 2 threads (docs/benchmarks.md §52): the k-quants' AMX form is
+// 0.87x the VNNI form's time at 5 rows and 0.82x at 8, about even at 4, slower at 2; Q4_0's
+// cheaper float step keeps VNNI ahead to 6 rows (per call, one thread: 1.08x at 5, 0.93x at 8).
+constexpr int64_t kAmxMinRows = 5, kAmxMinRowsLegacy = 8;
+
+bool amx_rows(const BlockShape& s) {
+  return s.M >= (s.type == kQ4_0 || s.type == kQ8_0 ? kAmxMinRowsLegacy : kAmxMinRows);
+}
 
 void run_chunk(void* p, size_t i) {
   const Job& j = *static_cast<Job*>(p);
@@ -36,7 +44,7 @@ void run_chunk(void* p, size_t i) {
 #if defined(__aarch64__)
   (j.isa == kDotprod ? ggml_dotprod : j.isa == kNeon ? ggml_neon : ggml_ref)(*j.a, *j.w, j.s, j.y, t0, t1);
 #else
-  (j.isa == kAmx && j.s.M >= kAmxMinRows ? ggml_amx
+  (j.isa == kAmx && amx_rows(j.s) ? ggml_amx
    : j.isa >= kVnni     ? ggml_vnni
    : j.isa == kAvxVnni ? (avxvnni_vex() ? ggml_avxvnni : ggml_avxvnni_evex)
    : j.isa == kAvx2    ? ggml_avx2

@@ -27,7 +27,7 @@ from specrt.runtime.kernels import layout
 
 BEST = kernels.isa()  # the fastest form this CPU runs
 SIZES = (2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 33, 64)
-WIDE = tuple(m for m in SIZES if m >= 9)  # the calls that run the AMX form where it runs (qmatmul_ggml_op.cc kAmxMinRows)
+WIDE = tuple(m for m in SIZES if m >= 5)  # the calls that run Q4_K's AMX form where it runs (qmatmul_ggml_op.cc kAmxMinRows)
 # byte offsets of each type's fp16 fields
 F16 = {"Q4_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
 
