@@ -193,6 +193,10 @@ def measure_costs(target, draft, slot: int, max_t: int, rows: int = 1, busy=(), 
     far_widths = list(widths)
     if target.max_tokens:  # one call holds every row's tokens (a packed target): price wide calls too
         widths += [T for T in (2 * max_t, 4 * max_t) if max_t < T <= min(target.max_prefill_t, target.max_seq_len - context)]
+    # the kernels take a call's rows in blocks (AMX: 16 rows a pass over the weights), so the cost
+    # jumps after each block's last row: 16 rows cost 121 ms and 17 rows 163 on an AMX host
+    # (docs/benchmarks.md §52), and a curve through 9 and 17 alone priced 16 at 155
+    widths = sorted(set(widths) | {T for T in (16, 32, 64) if T < widths[-1]})
     # a target with min_t > 1 runs its plain rows one widened call each (runtime/engine/calls.py)
     batch = sorted({1, 2, 4, 8, 16, rows} & set(range(1, rows + 1))) if target.batch_rows and target.min_t == 1 else []
     shapes = [("t", T) for T in widths] + [("tb", b) for b in batch if b > 1]

@@ -60,9 +60,10 @@ def _file(path: Path) -> str:
         return path.name
 
 
-PROBE = 5  # what `measure_costs` records; 2: a min_t target's narrow widths priced as its widened call;
+PROBE = 6  # what `measure_costs` records; 2: a min_t target's narrow widths priced as its widened call;
 #           3: the growth per position of context (slope, draft_slope) beside the curves; 4: draft_read_ms;
-#           5: a kernel graph's one-token calls run one row (no filler): their prices changed
+#           5: a kernel graph's one-token calls run one row (no filler): their prices changed;
+#           6: the widths 16, 32, 64 too (the last before the AMX form's next block of rows)
 
 
 def key(folder: Path, manifest, *, device: str, threads: int | None, extra: str = "") -> str:

@@ -245,3 +245,26 @@ def test_a_long_prompt_whose_reading_would_not_pay_is_decoded_plain(tmp_path):
     assert sum(short.stats.k_history) > 0
     assert set(long.stats.k_history) == {0}, long.stats.k_history
     assert long.stats.draft_prefill_ms == 0  # the draft never read the prompt
+
+
+class Blocky(Slow):
+    """A fake target whose calls cost 10 ms a block of 16 rows plus 0.1 ms a row, as the AMX form
+    passes over the weights once a block of 16 rows (on `clock`)."""
+
+    def run(self, slot, tokens, past_len, hidden=None, keep=None):
+        self.clock.t += (10.0 * -(-len(tokens) // 16) + 0.1 * len(tokens)) / 1000
+        return self.model.run(slot, tokens, past_len, hidden, keep)
+
+
+def test_the_probe_prices_the_last_width_before_the_next_block_of_rows(tmp_path, monkeypatch):
+    """A 16-row call is priced as measured (11.6 ms), not on the line from 9 rows to 17 (20.9 ms
+    at 17: ~19.6 at 16), which made 4 requests at k = 3 (16 rows) look dearer than they are."""
+    from specrt.runtime.policy import adaptive
+
+    parts = fake_parts(tmp_path, draft="separate", slots=2, max_t=17, max_prefill_t=17)
+    clock = Clock()
+    monkeypatch.setattr(adaptive, "time", clock)
+    costs = measure_costs(Blocky(parts.target, clock), parts.draft, 0, 17, reps=3, context=16)
+    assert costs.verify_ms(16) == pytest.approx(11.6)
+    assert costs.verify_ms(17) == pytest.approx(21.7)
+    assert costs.verify_curve(17)[15] == pytest.approx(11.6)
