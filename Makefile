@@ -179,9 +179,10 @@ kernels-mutant: $(MUTANT)
 # The same driver over this host's forms (tests/runtime/kernels/test_arm64.py), beside the
 # onnxruntime-level form tests: random shapes, each fast form against the portable one.
 HOST_FORMS_CHECK := .cache/kernels/kernel_forms
+DRIVER_PORTABLE := $(filter-out ort_ops attention_op qmatmul_ggml_op,$(PORTABLE))  # no onnxruntime in the driver
 $(HOST_FORMS_CHECK): tests/native/kernel_forms.cc $(KERNELS)
 	g++ -O2 -std=c++17 -Wall -Wextra -Inative -pthread $< \
-	  $(patsubst %,.cache/kernels/%.o,$(filter-out ort_ops attention_op qmatmul_ggml_op,$(PORTABLE)) $(FORMS)) -o $@
+	  $(patsubst %,.cache/kernels/%.o,$(DRIVER_PORTABLE) $(FORMS)) -o $@
 
 kernels-forms: $(HOST_FORMS_CHECK)
 	$<
@@ -190,7 +191,7 @@ kernels-forms: $(HOST_FORMS_CHECK)
 HOST_FORMS_MUTANT := .cache/kernels-mutant/kernel_forms
 $(HOST_FORMS_MUTANT): tests/native/kernel_forms.cc $(MUTANT)
 	g++ -O2 -std=c++17 -Wall -Wextra -Inative -pthread $< \
-	  $(patsubst %,.cache/kernels/%.o,$(filter-out ort_ops attention_op qmatmul_ggml_op,$(PORTABLE)) $(filter-out $(MUTANTS),$(FORMS))) \
+	  $(patsubst %,.cache/kernels/%.o,$(DRIVER_PORTABLE) $(filter-out $(MUTANTS),$(FORMS))) \
 	  $(patsubst %,.cache/kernels-mutant/%.o,$(MUTANTS)) -o $@
 
 kernels-forms-mutant: $(HOST_FORMS_MUTANT)
@@ -226,7 +227,7 @@ ARM_CXX := $(ARM_CROSS)/usr/bin/aarch64-linux-gnu-g++-12
 ARM_GXX := LD_LIBRARY_PATH=$(CURDIR)/$(ARM_CROSS)/usr/lib/x86_64-linux-gnu $(ARM_CXX) --sysroot=$(CURDIR)/$(ARM_CROSS)
 QEMU := $(ARM_CROSS)/usr/bin/qemu-aarch64-static
 ARM_BUILD := .cache/arm64
-ARM_KERNEL_OBJS := $(patsubst %,$(ARM_BUILD)/%.o,$(filter-out ort_ops attention_op qmatmul_ggml_op,$(PORTABLE)) $(ARM_FORMS))
+ARM_KERNEL_OBJS := $(patsubst %,$(ARM_BUILD)/%.o,$(DRIVER_PORTABLE) $(ARM_FORMS))
 
 $(ARM_CXX):
 	tools/aarch64_cross.sh $(ARM_CROSS)

@@ -7,8 +7,8 @@
 # are named one by one instead. LLAMA_ISA=avx2 builds for AVX2 + FMA + F16C only, into
 # $1/build-avx2 (the peer of the AVX2 kernel forms, issue 52). ggml's AMX kernels are never
 # built: with this llama.cpp and GCC 12 they die with SIGILL at their first tile instruction, even
-# where the VM grants the tiles (tried on a Sapphire Rapids host, docs/benchmarks.md §51;
-# upstream's open llama.cpp PR #26954), so no user of this version runs them.
+# where the VM grants the tiles (tried on a Sapphire Rapids host: docs/design.md, "No AMX
+# llama.cpp to compare with"; upstream's open llama.cpp PR #26954), so no user of this version runs them.
 set -euo pipefail
 VERSION=11434.0.0
 SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45

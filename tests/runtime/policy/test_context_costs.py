@@ -257,8 +257,8 @@ class Blocky(Slow):
 
 
 def test_the_probe_prices_the_last_width_before_the_next_block_of_rows(tmp_path, monkeypatch):
-    """A 16-row call is priced as measured (11.6 ms), not on the line from 9 rows to 17 (20.9 ms
-    at 17: ~19.6 at 16), which made 4 requests at k = 3 (16 rows) look dearer than they are."""
+    """A 16-row call is priced as measured (11.6 ms), not on the line from 9 rows (10.9 ms) to 17
+    (21.7 ms): 20.35 at 16, which made 4 requests at k = 3 (16 rows) look dearer than they are."""
     from specrt.runtime.policy import adaptive
 
     parts = fake_parts(tmp_path, draft="separate", slots=2, max_t=17, max_prefill_t=17)
