@@ -18,7 +18,10 @@ row's remaining tokens, so each step charges a drafting row its share: read_ms(l
 per token the step expects to commit. Alone, a row's policy prices the same reading against its
 own savings (runtime/policy/adaptive.py); under load the savings per token are a few percent of a
 step, and charging nothing made 8 coder requests read every prompt into the draft for a 2% gain
-and lose 14% (docs/benchmarks.md §24).
+and lose 14% (docs/benchmarks.md §24). A round's own catching up (the one or two tokens
+committed since its draft's last call: two after a round that kept every proposal) rides in
+its first draft call, which is priced at that width in tokens (`Row.first`): at four coder
+requests 4-8 tokens, 23-34 ms, the same for any k, so leaving it out favoured small k.
 Alone (n = 1) this is the single-request rule, E(k) / (k c + v(k+1)). Under load a plain
 batched row costs a fraction of a step while a verification call costs a whole one, so
 drafting stops by itself (docs/design.md, "Speculation under load").
@@ -63,6 +66,7 @@ class Row:
     lookup: bool = False  # an n-gram proposal: no draft-model calls
     context: int | None = None  # the row's length: its calls attend over it (None: the probe's)
     read_per_token: float = 0.0  # a separate draft's catching up (ms) over the tokens the row has left
+    first: int = 1  # tokens its first draft call reads: the committed tokens the draft lacks, 1 or 2
 
 
 def step_ms(rows: list[Row], ks: list[int], costs: Costs, reading: int = 0) -> float:
@@ -76,9 +80,10 @@ def step_ms(rows: list[Row], ks: list[int], costs: Costs, reading: int = 0) -> f
         ms = costs.target_rows_ms(len(plain), plain) if plain else 0.0
         ms += sum(costs.verify_ms(k + 1, r.context) for r, k in zip(rows, ks, strict=True) if k > 0)
     for j in range(1, max(ks, default=0) + 1):
-        at = [r.context for r, k in zip(rows, ks, strict=True) if k >= j and not r.lookup]
+        at = [r for r, k in zip(rows, ks, strict=True) if k >= j and not r.lookup]
         if at:
-            ms += costs.draft_step_ms(len(at), at)
+            width = sum(r.first for r in at) if j == 1 else len(at)
+            ms += costs.draft_step_ms(width, [r.context for r in at])
     return ms
 
 
@@ -113,10 +118,13 @@ def plan(rows: list[Row], costs: Costs, reading: int = 0) -> list[int]:
     v = np.array([costs.verify_curve(K + 1, r.context) for r in rows])[order]  # [C, m, K + 1]: verify_ms(k + 1) at k
     plain_extra = np.array([costs.scale * costs.extra_ms(1, r.context) for r in rows])
     draft_extra = np.array([0.0 if r.lookup else costs.draft_extra_ms(r.context) for r in rows])
-    d_ms = np.array([0.0] + [costs.draft_step_ms(b) for b in range(1, n + 1)])
+    first = np.array([r.first for r in rows])[order]  # [C, m]
+    d_ms = np.array([0.0] + [costs.draft_step_ms(b) for b in range(1, int(first.sum(axis=1).max()) + 1)])
     m = np.arange(1, n + 1)  # drafting rows
     js = np.arange(1, K + 1)
     depth = np.cumsum((ks_s[:, :, None] >= js) & model[:, :, None], axis=1)  # [C, m, j] rows drafting step j
+    # the first step's call reads each drafting row's catching up: its width in tokens
+    depth[:, :, 0] = np.cumsum(((ks_s >= 1) & model) * first, axis=1)
     verify = np.take_along_axis(v, ks_s[:, :, None], 2)[:, :, 0]  # [C, m]
     attention = plain_extra.sum() - np.cumsum(plain_extra[order], axis=1) + np.cumsum(ks_s * draft_extra[order], axis=1)
     read = np.cumsum(exp_s * np.array([r.read_per_token for r in rows])[order], axis=1)
@@ -224,5 +232,6 @@ class Planner:
         row = None
         if pol is not None:
             read = pol.costs.read_ms(lag) / max(1, r.remaining)
-            row = Row(min(k, r.remaining - 1), pol.acc.expected()[: k + 1], route == "ngram", len(r.seq), read)
+            first = min(max(lag, 1), 2)  # more than two: priced as read_per_token
+            row = Row(min(k, r.remaining - 1), pol.acc.expected()[: k + 1], route == "ngram", len(r.seq), read, first)
         return route, max(0, min(k, r.remaining - 1)), row

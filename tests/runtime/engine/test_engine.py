@@ -422,7 +422,8 @@ def test_plan_equals_a_brute_force_search(packed, reading):
         rows = []
         for _ in range(int(g.integers(1, 9))):
             k, a = int(g.integers(0, 9)), g.uniform(0.3, 0.98)
-            rows.append(Row(k, np.concatenate(([1.0], 1 + np.cumsum(np.cumprod(np.full(k, a))))), bool(g.random() < 0.3)))
+            rows.append(Row(k, np.concatenate(([1.0], 1 + np.cumsum(np.cumprod(np.full(k, a))))), bool(g.random() < 0.3),
+                            first=int(g.integers(1, 3))))
         best = brute(rows)
         if reading:
             assert value(rows, plan(rows, costs, reading), best) == pytest.approx(brute(rows, best), rel=1e-9, abs=1e-9)
@@ -443,6 +444,30 @@ def test_a_riding_prompt_chunk_prices_draft_tokens_at_the_calls_width():
 
     assert plan(rows(0.9), costs) == [3] * 4 and plan(rows(0.9), costs, 64) == [2] * 4
     assert plan(rows(0.5), costs) == [1] * 4 and plan(rows(0.5), costs, 64) == [0] * 4
+
+
+def test_the_first_draft_call_is_priced_at_the_rows_catching_up():
+    """A round's first draft call reads the one or two tokens each drafting row's draft lacks:
+    four rows at two tokens each make it an 8-token call. That cost is the same for every k >= 1,
+    so with it the plan drafts further (k = 3, the better rate, as the step's model computes it)
+    where pricing a 4-token call chose k = 2."""
+    from specrt.runtime.policy.plan import step_ms
+
+    costs = Costs({1: 55.0, 2: 70.0, 4: 80.0, 9: 98.0, 12: 107.0, 16: 121.0, 17: 163.0}, draft_ms=16.5,
+                  draft_rows_ms={1: 16.5, 2: 19.0, 4: 23.0, 8: 34.0})
+    costs.packed = True
+    e = np.concatenate(([1.0], 1 + np.cumsum(np.cumprod(np.full(4, 0.85)))))
+
+    def rows(first):
+        return [Row(4, e, first=first) for _ in range(4)]
+
+    def rate(rs, k):
+        return 4 * e[k] / step_ms(rs, [k] * 4, costs)
+
+    for first in (1, 2):
+        assert plan(rows(first), costs) == [max((1, 2, 3, 4), key=lambda k: rate(rows(first), k))] * 4
+    assert plan(rows(1), costs) == [2] * 4 and plan(rows(2), costs) == [3] * 4
+    assert step_ms(rows(2), [3] * 4, costs) - step_ms(rows(1), [3] * 4, costs) == pytest.approx(34.0 - 23.0)
 
 
 @pytest.mark.parametrize("plan_batches,packed", [(True, False), (False, False), (True, True)])
