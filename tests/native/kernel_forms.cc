@@ -61,7 +61,7 @@ std::vector<Form> forms_here() {
     skip("avxvnni-evex", "this CPU has no AVX-512 VL + VNNI (the EVEX vpdpbusd on 256 bits)");
   if (cpu.vnni) f.push_back({"vnni", ggml_vnni, matmul_vnni, attend_avx512});
   // AMX: the tile forms of QMatMulGGML and QMatMul4/8 at every row count (the library runs them
-  // from 5 or 8 rows: qmatmul_ggml_op.cc, ort_ops.cc; a narrower call is still theirs to get
+  // from 5, 6 or 8 rows: qmatmul_ggml_op.cc, ort_ops.cc; a narrower call is still theirs to get
   // right); attention is the VNNI form's
   if (cpu.amx)
     f.push_back({"amx", ggml_amx, matmul_amx, nullptr});
