@@ -58,6 +58,10 @@ def round_rate(expected, k, draft_cost, verify_cost):
     return expected / (k * draft_cost + verify_cost)
 
 
+ROUND_LAG = 2  # committed tokens a normal round's first draft call reads at most (two after a
+#               round that kept every proposal); catching up beyond them is priced as reading
+
+
 @dataclass
 class Costs:
     target_ms: dict[int, float]  # T -> ms of one target call of T tokens, as probed at `context`
@@ -78,7 +82,7 @@ class Costs:
     def read_ms(self, lag: int) -> float:
         """What a separate draft's catching up on `lag` committed tokens costs beyond a normal
         round's (which reads one or two within its draft step)."""
-        return max(0, lag - 2) * self.draft_read_ms
+        return max(0, lag - ROUND_LAG) * self.draft_read_ms
 
     def call_ms(self, tokens: np.ndarray | int) -> np.ndarray | float:
         """One packed call of `tokens` tokens in all (any rows) at the probe's context: the

@@ -35,7 +35,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from ..drafters import Drafter
-from .adaptive import AdaptivePolicy, Costs
+from .adaptive import ROUND_LAG, AdaptivePolicy, Costs
 
 
 class Decoding(Protocol):
@@ -122,9 +122,8 @@ def plan(rows: list[Row], costs: Costs, reading: int = 0) -> list[int]:
     d_ms = np.array([0.0] + [costs.draft_step_ms(b) for b in range(1, int(first.sum(axis=1).max()) + 1)])
     m = np.arange(1, n + 1)  # drafting rows
     js = np.arange(1, K + 1)
-    depth = np.cumsum((ks_s[:, :, None] >= js) & model[:, :, None], axis=1)  # [C, m, j] rows drafting step j
-    # the first step's call reads each drafting row's catching up: its width in tokens
-    depth[:, :, 0] = np.cumsum(((ks_s >= 1) & model) * first, axis=1)
+    reads = np.where(js == 1, first[:, :, None], 1)  # tokens a row adds to step j's call: step 1 its catching up
+    depth = np.cumsum(((ks_s[:, :, None] >= js) & model[:, :, None]) * reads, axis=1)  # [C, m, j] step j's width
     verify = np.take_along_axis(v, ks_s[:, :, None], 2)[:, :, 0]  # [C, m]
     attention = plain_extra.sum() - np.cumsum(plain_extra[order], axis=1) + np.cumsum(ks_s * draft_extra[order], axis=1)
     read = np.cumsum(exp_s * np.array([r.read_per_token for r in rows])[order], axis=1)
@@ -232,6 +231,6 @@ class Planner:
         row = None
         if pol is not None:
             read = pol.costs.read_ms(lag) / max(1, r.remaining)
-            first = min(max(lag, 1), 2)  # more than two: priced as read_per_token
+            first = min(max(lag, 1), ROUND_LAG)  # beyond it: read_per_token's
             row = Row(min(k, r.remaining - 1), pol.acc.expected()[: k + 1], route == "ngram", len(r.seq), read, first)
         return route, max(0, min(k, r.remaining - 1)), row
